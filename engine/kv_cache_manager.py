@@ -1,0 +1,232 @@
+"""The KV block pool: block tables, reference counts, prefix caching, copy-on-write.
+
+Deals in block ids and token ids only; the model runner owns the tensors. A block is in
+exactly one of three states:
+  used       ref_count > 0 (in some sequence's block table)
+  cached     ref_count == 0, holds a full block registered under its prefix hash; reusable
+             by a later request until evicted (least recently freed first)
+  free       ref_count == 0, no hash
+"""
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from engine.sequence import Sequence
+
+
+def hash_block(parent: bytes | None, token_ids: list[int], extra: str | None) -> bytes:
+    """Chained hash: a block's identity includes every token before it and the salt."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(parent or b"root")
+    h.update(array("q", token_ids).tobytes())
+    if extra:
+        h.update(b"salt:" + extra.encode())
+    return h.digest()
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: bytes | None = None
+
+
+@dataclass
+class KVCacheStats:
+    num_blocks: int
+    num_free: int
+    num_cached: int
+    num_used: int
+    prefix_queries: int  # prompt tokens looked up
+    prefix_hits: int  # of which found in the cache
+    evictions: int
+    cow_copies: int
+
+    @property
+    def usage(self) -> float:
+        return self.num_used / self.num_blocks if self.num_blocks else 0.0
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        assert num_blocks > 0 and block_size > 0
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # stack, block 0 on top
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, LRU first
+        self._hash_to_block: dict[bytes, int] = {}
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.evictions = 0
+        self.cow_copies = 0
+
+    # ---- accounting -------------------------------------------------------------------
+    @property
+    def num_available(self) -> int:
+        return len(self._free) + len(self._evictable)
+
+    def stats(self) -> KVCacheStats:
+        num_cached = len(self._evictable)
+        num_free = len(self._free)
+        return KVCacheStats(self.num_blocks, num_free, num_cached,
+                            self.num_blocks - num_free - num_cached, self.prefix_queries,
+                            self.prefix_hits, self.evictions, self.cow_copies)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # ---- block life cycle ---------------------------------------------------------------
+    def _take(self) -> Block:
+        """A block for new content: a never-cached one first, else evict the LRU cached one."""
+        if self._free:
+            block = self.blocks[self._free.pop()]
+        else:
+            block_id, _ = self._evictable.popitem(last=False)
+            block = self.blocks[block_id]
+            del self._hash_to_block[block.block_hash]
+            block.block_hash = None
+            self.evictions += 1
+        assert block.ref_count == 0
+        block.ref_count = 1
+        return block
+
+    def _share(self, block: Block) -> None:
+        if block.ref_count == 0:
+            del self._evictable[block.block_id]
+        block.ref_count += 1
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        assert block.ref_count > 0, f"double free of block {block_id}"
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            if block.block_hash is not None:
+                self._evictable[block_id] = None
+            else:
+                self._free.append(block_id)
+
+    # ---- prefix cache ---------------------------------------------------------------------
+    def _full_block_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+        """Hashes of seq's first num_blocks full blocks, memoised on the sequence."""
+        bs = self.block_size
+        while len(seq.block_hashes) < num_blocks:
+            i = len(seq.block_hashes)
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            seq.block_hashes.append(
+                hash_block(parent, seq.token_ids[i * bs:(i + 1) * bs], seq.cache_salt))
+        return seq.block_hashes[:num_blocks]
+
+    def lookup_prefix(self, seq: Sequence) -> list[int]:
+        """Longest run of cached blocks for a sequence not yet holding blocks.
+
+        The last token is never served from the cache: its logits are needed.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        hits: list[int] = []
+        for h in self._full_block_hashes(seq, (seq.num_tokens - 1) // self.block_size):
+            block_id = self._hash_to_block.get(h)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register the blocks that the last step filled, so later requests can reuse them."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = seq.num_computed_tokens // self.block_size
+        hashes = self._full_block_hashes(seq, num_full)
+        for i in range(num_full):
+            block = self.blocks[seq.block_table[i]]
+            if block.block_hash is None and hashes[i] not in self._hash_to_block:
+                block.block_hash = hashes[i]
+                self._hash_to_block[hashes[i]] = block.block_id
+
+    # ---- check/act pairs ------------------------------------------------------------------
+    def can_admit(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> bool:
+        needed = self.blocks_for(len(hits) * self.block_size + num_new_tokens) - len(hits)
+        reclaimed = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        return needed <= self.num_available - reclaimed
+
+    def admit(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> None:
+        """First allocation of a waiting sequence: reuse the cached prefix, add fresh blocks."""
+        assert not seq.block_table and seq.num_computed_tokens == 0
+        assert self.can_admit(seq, hits, num_new_tokens)
+        for block_id in hits:
+            self._share(self.blocks[block_id])
+        seq.block_table = list(hits)
+        seq.num_computed_tokens = len(hits) * self.block_size
+        if self.enable_prefix_caching:
+            self.prefix_queries += seq.num_tokens
+            self.prefix_hits += seq.num_computed_tokens
+        needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(hits)
+        seq.block_table.extend(self._take().block_id for _ in range(needed))
+
+    def _needs_cow(self, seq: Sequence) -> bool:
+        """Will the next write land in a partially filled block that another sequence shares?"""
+        if seq.num_computed_tokens % self.block_size == 0:
+            return False
+        last = self.blocks[seq.block_table[seq.num_computed_tokens // self.block_size]]
+        return last.ref_count > 1
+
+    def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
+        needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        return needed + int(self._needs_cow(seq)) <= self.num_available
+
+    def append(self, seq: Sequence, num_new_tokens: int, copies: list[tuple[int, int]]) -> None:
+        """Grow seq's block table for its next tokens; copy-on-write a shared partial block.
+
+        A copy is recorded as (src, dst) in `copies` for the model runner to perform
+        before this step's cache writes.
+        """
+        assert self.can_append(seq, num_new_tokens)
+        if self._needs_cow(seq):
+            idx = seq.num_computed_tokens // self.block_size
+            src = seq.block_table[idx]
+            dst = self._take().block_id
+            copies.append((src, dst))
+            self._release(src)
+            seq.block_table[idx] = dst
+            self.cow_copies += 1
+        needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        seq.block_table.extend(self._take().block_id for _ in range(needed))
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Child shares all of parent's blocks, the partially filled last one included."""
+        child.block_table = list(parent.block_table)
+        for block_id in child.block_table:
+            self._share(self.blocks[block_id])
+
+    def free(self, seq: Sequence) -> None:
+        """Drop seq's blocks; tail first so that prefix heads stay cached the longest."""
+        for block_id in reversed(seq.block_table):
+            self._release(block_id)
+        seq.block_table = []
+
+    # ---- invariants (tests call this after every step) -------------------------------------
+    def check_invariants(self, live: list[Sequence]) -> None:
+        refs = [0] * self.num_blocks
+        for seq in live:
+            for block_id in seq.block_table:
+                refs[block_id] += 1
+        free = set(self._free)
+        assert len(free) == len(self._free), "a block is twice in the free list"
+        for block in self.blocks:
+            assert block.ref_count == refs[block.block_id], (
+                f"block {block.block_id}: ref_count {block.ref_count} != {refs[block.block_id]} users")
+            in_free = block.block_id in free
+            in_evictable = block.block_id in self._evictable
+            if block.ref_count:
+                assert not in_free and not in_evictable
+            else:
+                assert in_free != in_evictable
+                assert in_evictable == (block.block_hash is not None)
+            if block.block_hash is not None:
+                assert self._hash_to_block[block.block_hash] == block.block_id
+        assert len(self._hash_to_block) == sum(b.block_hash is not None for b in self.blocks)

@@ -1,0 +1,171 @@
+"""Turns a scheduled batch into tensors, runs the HF model on the paged cache, sizes the pool."""
+from __future__ import annotations
+
+import resource
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from engine.attention import PAGED_ATTENTION, AttentionMetadata
+from engine.config import EngineConfig
+from engine.scheduler import ScheduledBatch
+from kernels import get_backend
+
+_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
+           "half": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def pick_dtype(name: str, hf_config, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cpu":
+        return torch.float32  # CPU half-precision matmuls are slow and inexact
+    dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(dtype, str):
+        dtype = _DTYPES.get(dtype)
+    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model_path: Path) -> None:
+        self.config = config
+        self.device = pick_device(config.device)
+        hf_config = AutoConfig.from_pretrained(model_path)
+        self.dtype = pick_dtype(config.dtype, hf_config, self.device)
+        torch.manual_seed(config.seed)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=self.dtype, attn_implementation=PAGED_ATTENTION).to(self.device).eval()
+        self.hf_config = self.model.config
+        self.backend = get_backend(config.attention_backend, self.device)
+        self.backend.check_values = False  # the runner builds the metadata; checks cost a sync
+        text = self.hf_config.get_text_config()
+        self.num_layers = text.num_hidden_layers
+        self.num_kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        self.vocab_size = text.vocab_size
+        self.block_size = config.block_size
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    # ---- KV cache sizing ------------------------------------------------------------------
+    @property
+    def kv_bytes_per_block(self) -> int:
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+
+    def device_memory_bytes(self) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_properties(self.device).total_memory
+        return int(self.config.cpu_memory_gib * 2**30)
+
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def profile_peak_activation_bytes(self, num_tokens: int, num_seqs: int) -> int:
+        """One forward at the largest batch the scheduler can form; its peak memory."""
+        num_seqs = max(1, min(num_seqs, num_tokens))
+        lens = [num_tokens // num_seqs + (i < num_tokens % num_seqs) for i in range(num_seqs)]
+        blocks_per_seq = [-(-n // self.block_size) for n in lens]
+        self.allocate_kv_cache(sum(blocks_per_seq))
+        tables, start = [], 0
+        for nb in blocks_per_seq:
+            tables.append(list(range(start, start + nb)))
+            start += nb
+        token_ids = [[1] * n for n in lens]
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            base = torch.cuda.memory_allocated(self.device)
+        else:
+            base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        self._forward(token_ids, [0] * num_seqs, lens, tables, list(range(num_seqs)))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device) - base
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+        self.kv_caches = []
+        return max(0, peak)
+
+    def determine_num_blocks(self, max_model_len: int) -> int:
+        cfg = self.config
+        if cfg.num_gpu_blocks_override is not None:
+            return cfg.num_gpu_blocks_override
+        total = self.device_memory_bytes()
+        weights = self.weight_bytes()
+        activations = self.profile_peak_activation_bytes(
+            cfg.max_num_batched_tokens, cfg.max_num_seqs)
+        budget = cfg.gpu_memory_utilization * total - weights - activations
+        num_blocks = int(budget // self.kv_bytes_per_block)
+        if num_blocks < 1:
+            where = "cpu_memory_gib (--cpu-memory-gib)" if self.device.type == "cpu" else "the GPU"
+            raise ValueError(
+                f"no memory left for the KV cache: {cfg.gpu_memory_utilization} x {total / 2**30:.2f} "
+                f"GiB of {where} minus weights {weights / 2**30:.2f} GiB and activations "
+                f"{activations / 2**30:.2f} GiB; raise gpu_memory_utilization or lower "
+                "max_num_batched_tokens")
+        return num_blocks
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """One pool tensor; each layer gets (key, value) views of [num_blocks, block_size, H, D]."""
+        pool = torch.zeros(2, self.num_layers, num_blocks, self.block_size, self.num_kv_heads,
+                           self.head_dim, dtype=self.dtype, device=self.device)
+        self.kv_caches = [(pool[0, i], pool[1, i]) for i in range(self.num_layers)]
+
+    # ---- one step -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
+        """Run one step. Returns logits [num_sampled, vocab] (fp32) and, for each row, the
+        index into batch.seqs of the sequence whose chunk reached its last token."""
+        if batch.blocks_to_copy:
+            mapping = torch.tensor(batch.blocks_to_copy, dtype=torch.int64, device=self.device)
+            self.backend.copy_blocks([k for k, _ in self.kv_caches],
+                                     [v for _, v in self.kv_caches], mapping)
+        token_ids, starts, lens, tables, sample_rows = [], [], [], [], []
+        for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
+            c = seq.num_computed_tokens
+            token_ids.append(seq.token_ids[c:c + n])
+            starts.append(c)
+            lens.append(c + n)
+            tables.append(seq.block_table)
+            if c + n == seq.num_tokens:
+                sample_rows.append(i)
+        logits = self._forward(token_ids, starts, lens, tables, sample_rows)
+        return logits, sample_rows
+
+    def _forward(self, token_ids: list[list[int]], starts: list[int], lens: list[int],
+                 tables: list[list[int]], sample_rows: list[int]) -> torch.Tensor:
+        q_lens = np.array([len(t) for t in token_ids], dtype=np.int64)
+        cu = np.zeros(len(q_lens) + 1, dtype=np.int64)
+        np.cumsum(q_lens, out=cu[1:])
+        # positions of every new token: start of its sequence's chunk + offset in the chunk
+        seq_of_token = np.repeat(np.arange(len(q_lens)), q_lens)
+        positions = np.asarray(starts, dtype=np.int64)[seq_of_token] + (
+            np.arange(cu[-1]) - cu[:-1][seq_of_token])
+        max_blocks = max(len(t) for t in tables)
+        table_arr = np.zeros((len(tables), max_blocks), dtype=np.int64)
+        for i, t in enumerate(tables):
+            table_arr[i, :len(t)] = t
+        slots = table_arr[seq_of_token, positions // self.block_size] * self.block_size + (
+            positions % self.block_size)
+        dev = self.device
+        flat_ids = np.fromiter((t for ts in token_ids for t in ts), dtype=np.int64, count=int(cu[-1]))
+        meta = AttentionMetadata(
+            slot_mapping=torch.from_numpy(slots).to(dev),
+            cu_seqlens_q=torch.from_numpy(cu).to(dev, torch.int32),
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
+            block_tables=torch.from_numpy(table_arr).to(dev, torch.int32),
+            kv_caches=self.kv_caches, backend=self.backend)
+        keep = torch.from_numpy(cu[1:][sample_rows] - 1).to(dev) if sample_rows else (
+            torch.zeros(0, dtype=torch.int64, device=dev))
+        out = self.model(input_ids=torch.from_numpy(flat_ids).to(dev)[None],
+                         position_ids=torch.from_numpy(positions).to(dev)[None],
+                         logits_to_keep=keep, paged_metadata=meta, use_cache=False)
+        return out.logits[0].float()

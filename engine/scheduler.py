@@ -1,0 +1,120 @@
+"""Continuous batching: who runs this step, with how many tokens (no torch here).
+
+Every step: running sequences first (decodes and unfinished prefill chunks), then
+waiting ones, within `max_num_seqs` sequences and `max_num_batched_tokens` tokens. A long
+prompt is split across steps (chunked prefill) and mixed with decodes. When blocks run
+out, the lowest-priority running sequence is preempted by recompute: its blocks are
+freed and it goes back to the waiting queue in its original order; on readmission its
+prefix-cached blocks make the recompute cheap.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from engine.kv_cache_manager import KVCacheManager
+from engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 policy: str = "fcfs") -> None:
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.policy = policy
+        self.waiting: list[Sequence] = []  # sorted by sort_key
+        self.running: list[Sequence] = []  # in admission order
+        self.num_preemptions = 0
+
+    def _key(self, seq: Sequence) -> tuple[int, int, int]:
+        return seq.sort_key(self.policy)
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        bisect.insort(self.waiting, seq, key=self._key)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def live_sequences(self) -> list[Sequence]:
+        return self.running + self.waiting
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Retire a sequence (stopped, length or abort) and release its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self.kv.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        self.num_preemptions += 1
+        self.add(seq)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        scheduled: set[int] = set()
+
+        # 1. Running sequences, in admission order; preempt from the lowest priority.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.kv.can_append(seq, num_new):
+                candidates = [s for s in self.running if s.seq_id not in scheduled]
+                victim = max(candidates, key=self._key)
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                self.kv.append(seq, num_new, batch.blocks_to_copy)
+                batch.seqs.append(seq)
+                batch.num_new_tokens.append(num_new)
+                scheduled.add(seq.seq_id)
+                budget -= num_new
+                i += 1
+
+        # 2. Waiting sequences, unless this step already had to preempt.
+        while not batch.preempted and self.waiting and budget > 0:
+            seq = self.waiting[0]
+            # A request's n samples fork off after its prefill: reserve their seats now.
+            seats = 1 if seq.has_forked else seq.params.n
+            if len(self.running) + seats > self.max_num_seqs:
+                break
+            hits = self.kv.lookup_prefix(seq)
+            num_new = min(seq.num_tokens - len(hits) * self.kv.block_size, budget)
+            if not self.kv.can_admit(seq, hits, num_new):
+                break
+            self.waiting.pop(0)
+            self.kv.admit(seq, hits, num_new)
+            if not seq.has_forked and seq.num_output_tokens == 0:
+                seq.num_cached_tokens = seq.num_computed_tokens
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(num_new)
+            budget -= num_new
+        return batch
