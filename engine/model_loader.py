@@ -38,7 +38,7 @@ def check_checkpoint_dir(path: Path) -> None:
     missing = []
     if not (path / "config.json").exists():
         missing.append("config.json")
-    if not any(path.glob(p) for p in _WEIGHT_PATTERNS):
+    if not any(next(path.glob(p), None) for p in _WEIGHT_PATTERNS):
         missing.append("weights (*.safetensors)")
     if not any((path / f).exists() for f in _TOKENIZER_FILES):
         missing.append("tokenizer (tokenizer.json / tokenizer.model)")

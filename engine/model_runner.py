@@ -120,7 +120,6 @@ class ModelRunner:
         self.kv_caches = [(pool[0, i], pool[1, i]) for i in range(self.num_layers)]
 
     # ---- one step -------------------------------------------------------------------------
-    @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
         """Run one step. Returns logits [num_sampled, vocab] (fp32) and, for each row, the
         index into batch.seqs of the sequence whose chunk reached its last token."""
@@ -140,6 +139,7 @@ class ModelRunner:
         logits = self._forward(token_ids, starts, lens, tables, sample_rows)
         return logits, sample_rows
 
+    @torch.inference_mode()
     def _forward(self, token_ids: list[list[int]], starts: list[int], lens: list[int],
                  tables: list[list[int]], sample_rows: list[int]) -> torch.Tensor:
         q_lens = np.array([len(t) for t in token_ids], dtype=np.int64)

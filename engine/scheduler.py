@@ -72,6 +72,11 @@ class Scheduler:
         self.num_preemptions += 1
         self.add(seq)
 
+    @staticmethod
+    def _seats(seq: Sequence) -> int:
+        """A request's n samples fork off after its prefill: their seats are reserved."""
+        return 1 if seq.has_forked else seq.params.n
+
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
@@ -98,11 +103,10 @@ class Scheduler:
                 i += 1
 
         # 2. Waiting sequences, unless this step already had to preempt.
+        seats_taken = sum(self._seats(s) for s in self.running)
         while not batch.preempted and self.waiting and budget > 0:
             seq = self.waiting[0]
-            # A request's n samples fork off after its prefill: reserve their seats now.
-            seats = 1 if seq.has_forked else seq.params.n
-            if len(self.running) + seats > self.max_num_seqs:
+            if seats_taken + self._seats(seq) > self.max_num_seqs:
                 break
             hits = self.kv.lookup_prefix(seq)
             num_new = min(seq.num_tokens - len(hits) * self.kv.block_size, budget)
@@ -114,6 +118,7 @@ class Scheduler:
                 seq.num_cached_tokens = seq.num_computed_tokens
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            seats_taken += self._seats(seq)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
             budget -= num_new

@@ -1,0 +1,161 @@
+"""`python -m engine serve [MODEL]`: vLLM's flag names, then uvicorn on a socket we bind.
+
+Binding the socket here (rather than inside uvicorn) lets `--port 0` pick a free port
+and print it, which is how tests and the tuner find a server they started.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+from engine.entrypoints.api_server import ServerSettings, build_app
+
+logger = logging.getLogger("engine.server")
+
+# Flags that map 1:1 onto LLMEngine.from_args keyword arguments (None: engine default).
+ENGINE_FLAGS = ("served_model_name", "block_size", "gpu_memory_utilization", "max_num_seqs",
+                "max_num_batched_tokens", "max_model_len", "enable_prefix_caching",
+                "num_gpu_blocks_override", "seed", "dtype", "cpu_memory_gib")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=None,
+                   help="local Hugging Face checkpoint directory (default: the embedded tiny model)")
+    p.add_argument("--model", dest="model_flag", default=None, help="same as MODEL")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed)")
+    p.add_argument("--served-model-name", default=None,
+                   help="model id in the API and in metrics labels (default: directory name)")
+    p.add_argument("--block-size", type=_positive_int, default=None)
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="fraction of device memory for weights + KV cache; on CPU, a fraction "
+                        "of --cpu-memory-gib")
+    p.add_argument("--max-num-seqs", type=_positive_int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=_positive_int, default=None)
+    p.add_argument("--max-model-len", type=_positive_int, default=None)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=None)
+    p.add_argument("--num-gpu-blocks-override", type=_positive_int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--dtype", default=None, help="auto, float32, float16 or bfloat16")
+    p.add_argument("--cpu-memory-gib", type=float,
+                   default=_env_float("PAGED_CPU_MEMORY_GIB"),
+                   help="CPU 'device memory' in GiB (env PAGED_CPU_MEMORY_GIB)")
+    p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* (env VLLM_API_KEY)")
+    p.add_argument("--max-waiting-requests", type=int, default=512,
+                   help="requests admitted beyond --max-num-seqs before new ones get 503 "
+                        "with Retry-After")
+    p.add_argument("--max-request-body-bytes", type=_positive_int, default=8 * 1024 * 1024)
+    p.add_argument("--shutdown-grace-period", type=float, default=30.0,
+                   help="seconds in-flight requests may run after SIGTERM before being aborted")
+    p.add_argument("--access-log-prompts", action="store_true",
+                   help="include prompt text in access-log lines (off: never logged)")
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])
+
+
+def _env_float(name: str) -> float | None:
+    raw = os.environ.get(name)
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise SystemExit(f"{name}={raw!r} is not a number") from None
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    if args.model and args.model_flag and args.model != args.model_flag:
+        raise SystemExit(f"MODEL ({args.model}) and --model ({args.model_flag}) disagree; "
+                         "give one")
+    kwargs = {name: getattr(args, name) for name in ENGINE_FLAGS
+              if getattr(args, name) is not None}
+    kwargs["model"] = args.model or args.model_flag
+    return kwargs
+
+
+def server_settings(args: argparse.Namespace) -> ServerSettings:
+    if args.max_waiting_requests < 0:
+        raise SystemExit("--max-waiting-requests must be >= 0")
+    if args.shutdown_grace_period < 0:
+        raise SystemExit("--shutdown-grace-period must be >= 0")
+    return ServerSettings(api_key=args.api_key or None,
+                          max_waiting_requests=args.max_waiting_requests,
+                          max_request_body_bytes=args.max_request_body_bytes,
+                          shutdown_grace_period=args.shutdown_grace_period,
+                          access_log_prompts=args.access_log_prompts)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        raise SystemExit(f"cannot listen on {host}:{port}: {exc}; choose another --port") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+    from engine import LLMEngine
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    kwargs, settings = engine_kwargs(args), server_settings(args)
+    server: uvicorn.Server | None = None
+
+    def stop() -> None:
+        assert server is not None
+        server.should_exit = True
+
+    app = build_app(engine_factory=lambda: LLMEngine.from_args(**kwargs), settings=settings,
+                    on_fatal=stop)
+    sock = bind_socket(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    print(f"serving on http://{host}:{port}", flush=True)
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=settings.shutdown_grace_period,
+                            log_level=args.log_level)
+    server = uvicorn.Server(config)
+    # uvicorn re-raises a caught SIGTERM once it has shut down; with the default handler
+    # that would end the process with -SIGTERM instead of a clean 0 after a graceful drain.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    server.run(sockets=[sock])
+    state = app.state.server
+    if state.load_error is not None:
+        logger.error("exiting: the model failed to load: %s", state.load_error)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve_parser = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    add_serve_arguments(serve_parser)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return serve(args)
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
