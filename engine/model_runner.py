@@ -47,6 +47,9 @@ class ModelRunner:
         self.backend = get_backend(config.attention_backend, self.device)
         self.backend.check_values = False  # the runner builds the metadata; checks cost a sync
         text = self.hf_config.get_text_config()
+        if getattr(text, "attn_logit_softcapping", None):
+            raise ValueError(f"{text.model_type} needs attention logit soft-capping, which the paged "
+                             "attention kernels do not implement; use a model without it")
         self.num_layers = text.num_hidden_layers
         self.num_kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
