@@ -1,0 +1,156 @@
+"""The Locust side of every workload: options, the streaming user, the samples file.
+
+Locust is run headless by the tuner (`locust -f loadtests/chat.py --headless -u N ...`);
+it can also be run by hand, with or without its web UI. Extra options:
+
+  --samples-file PATH   append one JSON line per request (loadtests.client.Sample) plus
+                        {"event": "start"|"stop", "t": ...} markers; the tuner reads it
+  --seed N              seeds every prompt generator (same seed, same request stream)
+  --arrival closed|open closed: each user sends its next request when the previous one
+                        is done (-u sets the concurrency); open: Poisson arrivals at
+                        --rate requests/s in total, split over the -u users, whatever
+                        the server's latency (requests in flight capped by --max-inflight)
+  --length-scale F      multiply every prompt/output length of the workload by F
+  --model-name NAME     the OpenAI "model" field (default: the first of /v1/models)
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import time
+
+import gevent
+import requests
+from gevent.pool import Group
+from locust import User, constant, events, task
+
+from loadtests.client import Sample, stream_request
+from loadtests.workloads.base import WorkloadSpec
+
+_user_ids = itertools.count()
+_state: dict = {"file": None, "inflight": Group(), "model": None}
+
+
+@events.init_command_line_parser.add_listener
+def _add_options(parser) -> None:
+    parser.add_argument("--samples-file", default="", help="JSON-lines file for raw samples")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the prompt generators")
+    parser.add_argument("--arrival", choices=("closed", "open"), default="closed")
+    parser.add_argument("--rate", type=float, default=1.0, help="open loop: requests/s in total")
+    parser.add_argument("--max-inflight", type=int, default=512, help="open loop: cap")
+    parser.add_argument("--length-scale", type=float, default=1.0)
+    parser.add_argument("--model-name", default="", help="OpenAI model field")
+
+
+def _write(record: str) -> None:
+    if _state["file"] is not None:
+        _state["file"].write(record + "\n")
+        _state["file"].flush()  # the tuner reads the file while the test runs
+
+
+@events.test_start.add_listener
+def _on_start(environment, **_) -> None:
+    path = getattr(environment.parsed_options, "samples_file", "") if environment.parsed_options else ""
+    if path and _state["file"] is None:
+        _state["file"] = open(path, "a", encoding="utf-8")
+    _write(json.dumps({"event": "start", "t": time.time()}))
+
+
+@events.test_stop.add_listener
+def _on_stop(environment, **_) -> None:
+    _state["inflight"].kill()  # open-loop requests still running record themselves
+    _write(json.dumps({"event": "stop", "t": time.time()}))
+    if _state["file"] is not None:
+        _state["file"].close()
+        _state["file"] = None
+
+
+def _model_name(host: str, options) -> str | None:
+    if options is not None and options.model_name:
+        return options.model_name
+    if _state["model"] is None:
+        try:
+            data = requests.get(host.rstrip("/") + "/v1/models", timeout=10).json()["data"]
+            _state["model"] = data[0]["id"]
+        except (requests.RequestException, ValueError, KeyError, IndexError):
+            _state["model"] = ""  # let the server pick its only model
+    return _state["model"] or None
+
+
+class StreamingUser(User):
+    """A Locust user that replays a workload's sessions over streaming requests."""
+
+    abstract = True
+    workload: WorkloadSpec
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        opts = self.environment.parsed_options
+        self.seed = opts.seed if opts is not None else 0
+        self.scale = opts.length_scale if opts is not None else 1.0
+        self.user_id = next(_user_ids)
+        self.rng = random.Random(self.seed * 100_003 + self.user_id)
+        self.http = requests.Session()
+        self.http.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=1024))
+        self.model = _model_name(self.host, opts)
+        self.current = None
+
+    def _new_session(self):
+        return self.workload.new_session(self.rng, self.scale)
+
+    def _send(self, session, request) -> None:
+        sample = Sample(kind=request.kind, start=time.time())
+        try:
+            sample = stream_request(self.http, self.host, request.path, request.body,
+                                    kind=request.kind, model=self.model)
+        except gevent.GreenletExit:
+            sample.error = "unfinished at end of run"
+            _write(sample.to_json())
+            raise
+        _write(sample.to_json())
+        self.environment.events.request.fire(
+            request_type="POST", name=request.kind, response_time=(sample.e2e or 0) * 1000,
+            response_length=len(sample.text), context={},
+            exception=None if sample.ok else RuntimeError(sample.error))
+        session.record_response(sample.text)
+
+    @task
+    def drive(self) -> None:
+        opts = self.environment.parsed_options
+        if opts is not None and opts.arrival == "open":
+            self._open_loop(opts)
+        else:
+            self._closed_loop_step()
+
+    def _closed_loop_step(self) -> None:
+        request = self.current.next_request() if self.current else None
+        if request is None:
+            self.current = self._new_session()
+            request = self.current.next_request()
+        self._send(self.current, request)
+
+    def _open_loop(self, opts) -> None:
+        """Poisson arrivals: exponential gaps on an absolute schedule (no drift)."""
+        rate = opts.rate / max(1, opts.num_users or 1)
+        arrivals = random.Random(self.seed * 7919 + self.user_id)
+        idle: list = []  # multi-turn sessions waiting for their next turn
+        next_t = time.monotonic()
+        while True:
+            next_t += arrivals.expovariate(rate)
+            gevent.sleep(max(0.0, next_t - time.monotonic()))
+            session = idle.pop(arrivals.randrange(len(idle))) if idle and arrivals.random() < 0.7 \
+                else self._new_session()
+            request = session.next_request()
+            if request is None:
+                session = self._new_session()
+                request = session.next_request()
+            if len(_state["inflight"]) >= opts.max_inflight:
+                _write(Sample(kind=request.kind, start=time.time(),
+                              error="dropped: too many requests in flight").to_json())
+                continue
+            _state["inflight"].spawn(self._send_then_park, session, request, idle)
+
+    def _send_then_park(self, session, request, idle: list) -> None:
+        self._send(session, request)
+        idle.append(session)

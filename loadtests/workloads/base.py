@@ -1,0 +1,113 @@
+"""Shared pieces of every workload: requests, sessions, SLOs and seeded text.
+
+Lengths are counted in words of a fixed synthetic vocabulary; for byte-pair tokenizers
+a word is about 1-2 tokens. Every generator takes a `random.Random`, so one seed fixes the
+whole request stream and every trial of a sweep sees the same prompts.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+# A neutral vocabulary: short, common, ASCII words, so any tokenizer handles them.
+_WORDS = (
+    "the of and to in is was for on are with as be at by this have from or one had not "
+    "but what all were when we there can an your which their said if do will each about "
+    "how up out them then she many some so these would other into has more her two like "
+    "him see time could no make than first been its who now people my made over did down "
+    "only way find use may water long little very after words called just where most know "
+    "get through back much before go good new write our used me man too any day same right "
+    "look think also around another came come work three word must because does part even "
+    "place well such here take why things help put years different away again off went old "
+    "number great tell men say small every found still between name should home big give air "
+    "line set own under read last never us left end along while might next sound below saw "
+    "something thought both few those always looked show large often together asked house "
+    "world going want school important until form food keep children feet land side without "
+    "boy once animals life enough took sometimes four head above kind began almost live page "
+    "got earth need far hand high year mother light parts country father let night following "
+    "picture being study second eyes soon times story boys since white days ever paper hard "
+    "near sentence better best across during today others sure means knew try told young "
+    "miles sun ways thing whole hear example heard several change answer room sea against top"
+).split()
+
+
+def words(rng: random.Random, n: int) -> str:
+    """`n` words drawn uniformly from the vocabulary, with a full stop every ~12 words."""
+    out = []
+    for i in range(max(0, n)):
+        w = rng.choice(_WORDS)
+        out.append(w + "." if i % 12 == 11 else w)
+    return " ".join(out)
+
+
+def uniform(rng: random.Random, lo: int, hi: int, *, scale: float = 1.0) -> int:
+    """An integer uniform in [lo, hi], scaled (at least 1)."""
+    return max(1, round(rng.randint(lo, hi) * scale))
+
+
+@dataclass(frozen=True)
+class Request:
+    """One HTTP request of a workload: `path` is /v1/completions or /v1/chat/completions;
+    `body` holds the OpenAI fields except model/stream, which the client adds."""
+
+    kind: str
+    path: str
+    body: dict
+
+
+class Session(Protocol):
+    """A user's unit of work: one request (single-shot kinds) or a conversation."""
+
+    kind: str
+
+    def next_request(self) -> Request | None:
+        """The next request, or None when the session is over."""
+
+    def record_response(self, text: str) -> None:
+        """Feed the generated text back (chat appends it to the history)."""
+
+
+class SingleShot:
+    """A session of exactly one request."""
+
+    def __init__(self, request: Request) -> None:
+        self.kind = request.kind
+        self._request: Request | None = request
+
+    def next_request(self) -> Request | None:
+        request, self._request = self._request, None
+        return request
+
+    def record_response(self, text: str) -> None:
+        pass
+
+
+# SLO thresholds, seconds: ttft = time to first token; tpot = a request's mean gap between
+# output tokens (DistServe's TPOT); e2e = end-to-end latency of the whole response.
+SLO_NAMES = ("ttft", "tpot", "e2e")
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """What the tuner needs to know about a workload.
+
+    `slos` maps a request kind to its thresholds ({"chat": {"ttft": 1.0, "tpot": 0.1}});
+    a mixed workload has several kinds. `primary_latency` names the latency the Pareto
+    mode trades against throughput. `users` is the default closed-loop concurrency.
+    """
+
+    name: str
+    description: str
+    new_session: Callable[[random.Random, float], Session]
+    slos: dict[str, dict[str, float]]
+    primary_latency: str = "e2e"
+    users: int = 4
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for kind, slo in self.slos.items():
+            unknown = set(slo) - set(SLO_NAMES)
+            if unknown:
+                raise ValueError(f"workload {self.name}: unknown SLO {sorted(unknown)} "
+                                 f"for kind {kind}; use {SLO_NAMES}")

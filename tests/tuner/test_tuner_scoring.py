@@ -1,0 +1,62 @@
+"""Goodput and client-side quantiles from hand-built sample sets."""
+import json
+
+import numpy as np
+import pytest
+
+from tuner.scoring import Samples, load_samples, meets_slo, quantile, score, tpot
+
+SLOS = {"chat": {"ttft": 1.0, "tpot": 0.1}, "summarize": {"e2e": 5.0}}
+
+
+def _rec(kind, ok=True, ttft=0.5, itl=(0.05, 0.05), e2e=1.0, tokens=3):
+    return {"kind": kind, "ok": ok, "ttft": ttft if ok else None, "itl": list(itl),
+            "e2e": e2e if ok else None, "output_tokens": tokens}
+
+
+def test_meets_slo_checks_every_threshold_of_the_kind():
+    assert meets_slo(_rec("chat"), SLOS["chat"])
+    assert not meets_slo(_rec("chat", ttft=1.2), SLOS["chat"])
+    assert not meets_slo(_rec("chat", itl=(0.05, 0.2)), SLOS["chat"])  # TPOT 0.125
+    assert meets_slo(_rec("chat", itl=(0.02, 0.17)), SLOS["chat"])     # TPOT 0.095: a mean
+    assert not meets_slo(_rec("chat", ok=False), SLOS["chat"])
+    assert meets_slo(_rec("summarize", ttft=9.0, e2e=4.9), SLOS["summarize"])
+    assert tpot(_rec("chat", itl=())) == 0.0
+
+
+def test_goodput_counts_only_requests_meeting_their_own_kinds_slos():
+    records = [_rec("chat"), _rec("chat", ttft=2.0), _rec("summarize", e2e=6.0),
+               _rec("summarize", e2e=4.0), _rec("chat", ok=False),
+               {"kind": "chat", "ok": False, "error": "unfinished at end of run", "itl": []}]
+    figures = score(Samples(records, start=100.0, stop=110.0), SLOS)
+    assert figures["window_s"] == 10.0
+    assert figures["slo_met"] == 2
+    assert figures["goodput"] == pytest.approx(0.2)
+    assert figures["throughput"] == pytest.approx(0.4)   # 4 completed
+    assert figures["slo_attainment"] == pytest.approx(2 / 6)
+    assert figures["output_tokens_per_s"] == pytest.approx(1.2)
+
+
+def test_in_progress_scoring_uses_now_and_markers_are_required():
+    samples = Samples([_rec("chat")], start=100.0)
+    assert score(samples, SLOS, now=104.0)["goodput"] == pytest.approx(0.25)
+    with pytest.raises(ValueError):
+        score(Samples([_rec("chat")]), SLOS)
+
+
+def test_quantiles_match_numpy_linear():
+    rng = np.random.default_rng(0)
+    values = list(rng.exponential(size=101))
+    for q in (0.5, 0.9, 0.99):
+        assert quantile(values, q) == pytest.approx(float(np.quantile(values, q)))
+    assert quantile([], 0.5) is None
+
+
+def test_load_samples_reads_markers_and_skips_a_torn_last_line(tmp_path):
+    path = tmp_path / "samples.jsonl"
+    lines = [json.dumps({"event": "start", "t": 5.0}), json.dumps(_rec("chat")),
+             json.dumps({"event": "stop", "t": 7.0}), '{"kind": "chat", "ok": tr']
+    path.write_text("\n".join(lines))
+    samples = load_samples(path)
+    assert (samples.start, samples.stop, len(samples.records)) == (5.0, 7.0, 1)
+    assert load_samples(tmp_path / "missing.jsonl").records == []

@@ -1,0 +1,174 @@
+"""`python -m tuner sweep|report|bench` (see tuner/README.md)."""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+import httpx
+
+from tuner.cli import DEFAULT_TRIALS, TINY_PROFILE, build_parser, parse_slos
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "bench":
+        from tuner import bench_offline  # written separately; imported only when asked
+        return bench_offline.main(args.rest) or 0
+    if args.command == "report":
+        return _report(parser, args)
+    return _sweep(parser, args)
+
+
+def _check_common(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.trials is not None and args.trials < 1:
+        parser.error("--trials must be at least 1")
+    if args.duration <= 0:
+        parser.error("--duration must be positive (seconds)")
+    if args.users is not None and args.users < 1:
+        parser.error("--users must be at least 1")
+    if args.rate is not None and args.rate <= 0:
+        parser.error("--rate must be positive (requests/s)")
+    if args.length_scale is not None and args.length_scale <= 0:
+        parser.error("--length-scale must be positive")
+
+
+def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from loadtests.workloads import get_workload
+    from tuner.loadgen import LoadSpec
+    from tuner.space import SpaceError, build_space, parse_param
+
+    _check_common(parser, args)
+    workload = get_workload(args.workload)
+    tiny = args.model is None and args.target_url is None and args.engine_cmd is None
+    factor = TINY_PROFILE["slo_scale"] if tiny else 1.0
+    defaults = {kind: {name: limit * factor for name, limit in slo.items()}
+                for kind, slo in workload.slos.items()}
+    try:
+        slos = parse_slos(args.slo, defaults)
+    except ValueError as exc:
+        parser.error(str(exc))
+    users = max(1, round(workload.users * (TINY_PROFILE["users_factor"] if tiny else 1)))
+    scale = args.length_scale or (TINY_PROFILE["length_scale"] if tiny else 1.0)
+    load = LoadSpec(workload=args.workload, duration=args.duration,
+                    users=args.users or (1 if args.rate else users),
+                    arrival="open" if args.rate else "closed", rate=args.rate or 1.0,
+                    seed=args.seed, length_scale=scale)
+    if args.target_url:
+        return _bench_target(parser, args, load, slos)
+    try:
+        profile_space = TINY_PROFILE["space"] if tiny and not args.space_file else []
+        space = build_space(params=[*profile_space, *args.param], space_file=args.space_file,
+                            wide_block_sizes=args.wide_block_sizes)
+        fixed = {}
+        for item in args.set:
+            name, sep, value = item.partition("=")
+            param = parse_param(name.strip(), value) if sep else None
+            if param is None or param.choices is None or len(param.choices) != 1:
+                raise SpaceError(f"--set {item!r}: expected NAME=VALUE with one value")
+            fixed[param.name] = param.choices[0]
+    except SpaceError as exc:
+        parser.error(str(exc))
+    from tuner.sweep import SweepConfig, run_sweep
+    from tuner.trial import EngineLaunch
+
+    model_tag = Path(args.model).name if args.model else "default"
+    study_name = args.study_name or f"{args.workload}-{args.objective}-{model_tag}"
+    out_dir = Path(args.out_dir or Path("tuner-out") / study_name)
+    extra = list(args.engine_arg)
+    cpu_gib = args.cpu_memory_gib or (TINY_PROFILE["cpu_memory_gib"] if tiny else None)
+    if cpu_gib is not None:
+        extra += ["--cpu-memory-gib", str(cpu_gib)]
+    launch = EngineLaunch(model=args.model, extra_flags=tuple(extra),
+                          startup_timeout=args.startup_timeout,
+                          **({"engine_cmd": args.engine_cmd} if args.engine_cmd else {}))
+    config = SweepConfig(workload=args.workload, slos=slos,
+                         primary_latency=workload.primary_latency, space=space, load=load,
+                         launch=launch, storage=args.storage, study_name=study_name,
+                         out_dir=out_dir, trials=args.trials or DEFAULT_TRIALS,
+                         objective=args.objective, remeasure=args.remeasure, seed=args.seed,
+                         fixed=fixed, warmup_requests=args.warmup_requests)
+    try:
+        study = run_sweep(config, show_progress=not args.no_progress)
+    except ValueError as exc:  # e.g. the study exists with another objective
+        parser.error(str(exc))
+    return _print_results(study, out=Path(args.out) if args.out else out_dir / "best.yaml",
+                          out_dir=out_dir)
+
+
+def _print_results(study, *, out: Path, out_dir: Path, top: int = 5) -> int:
+    from tuner.report import best_table, engine_patch, patch_yaml, save_plots, validate_patch
+
+    print(f"\nstudy {study.study_name!r}: best settings (mean over measurements)")
+    print(best_table(study, top=top))
+    text = patch_yaml(study)
+    if text is None:
+        print("no feasible trial: nothing to write", file=sys.stderr)
+        return 1
+    try:
+        validated = validate_patch(engine_patch(study))
+    except ValueError as exc:
+        print(f"the best settings do not fit the PagedInferenceService CRD: {exc}",
+              file=sys.stderr)
+        return 1
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"\n{text}\nwritten to {out}"
+          + ("" if validated else " (no CRD found to validate against)"))
+    for path in save_plots(study, out_dir):
+        print(f"plot: {path}")
+    return 0
+
+
+def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    import optuna
+
+    from tuner.study import make_storage
+    from tuner.sweep import quiet_optuna
+    quiet_optuna()
+    storage = make_storage(args.storage)
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    name = args.study_name or (names[0] if len(names) == 1 else None)
+    if name is None or name not in names:
+        parser.error(f"--study-name: choose one of {names or '(no study in ' + args.storage + ')'}")
+    study = optuna.load_study(study_name=name, storage=storage)
+    out_dir = Path(args.out_dir or Path("tuner-out") / name)
+    return _print_results(study, out=Path(args.out) if args.out else out_dir / "best.yaml",
+                          out_dir=out_dir, top=args.top)
+
+
+def _bench_target(parser: argparse.ArgumentParser, args: argparse.Namespace, load, slos) -> int:
+    """--target-url: measure a running server (no tuning), print and save the figures."""
+    from tuner.trial import measure
+
+    url = args.target_url.rstrip("/")
+    try:
+        httpx.get(url + "/v1/models", timeout=5).raise_for_status()
+    except httpx.HTTPError as exc:
+        parser.error(f"--target-url {url} is not reachable ({type(exc).__name__}: {exc}); "
+                     "start the server or fix the URL")
+    out_dir = Path(args.out_dir or Path("tuner-out") / f"bench-{args.workload}")
+    runs = []
+    for i in range(args.trials or 1):
+        figures = measure(url, load, slos, workdir=out_dir / f"run-{i}",
+                          warmup_requests=args.warmup_requests)
+        runs.append(figures)
+        print(f"run {i}: goodput {figures['goodput']:.3f} req/s, throughput "
+              f"{figures['throughput']:.3f} req/s, ttft p99 {figures.get('ttft_p99', float('nan')):.3f} s,"
+              f" e2e p99 {figures.get('e2e_p99', float('nan')):.3f} s")
+    out = Path(args.out) if args.out else out_dir / "bench.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"target_url": url, "workload": args.workload, "slos": slos,
+                               "runs": runs}, indent=2))
+    print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    # SIGTERM (a Job being stopped) unwinds like Ctrl-C, so the running trial's engine
+    # and Locust subprocesses are stopped and the trial is marked failed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Argument parsing for `python -m tuner` (sweep, report, bench)."""
+from __future__ import annotations
+
+import argparse
+
+from loadtests.workloads import WORKLOAD_NAMES
+
+DEFAULT_STORAGE = "sqlite:///tuner-out/tuner.db"
+# Defaults sized for the embedded tiny model on 2 CPU cores: a sweep in a few minutes.
+DEFAULT_TRIALS = 6
+DEFAULT_DURATION = 12.0
+# Without --model the engine serves its embedded tiny model on CPU: shorter prompts and
+# outputs, half the users and a small CPU memory budget, so a sweep takes minutes on
+# 2 cores. A CPU decode step takes ~0.1 s at a few sequences, so the SLOs are scaled x3
+# (else no setting meets them and goodput cannot rank settings). Its 2048-token context
+# caps max_num_batched_tokens' useful range.
+TINY_PROFILE = {"length_scale": 0.25, "users_factor": 0.5, "cpu_memory_gib": 0.5,
+                "slo_scale": 3.0, "space": ["max_num_batched_tokens=256..2048:log"]}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tuner",
+                                     description="Autotune the paged-KV engine for a workload.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sweep = sub.add_parser("sweep", help="search engine settings (or benchmark --target-url)")
+    sweep.add_argument("--workload", required=True, choices=WORKLOAD_NAMES)
+    sweep.add_argument("--trials", type=int, default=None,
+                       help=f"total search trials in the study (default {DEFAULT_TRIALS}; "
+                            "with --target-url: repeats, default 1)")
+    sweep.add_argument("--duration", type=float, default=DEFAULT_DURATION,
+                       help="seconds of load per trial")
+    sweep.add_argument("--model", default=None,
+                       help="checkpoint directory (default: the embedded tiny model)")
+    sweep.add_argument("--storage", default=DEFAULT_STORAGE,
+                       help="Optuna RDB URL: sqlite:///file.db or postgresql://...")
+    sweep.add_argument("--study-name", default=None,
+                       help="default: <workload>-<objective>-<model name>")
+    sweep.add_argument("--out", default=None, help="YAML patch file (default <out-dir>/best.yaml)")
+    sweep.add_argument("--out-dir", default=None,
+                       help="plots, logs, raw samples (default tuner-out/<study name>)")
+    sweep.add_argument("--target-url", default=None,
+                       help="benchmark this running server instead of tuning")
+    sweep.add_argument("--objective", choices=("goodput", "pareto"), default="goodput")
+    sweep.add_argument("--param", action="append", default=[], metavar="NAME=SPEC",
+                       help="search-space entry, e.g. max_num_seqs=1..64:log, block_size=pow2:1..256,"
+                            " gpu_memory_utilization=0.5..0.9:step=0.1, max_num_batched_tokens=none")
+    sweep.add_argument("--space-file", default=None, help="YAML search space (replaces defaults)")
+    sweep.add_argument("--wide-block-sizes", action="store_true",
+                       help="block_size over the powers of two 1..256 instead of 8..128")
+    sweep.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                       help="a setting fixed for every trial (also written to the YAML)")
+    sweep.add_argument("--slo", action="append", default=[], metavar="[KIND.]NAME=SECONDS",
+                       help="override an SLO threshold (ttft, tpot, e2e), e.g. ttft=0.5")
+    sweep.add_argument("--users", type=int, default=None,
+                       help="closed-loop concurrency (default: the workload's)")
+    sweep.add_argument("--rate", type=float, default=None,
+                       help="open loop instead: Poisson arrivals at this many req/s")
+    sweep.add_argument("--length-scale", type=float, default=None,
+                       help="multiply the workload's prompt/output lengths (default 1; "
+                            "0.25 for the embedded tiny model)")
+    sweep.add_argument("--remeasure", type=int, default=2,
+                       help="re-measure the top K settings once more (0: off)")
+    sweep.add_argument("--seed", type=int, default=0)
+    sweep.add_argument("--engine-cmd", default=None,
+                       help="command that starts a server (default: python -m engine serve)")
+    sweep.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                       help="extra engine argument, verbatim (repeat; e.g. --engine-arg=--cpu-memory-gib=0.1)")
+    sweep.add_argument("--cpu-memory-gib", type=float, default=None,
+                       help="CPU 'device memory' for the engine (its memory fraction applies "
+                            "to it; default 0.2 for the embedded tiny model, else the engine's)")
+    sweep.add_argument("--startup-timeout", type=float, default=300.0)
+    sweep.add_argument("--warmup-requests", type=int, default=2)
+    sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    report = sub.add_parser("report", help="re-print table, YAML and plots from storage")
+    report.add_argument("--storage", default=DEFAULT_STORAGE)
+    report.add_argument("--study-name", default=None, help="default: the only study in storage")
+    report.add_argument("--out", default=None)
+    report.add_argument("--out-dir", default=None)
+    report.add_argument("--top", type=int, default=5)
+
+    bench = sub.add_parser("bench", help="benchmarks (offline: throughput without HTTP)")
+    bench.add_argument("kind", choices=("offline",))
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def parse_slos(items: list[str], defaults: dict[str, dict[str, float]]) -> dict:
+    """Apply `[KIND.]NAME=SECONDS` overrides; ValueError naming the bad item."""
+    slos = {kind: dict(values) for kind, values in defaults.items()}
+    for item in items:
+        key, sep, value = item.partition("=")
+        kind, dot, name = key.rpartition(".")
+        kinds = [kind] if dot else list(slos)
+        if not sep or name not in ("ttft", "tpot", "e2e") or any(k not in slos for k in kinds):
+            raise ValueError(f"--slo {item!r}: expected [KIND.]NAME=SECONDS with NAME in "
+                             f"ttft, tpot, e2e and KIND in {', '.join(slos)}")
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise ValueError(f"--slo {item!r}: {value!r} is not a number of seconds") from None
+        if seconds <= 0:
+            raise ValueError(f"--slo {item!r}: the threshold must be positive")
+        for k in kinds:
+            slos[k][name] = seconds
+    return slos

@@ -1,0 +1,203 @@
+"""The search space: which engine settings a sweep varies and over which values.
+
+Command-line grammar (`--param NAME=SPEC`, repeatable; a file uses the same SPEC strings
+or YAML lists/mappings):
+
+  8,16,32            choices (one value fixes the setting)
+  pow2:8..128        the powers of two in [8, 128], as choices
+  1..64              an integer (or float, for float settings) range
+  1..64:log          ... sampled on a log scale
+  0.5..0.95:step=0.05  ... on a grid of that step
+  none               leave the setting out (the engine's default applies)
+
+YAML file (`--space-file`): a mapping NAME -> SPEC string, list of choices, or
+{low, high, step, log}. It replaces the default space; `--param` then overrides entries.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# setting -> (engine flag, spec.engine key, Python type)
+SETTINGS: dict[str, tuple[str, str, type]] = {
+    "block_size": ("--block-size", "blockSize", int),
+    "gpu_memory_utilization": ("--gpu-memory-utilization", "gpuMemoryUtilization", float),
+    "max_num_seqs": ("--max-num-seqs", "maxNumSeqs", int),
+    "max_num_batched_tokens": ("--max-num-batched-tokens", "maxNumBatchedTokens", int),
+    "max_model_len": ("--max-model-len", "maxModelLen", int),
+    "enable_prefix_caching": ("--enable-prefix-caching", "enablePrefixCaching", bool),
+}
+
+DEFAULT_SPACE = {
+    "block_size": "pow2:8..128",
+    "gpu_memory_utilization": "0.5..0.95:step=0.05",
+    "max_num_seqs": "1..64:log",
+    "max_num_batched_tokens": "256..8192:log",
+}
+WIDE_BLOCK_SIZES = "pow2:1..256"
+
+
+class SpaceError(ValueError):
+    """A search-space definition the user must fix; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    choices: tuple | None = None       # categorical when set
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+
+    @property
+    def type(self) -> type:
+        return SETTINGS[self.name][2]
+
+    def suggest(self, trial) -> Any:
+        if self.choices is not None:
+            return trial.suggest_categorical(self.name, list(self.choices))
+        if self.type is int:
+            return trial.suggest_int(self.name, int(self.low), int(self.high),
+                                     step=int(self.step or 1), log=self.log)
+        return trial.suggest_float(self.name, self.low, self.high, step=self.step, log=self.log)
+
+    def grid_values(self) -> list:
+        """Every value, for an exhaustive grid; SpaceError for a continuous range."""
+        if self.choices is not None:
+            return list(self.choices)
+        if self.type is int and not self.log:
+            return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
+        if self.step is None:
+            raise SpaceError(f"{self.name}: a grid needs choices or a step, not {self.low}..{self.high}")
+        n = int(round((self.high - self.low) / self.step))
+        return [round(self.low + i * self.step, 10) for i in range(n + 1)]
+
+
+def _convert(name: str, text: Any) -> Any:
+    kind = SETTINGS[name][2]
+    if kind is bool:
+        if isinstance(text, bool):
+            return text
+        if str(text).lower() in ("true", "1", "yes", "on"):
+            return True
+        if str(text).lower() in ("false", "0", "no", "off"):
+            return False
+        raise SpaceError(f"{name}: expected true/false, got {text!r}")
+    try:
+        value = kind(float(text)) if kind is int else kind(text)
+    except (TypeError, ValueError):
+        raise SpaceError(f"{name}: {text!r} is not a valid {kind.__name__}") from None
+    if kind is int and float(text) != value:
+        raise SpaceError(f"{name}: {text!r} is not an integer")
+    return value
+
+
+def parse_param(name: str, spec: Any) -> Param | None:
+    """One setting's spec (string, list or mapping) -> Param; None for `none`."""
+    if name not in SETTINGS:
+        raise SpaceError(f"unknown setting {name!r}; known: {', '.join(SETTINGS)}")
+    if isinstance(spec, (list, tuple)):
+        if not spec:
+            raise SpaceError(f"{name}: empty list of choices")
+        return Param(name, choices=tuple(_convert(name, v) for v in spec))
+    if isinstance(spec, dict):
+        unknown = set(spec) - {"low", "high", "step", "log"}
+        if unknown or "low" not in spec or "high" not in spec:
+            raise SpaceError(f"{name}: a range needs keys low, high (and optional step, log)")
+        return _range(name, spec["low"], spec["high"], spec.get("step"), bool(spec.get("log")))
+    text = str(spec).strip()
+    if text.lower() == "none":
+        return None
+    if not text:
+        raise SpaceError(f"{name}: empty specification")
+    if text.startswith("pow2:"):
+        low, high = _bounds(name, text[5:])
+        values = tuple(2 ** k for k in range(0, 31) if low <= 2 ** k <= high)
+        if not values:
+            raise SpaceError(f"{name}: no power of two in {text[5:]}")
+        return Param(name, choices=values)
+    if ".." in text:
+        body, *options = text.split(":")
+        low, high = _bounds(name, body)
+        step, log = None, False
+        for option in options:
+            if option == "log":
+                log = True
+            elif option.startswith("step="):
+                step = _convert(name, option[5:])
+            else:
+                raise SpaceError(f"{name}: unknown range option {option!r} (use log or step=S)")
+        return _range(name, low, high, step, log)
+    return Param(name, choices=tuple(_convert(name, v) for v in text.split(",") if v.strip()))
+
+
+def _bounds(name: str, text: str) -> tuple[float, float]:
+    parts = text.split("..")
+    if len(parts) != 2:
+        raise SpaceError(f"{name}: a range is LOW..HIGH, got {text!r}")
+    return _convert(name, parts[0]), _convert(name, parts[1])
+
+
+def _range(name: str, low: Any, high: Any, step: Any, log: bool) -> Param:
+    if SETTINGS[name][2] is bool:
+        raise SpaceError(f"{name}: a boolean takes choices (true,false), not a range")
+    low, high = _convert(name, low), _convert(name, high)
+    if low > high:
+        raise SpaceError(f"{name}: empty range {low}..{high} (low > high)")
+    if log and (low <= 0 or step is not None):
+        raise SpaceError(f"{name}: a log range needs low > 0 and no step")
+    if step is not None and (step <= 0 or not math.isfinite(step)):
+        raise SpaceError(f"{name}: step must be positive")
+    return Param(name, low=low, high=high, step=step, log=log)
+
+
+def build_space(*, params: list[str] = (), space_file: str | None = None,
+                wide_block_sizes: bool = False) -> list[Param]:
+    """Defaults (or the file), then `--param NAME=SPEC` overrides. SpaceError when empty."""
+    specs: dict[str, Any] = dict(DEFAULT_SPACE)
+    if wide_block_sizes:
+        specs["block_size"] = WIDE_BLOCK_SIZES
+    if space_file:
+        path = Path(space_file)
+        if not path.is_file():
+            raise SpaceError(f"--space-file {space_file}: no such file")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise SpaceError(f"--space-file {space_file}: expected a mapping NAME -> SPEC")
+        specs = loaded
+    for item in params:
+        name, sep, spec = item.partition("=")
+        if not sep:
+            raise SpaceError(f"--param {item!r}: expected NAME=SPEC, e.g. max_num_seqs=1..64:log")
+        specs[name.strip()] = spec
+    space = [p for p in (parse_param(n, s) for n, s in specs.items()) if p is not None]
+    if not space:
+        raise SpaceError("the search space is empty: give at least one setting with "
+                         "--param NAME=SPEC or in --space-file")
+    return space
+
+
+def engine_flags(settings: dict[str, Any]) -> list[str]:
+    """Engine command-line flags for snake_case settings."""
+    flags: list[str] = []
+    for name, value in settings.items():
+        flag, _, kind = SETTINGS[name]
+        if kind is bool:
+            flags.append(flag if value else flag.replace("--", "--no-", 1))
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def to_engine_spec(settings: dict[str, Any]) -> dict[str, Any]:
+    """snake_case settings -> the camelCase keys of PagedInferenceService.spec.engine."""
+    out: dict[str, Any] = {}
+    for name, value in settings.items():
+        _, key, kind = SETTINGS[name]
+        out[key] = round(float(value), 4) if kind is float else kind(value)
+    return out

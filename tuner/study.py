@@ -1,0 +1,108 @@
+"""Optuna study plumbing: storage, sampler, pruner, and reading results back.
+
+Objectives:
+- "goodput" (default): maximise goodput (req/s meeting every SLO); pruning on.
+- "pareto": maximise throughput (completed req/s) and minimise the workload's primary
+  p99 latency (client side); the result is a Pareto front. Optuna cannot prune
+  multi-objective trials, so pruning is off.
+
+Infeasible trials (engine failed to start, ran out of memory) finish COMPLETE with the
+worst values, a violated constraint (`trial.set_constraint("engine_serves", 1.0)`) and
+the reason in user attr `infeasible`: TPE ranks constrained-out trials below every
+feasible one and steers away from them, and the sweep goes on.
+"""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+INFEASIBLE_VALUES = {"goodput": (0.0,), "pareto": (0.0, 1e9)}
+
+
+def make_storage(url: str) -> optuna.storages.BaseStorage:
+    """An RDB storage with heartbeats, so a trial of a crashed worker is retried."""
+    if url.startswith("sqlite:///"):
+        path = Path(url[len("sqlite:///"):])
+        path.parent.mkdir(parents=True, exist_ok=True)
+    return optuna.storages.RDBStorage(
+        url, heartbeat_interval=30, grace_period=120,
+        heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
+
+
+def open_study(*, storage: str, study_name: str, objective: str, seed: int = 0,
+               n_startup_trials: int = 4, sampler: optuna.samplers.BaseSampler | None = None
+               ) -> optuna.Study:
+    """Create or resume a study; ValueError if it exists with the other objective."""
+    directions = ["maximize"] if objective == "goodput" else ["maximize", "minimize"]
+    sampler = sampler or optuna.samplers.TPESampler(
+        seed=seed, n_startup_trials=n_startup_trials, multivariate=True)
+    pruner = (optuna.pruners.PercentilePruner(75.0, n_startup_trials=3, n_warmup_steps=1)
+              if objective == "goodput" else optuna.pruners.NopPruner())
+    study = optuna.create_study(storage=make_storage(storage), study_name=study_name,
+                                directions=directions, sampler=sampler, pruner=pruner,
+                                load_if_exists=True)
+    if len(study.directions) != len(directions):
+        raise ValueError(f"study {study_name!r} in {storage} was made with the other "
+                         f"objective; pass --study-name to start a new one")
+    return study
+
+
+def is_remeasure(trial: FrozenTrial) -> bool:
+    return "remeasure_of" in trial.user_attrs
+
+
+def search_trials_done(study: optuna.Study) -> int:
+    """Finished search trials (re-measurements and running trials excluded)."""
+    done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    return sum(1 for t in study.get_trials(deepcopy=False, states=done) if not is_remeasure(t))
+
+
+def feasible(trial: FrozenTrial) -> bool:
+    return trial.state == TrialState.COMPLETE and "infeasible" not in trial.user_attrs
+
+
+def _key(params: dict) -> tuple:
+    return tuple(sorted(params.items()))
+
+
+def grouped(study: optuna.Study) -> list[dict]:
+    """Feasible complete trials grouped by settings: each group has `params`, `trials`
+    (numbers), `goodput` (mean over measurements) and `measurements`; best first."""
+    groups: dict[tuple, list[FrozenTrial]] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if feasible(t):
+            groups.setdefault(_key(t.params), []).append(t)
+    out = []
+    for trials in groups.values():
+        values = [t.user_attrs.get("goodput", 0.0) for t in trials]
+        out.append({"params": dict(trials[0].params), "trials": [t.number for t in trials],
+                    "goodput": statistics.fmean(values), "measurements": len(values),
+                    "goodput_stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
+                    "figures": _mean_figures(trials)})
+    out.sort(key=lambda g: g["goodput"], reverse=True)
+    return out
+
+
+def _mean_figures(trials: list[FrozenTrial]) -> dict[str, float]:
+    keys = {k for t in trials for k, v in t.user_attrs.items() if isinstance(v, (int, float))}
+    return {k: statistics.fmean(t.user_attrs[k] for t in trials if k in t.user_attrs)
+            for k in keys}
+
+
+def best_group(study: optuna.Study) -> dict | None:
+    """The winner. Goodput mode: best mean goodput over its measurements. Pareto mode:
+    among Pareto-optimal feasible trials, the settings with the best mean goodput."""
+    groups = grouped(study)
+    if len(study.directions) > 1:
+        front = {_key(t.params) for t in study.best_trials if feasible(t)}
+        groups = [g for g in groups if _key(g["params"]) in front] or groups
+    return groups[0] if groups else None
+
+
+def remeasure_candidates(study: optuna.Study, k: int) -> list[dict]:
+    """The top-k settings measured only once: they get a second measurement, so a lucky
+    single run cannot win on noise."""
+    return [g for g in grouped(study)[:k] if g["measurements"] < 2]
