@@ -1,0 +1,77 @@
+{{/* Chart name, truncated to the 63 characters of a DNS label. */}}
+{{- define "pio.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Release-qualified name for the operator's objects. */}}
+{{- define "pio.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "pio.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "pio.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "pio.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "pio.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: paged-inference
+{{- end }}
+
+{{- define "pio.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "pio.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The operator's permissions: only the verbs on the resources it uses, no wildcards.
+kopf watches and patches PagedInferenceServices and posts Events; the reconciler reads,
+creates and patches the children, and deletes only optional ones it no longer wants.
+*/}}
+{{- define "pio.rules" -}}
+- apiGroups: [serving.pagedinference.dev]
+  resources: [pagedinferenceservices]
+  verbs: [get, list, watch, patch]
+- apiGroups: [serving.pagedinference.dev]
+  resources: [pagedinferenceservices/status]
+  verbs: [get, patch]
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [""]
+  resources: [services, configmaps]
+  verbs: [get, create, patch]
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get, create, patch, delete]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, create, patch]
+- apiGroups: [autoscaling]
+  resources: [horizontalpodautoscalers]
+  verbs: [get, create, patch, delete]
+- apiGroups: [keda.sh]
+  resources: [scaledobjects]
+  verbs: [get, create, patch, delete]
+- apiGroups: [monitoring.coreos.com]
+  resources: [podmonitors]
+  verbs: [get, create, patch, delete]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end }}

@@ -1,0 +1,23 @@
+# The operator image: kopf + the paged_operator package, nothing else (no torch).
+# Build from the repository root:
+#   docker build -f docker/operator.Dockerfile -t pagedinference/operator:0.1.0 .
+FROM python:3.11-slim AS runtime
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PYTHONPATH=/app
+
+# kopf brings aiohttp and pyyaml, all the operator imports.
+RUN pip install "kopf>=1.45,<2"
+
+WORKDIR /app
+COPY operator/paged_operator /app/paged_operator
+RUN python -m compileall -q /app/paged_operator
+
+# The chart runs it as UID 1000 with a read-only root filesystem (/tmp is an emptyDir).
+RUN useradd --uid 1000 --user-group --no-create-home --home-dir /tmp operator
+USER 1000:1000
+EXPOSE 8080
+ENTRYPOINT ["python", "-m", "paged_operator"]
+CMD ["--liveness=http://0.0.0.0:8080/healthz"]

@@ -1,0 +1,10 @@
+"""Kubernetes operator for PagedInferenceService (serving.pagedinference.dev/v1alpha1).
+
+Importing the package registers the kopf handlers, so `kopf run -m paged_operator`
+works; `python -m paged_operator` adds the liveness endpoint and namespace options.
+"""
+from . import handlers
+from .spec import GROUP, KIND, PLURAL, VERSION, InvalidSpecError, ServiceSpec, parse_spec
+
+__all__ = ["GROUP", "KIND", "PLURAL", "VERSION", "InvalidSpecError", "ServiceSpec",
+           "handlers", "parse_spec"]

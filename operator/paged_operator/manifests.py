@@ -1,0 +1,245 @@
+"""Desired child objects of a PagedInferenceService, as plain dicts (no I/O, no kopf).
+
+Every builder takes the parsed ServiceSpec and returns a manifest with apiVersion, kind
+and metadata.name set; owner references are added by the reconciler (kopf.adopt).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any
+
+from .spec import AUTOSCALING_METRICS, ENGINE_PORT, ServiceSpec
+
+MANAGED_BY = "paged-inference-operator"
+CHECKSUM_ANNOTATION = "serving.pagedinference.dev/engine-config-checksum"
+# Writable mount points: the root filesystem is read-only.
+MODEL_CACHE_DIR = "/model-cache"
+MODEL_DIR = "/mnt/model"
+CONFIG_DIR = "/etc/paged-inference"
+ENGINE_UID = 1000
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    # The Deployment selector is immutable: keep it to these two labels forever.
+    return {"app.kubernetes.io/name": "paged-inference-engine",
+            "app.kubernetes.io/instance": name}
+
+
+def labels(name: str) -> dict[str, str]:
+    return {**selector_labels(name),
+            "app.kubernetes.io/component": "engine",
+            "app.kubernetes.io/managed-by": MANAGED_BY}
+
+
+def _meta(spec: ServiceSpec, name: str) -> dict[str, Any]:
+    return {"name": name, "namespace": spec.namespace, "labels": labels(spec.name)}
+
+
+def config_map_name(spec: ServiceSpec) -> str:
+    return f"{spec.name}-engine-config"
+
+
+def cache_claim_name(spec: ServiceSpec) -> str | None:
+    cache = spec.model_cache
+    if cache is None:
+        return None
+    return cache.claim_name or f"{spec.name}-model-cache"
+
+
+def endpoint(spec: ServiceSpec) -> str:
+    return f"http://{spec.name}.{spec.namespace}.svc.cluster.local:{ENGINE_PORT}"
+
+
+def engine_args(spec: ServiceSpec) -> list[str]:
+    model = spec.model
+    if model.kind == "pvc":
+        model_arg = f"{MODEL_DIR}/{model.path_in_claim}".rstrip("/")
+    else:
+        model_arg = model.uri
+    return [model_arg, "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
+            "--served-model-name", model.served_name, *spec.engine.flags()]
+
+
+def config_map(spec: ServiceSpec) -> dict[str, Any]:
+    settings = json.dumps(spec.engine.applied(), indent=2, sort_keys=True)
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _meta(spec, config_map_name(spec)),
+            "data": {"engine-settings.json": settings + "\n",
+                     "model-uri": spec.model.uri,
+                     "served-model-name": spec.model.served_name,
+                     "engine-args": json.dumps(engine_args(spec))}}
+
+
+def config_checksum(spec: ServiceSpec) -> str:
+    """Hash of the ConfigMap's data; put on the pod template so a settings change rolls pods."""
+    data = json.dumps(config_map(spec)["data"], sort_keys=True).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def _resources(spec: ServiceSpec) -> dict[str, Any]:
+    requests: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
+    if spec.cpu:
+        requests["cpu"] = spec.cpu
+    if spec.memory:
+        requests["memory"] = limits["memory"] = spec.memory
+    if spec.gpus:
+        # Extended resources cannot be overcommitted: requests must equal limits.
+        requests[spec.gpu_resource_name] = limits[spec.gpu_resource_name] = str(spec.gpus)
+    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+def _probes(spec: ServiceSpec) -> dict[str, Any]:
+    def http(path: str, **kw: int) -> dict[str, Any]:
+        return {"httpGet": {"path": path, "port": "http"}, "timeoutSeconds": 5, **kw}
+    period = 10
+    # Until /ready answers 200 the model is still downloading or loading: give it the
+    # whole startup budget before the kubelet restarts the container.
+    startup_failures = max(1, math.ceil(spec.rollout.startup_timeout_seconds / period))
+    return {"startupProbe": http("/ready", periodSeconds=period,
+                                 failureThreshold=startup_failures),
+            "readinessProbe": http("/ready", periodSeconds=5, failureThreshold=3),
+            "livenessProbe": http("/health", periodSeconds=10, failureThreshold=6)}
+
+
+def _volumes(spec: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shared_memory}},
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "engine-config", "configMap": {"name": config_map_name(spec)}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "model-cache", "mountPath": MODEL_CACHE_DIR},
+    ]
+    claim = cache_claim_name(spec)
+    volumes.append({"name": "model-cache", **({"persistentVolumeClaim": {"claimName": claim}}
+                                             if claim else {"emptyDir": {}})})
+    if spec.model.kind == "pvc":
+        volumes.append({"name": "model", "persistentVolumeClaim": {
+            "claimName": spec.model.claim_name, "readOnly": True}})
+        mounts.append({"name": "model", "mountPath": MODEL_DIR, "readOnly": True})
+    return volumes, mounts
+
+
+def deployment(spec: ServiceSpec) -> dict[str, Any]:
+    volumes, mounts = _volumes(spec)
+    env = [{"name": "HF_HOME", "value": f"{MODEL_CACHE_DIR}/huggingface"},
+           {"name": "HOME", "value": "/tmp"},
+           {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
+           {"name": "TRITON_CACHE_DIR", "value": "/tmp/.triton"},
+           *[dict(e) for e in spec.env]]
+    container = {
+        "name": "engine", "image": spec.image, "imagePullPolicy": spec.image_pull_policy,
+        "command": ["python", "-m", "engine", "serve"], "args": engine_args(spec),
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "env": env, "resources": _resources(spec), **_probes(spec), "volumeMounts": mounts,
+        "securityContext": {"allowPrivilegeEscalation": False, "privileged": False,
+                            "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+                            "capabilities": {"drop": ["ALL"]}},
+    }
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,  # the engine never talks to the API server
+        "terminationGracePeriodSeconds": 60,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": ENGINE_UID,
+                            "runAsGroup": ENGINE_UID, "fsGroup": ENGINE_UID,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container], "volumes": volumes,
+    }
+    if spec.runtime_class_name:
+        pod_spec["runtimeClassName"] = spec.runtime_class_name
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in spec.tolerations]
+    rollout = spec.rollout
+    strategy: dict[str, Any] = {"type": rollout.strategy}
+    if rollout.strategy == "RollingUpdate":
+        strategy["rollingUpdate"] = {"maxSurge": rollout.max_surge,
+                                     "maxUnavailable": rollout.max_unavailable}
+    body: dict[str, Any] = {
+        "selector": {"matchLabels": selector_labels(spec.name)},
+        "strategy": strategy,
+        "revisionHistoryLimit": 3,
+        "progressDeadlineSeconds": rollout.startup_timeout_seconds + 600,
+        "template": {"metadata": {"labels": labels(spec.name),
+                                  "annotations": {CHECKSUM_ANNOTATION: config_checksum(spec)}},
+                     "spec": pod_spec},
+    }
+    if spec.autoscaling is None:  # otherwise the autoscaler owns .spec.replicas
+        body = {"replicas": spec.replicas, **body}
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": _meta(spec, spec.name), "spec": body}
+
+
+def service(spec: ServiceSpec) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(spec, spec.name),
+            "spec": {"type": "ClusterIP", "selector": selector_labels(spec.name),
+                     "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http",
+                                "protocol": "TCP"}]}}
+
+
+def pod_disruption_budget(spec: ServiceSpec) -> dict[str, Any]:
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": _meta(spec, spec.name),
+            "spec": {"maxUnavailable": 1,
+                     "selector": {"matchLabels": selector_labels(spec.name)}}}
+
+
+def model_cache_claim(spec: ServiceSpec) -> dict[str, Any] | None:
+    cache = spec.model_cache
+    if cache is None or cache.size is None:  # none asked, or the user's own claim
+        return None
+    claim: dict[str, Any] = {"accessModes": list(cache.access_modes),
+                             "resources": {"requests": {"storage": cache.size}}}
+    if cache.storage_class_name:
+        claim["storageClassName"] = cache.storage_class_name
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": _meta(spec, f"{spec.name}-model-cache"), "spec": claim}
+
+
+def horizontal_pod_autoscaler(spec: ServiceSpec) -> dict[str, Any] | None:
+    auto = spec.autoscaling
+    if auto is None:
+        return None
+    metric = {"type": "Pods", "pods": {
+        "metric": {"name": AUTOSCALING_METRICS[auto.metric]},
+        "target": {"type": "AverageValue", "averageValue": auto.target}}}
+    return {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+            "metadata": _meta(spec, spec.name),
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                                        "name": spec.name},
+                     "minReplicas": auto.min_replicas, "maxReplicas": auto.max_replicas,
+                     "metrics": [metric],
+                     # Engine pods are slow to start: scale down only after 5 quiet minutes.
+                     "behavior": {"scaleDown": {"stabilizationWindowSeconds": 300}}}}
+
+
+def scaled_object(spec: ServiceSpec) -> dict[str, Any] | None:
+    auto = spec.autoscaling
+    if auto is None:
+        return None
+    metric = AUTOSCALING_METRICS[auto.metric]
+    # KEDA divides the sum by the replica count (AverageValue): a per-pod target.
+    query = (f'sum({metric}{{namespace="{spec.namespace}",'
+             f'model_name="{spec.model.served_name}"}})')
+    return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+            "metadata": _meta(spec, spec.name),
+            "spec": {"scaleTargetRef": {"name": spec.name},
+                     "minReplicaCount": auto.min_replicas,
+                     "maxReplicaCount": auto.max_replicas,
+                     "triggers": [{"type": "prometheus", "metadata": {
+                         "serverAddress": auto.prometheus_server_address,
+                         "query": query, "threshold": auto.target}}]}}
+
+
+def pod_monitor(spec: ServiceSpec) -> dict[str, Any]:
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+            "metadata": _meta(spec, spec.name),
+            "spec": {"selector": {"matchLabels": selector_labels(spec.name)},
+                     "podMetricsEndpoints": [{"port": "http", "path": "/metrics",
+                                              "interval": "15s"}]}}

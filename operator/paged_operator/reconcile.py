@@ -1,0 +1,150 @@
+"""Make a PagedInferenceService's children match its spec, idempotently.
+
+One pass: parse the spec (nothing is written if that fails), build every desired child,
+then for each child GET it and POST it when missing or merge-PATCH it when it differs from
+what we want (compared as a subset, so fields the API server defaults never count as
+drift). Optional children that are no longer wanted (HPA after autoscaling is removed...)
+are deleted when they are ours. Running a pass twice changes nothing the second time.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from . import manifests
+from .kube import KINDS, ApiError, KubeApi
+from .spec import ServiceSpec, quantity_value
+
+
+
+class ChildError(Exception):
+    """A child cannot be written: its name is taken by an object this resource does not
+    own, or the API server refuses it (400/403/422). Retrying will not help."""
+
+
+def _scalar_equal(want: Any, have: Any) -> bool:
+    if want == have:
+        return True
+    if isinstance(want, (int, float)) and not isinstance(want, bool) or \
+            isinstance(have, (int, float)) and not isinstance(have, bool):
+        return False  # numbers are compared as they are; only strings may be quantities
+    # The API server canonicalises quantities ("1000m" comes back as "1").
+    a, b = quantity_value(want), quantity_value(have)
+    return a is not None and a == b
+
+
+def contains(have: Any, want: Any) -> bool:
+    """Whether `have` (the live object) holds everything in `want` (the desired one)."""
+    if isinstance(want, Mapping):
+        return isinstance(have, Mapping) and all(
+            k in have and contains(have[k], v) for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(have, list) and len(have) == len(want) and all(
+            contains(h, w) for h, w in zip(have, want))
+    return _scalar_equal(want, have)
+
+
+def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(ref.get("uid") == uid for ref in refs)
+
+
+class Discovery:
+    """Remembers for a while which optional APIs (PodMonitor, KEDA) the cluster serves."""
+
+    def __init__(self, *, ttl_seconds: float) -> None:
+        self.ttl = ttl_seconds
+        self._seen: dict[str, tuple[float, bool]] = {}
+
+    async def has(self, api: KubeApi, kind_name: str) -> bool:
+        now = time.monotonic()
+        cached = self._seen.get(kind_name)
+        if cached is None or now - cached[0] > self.ttl:
+            cached = (now, await api.has_resource(KINDS[kind_name]))
+            self._seen[kind_name] = cached
+        return cached[1]
+
+
+async def desired_children(api: KubeApi, discovery: Discovery, spec: ServiceSpec,
+                           ) -> tuple[list[dict[str, Any]], list[str]]:
+    """(children to apply, kinds of optional children that must not exist)."""
+    wanted = [manifests.config_map(spec), manifests.service(spec),
+              manifests.deployment(spec), manifests.pod_disruption_budget(spec)]
+    unwanted: list[str] = []
+    optional: dict[str, dict[str, Any] | None] = {
+        "PersistentVolumeClaim": manifests.model_cache_claim(spec)}
+    if spec.autoscaling is not None and await discovery.has(api, "ScaledObject"):
+        optional["ScaledObject"] = manifests.scaled_object(spec)  # KEDA makes its own HPA
+        optional["HorizontalPodAutoscaler"] = None
+    else:
+        optional["HorizontalPodAutoscaler"] = manifests.horizontal_pod_autoscaler(spec)
+        if await discovery.has(api, "ScaledObject"):
+            optional["ScaledObject"] = None
+    if await discovery.has(api, "PodMonitor"):
+        optional["PodMonitor"] = manifests.pod_monitor(spec)
+    for kind_name, child in optional.items():
+        if child is None:
+            unwanted.append(kind_name)
+        else:
+            wanted.append(child)
+    # The claim and the config must exist before the pods that mount them.
+    order = ["PersistentVolumeClaim", "ConfigMap", "Service", "Deployment"]
+    wanted.sort(key=lambda c: order.index(c["kind"]) if c["kind"] in order else len(order))
+    return wanted, unwanted
+
+
+async def apply_child(api: KubeApi, child: dict[str, Any], *, owner_uid: str,
+                      logger: Any) -> dict[str, Any]:
+    kind = KINDS[child["kind"]]
+    ns, name = child["metadata"]["namespace"], child["metadata"]["name"]
+    actual = await api.get(kind, ns, name)
+    if actual is None:
+        created = await api.create(kind, ns, child)
+        if created is not None:
+            logger.info(f"Created {child['kind']} {name}")
+            return created
+        actual = await api.get(kind, ns, name)  # created meanwhile by someone else
+        if actual is None:
+            raise kopf.TemporaryError(f"{child['kind']} {name} vanished while creating", delay=1)
+    if not owned_by(actual, owner_uid):
+        raise ChildError(f"{child['kind']} {ns}/{name} exists and is not owned by this "
+                                 "PagedInferenceService: delete it or rename the resource")
+    if contains(actual, child):
+        return actual
+    logger.info(f"Updating {child['kind']} {name} back to the desired state")
+    patched = await api.patch(kind, ns, name, child)
+    return patched if patched is not None else await apply_child(
+        api, child, owner_uid=owner_uid, logger=logger)
+
+
+async def remove_unwanted(api: KubeApi, kind_name: str, spec: ServiceSpec, *,
+                          owner_uid: str, logger: Any) -> None:
+    name = spec.name if kind_name != "PersistentVolumeClaim" else f"{spec.name}-model-cache"
+    obj = await api.get(KINDS[kind_name], spec.namespace, name)
+    if obj is not None and owned_by(obj, owner_uid):  # never touch what a user made
+        logger.info(f"Deleting {kind_name} {name}: no longer asked for")
+        await api.delete(KINDS[kind_name], spec.namespace, name)
+
+
+async def reconcile_children(api: KubeApi, discovery: Discovery, spec: ServiceSpec, *,
+                             owner: Mapping[str, Any], logger: Any) -> dict[str, Any]:
+    """Apply all children; returns the live Deployment (for status)."""
+    uid = owner["metadata"]["uid"]
+    wanted, unwanted = await desired_children(api, discovery, spec)
+    kopf.adopt(wanted, owner=owner)  # owner references: deletion cascades to children
+    deployment: dict[str, Any] = {}
+    try:
+        for child in wanted:
+            live = await apply_child(api, child, owner_uid=uid, logger=logger)
+            if child["kind"] == "Deployment":
+                deployment = live
+        for kind_name in unwanted:
+            await remove_unwanted(api, kind_name, spec, owner_uid=uid, logger=logger)
+    except ApiError as exc:
+        if exc.status in (400, 403, 422):  # the request itself is refused: retrying won't help
+            raise ChildError(exc.message) from exc
+        raise kopf.TemporaryError(str(exc), delay=10) from exc
+    return deployment

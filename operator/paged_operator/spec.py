@@ -1,0 +1,293 @@
+"""Parse and validate a PagedInferenceService spec into frozen settings.
+
+The CRD's OpenAPI schema rejects most bad input at `kubectl apply` time; this module
+repeats the checks so that a spec that slipped past the schema (an older CRD, a
+schema-less dry run, a field the schema cannot express) ends as a Degraded condition
+with a message naming the field, before any child object is made.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from .fields import (DNS_LABEL, DNS_SUBDOMAIN, PERCENT_OR_INT, InvalidSpecError,
+                     get_field, positive, quantity, quantity_value)
+
+GROUP = "serving.pagedinference.dev"
+VERSION = "v1alpha1"
+PLURAL = "pagedinferenceservices"
+KIND = "PagedInferenceService"
+
+DEFAULT_IMAGE = "pagedinference/engine:0.1.0"
+ENGINE_PORT = 8000
+# Longest name whose children (e.g. "<name>-engine-config", pod names with hashes) stay
+# within the 63-character DNS label limit that Services and labels impose.
+MAX_NAME_LENGTH = 52
+
+# Flags the operator sets itself; passing them through extraArgs would contradict spec.
+MANAGED_FLAGS = frozenset({
+    "--model", "--host", "--port", "--served-model-name", "--block-size",
+    "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len",
+    "--enable-prefix-caching", "--no-enable-prefix-caching",
+})
+AUTOSCALING_METRICS = {
+    # spec value -> engine metric name (vLLM's), read per pod through the metrics pipeline
+    "queueDepth": "vllm:num_requests_waiting",
+    "kvCacheUsage": "vllm:kv_cache_usage_perc",
+}
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSource:
+    uri: str
+    served_name: str
+    kind: str                     # "hf" | "pvc" | "path"
+    claim_name: str | None = None  # pvc only
+    path_in_claim: str = ""        # pvc only, "" = the claim's root
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineSettings:
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    extra_args: tuple[str, ...] = ()
+
+    def applied(self) -> dict[str, Any]:
+        """The settings in spec.engine's camelCase form, unset ones left out."""
+        out: dict[str, Any] = {
+            "blockSize": self.block_size,
+            "gpuMemoryUtilization": self.gpu_memory_utilization,
+            "maxNumSeqs": self.max_num_seqs,
+            "maxNumBatchedTokens": self.max_num_batched_tokens,
+            "maxModelLen": self.max_model_len,
+            "enablePrefixCaching": self.enable_prefix_caching,
+            "extraArgs": list(self.extra_args),
+        }
+        return {k: v for k, v in out.items() if v is not None}
+
+    def flags(self) -> list[str]:
+        """vLLM-named CLI flags for `python -m engine serve`."""
+        flags = ["--block-size", str(self.block_size),
+                 "--gpu-memory-utilization", repr(float(self.gpu_memory_utilization))]
+        for flag, value in (("--max-num-seqs", self.max_num_seqs),
+                            ("--max-num-batched-tokens", self.max_num_batched_tokens),
+                            ("--max-model-len", self.max_model_len)):
+            if value is not None:
+                flags += [flag, str(value)]
+        flags.append("--enable-prefix-caching" if self.enable_prefix_caching
+                     else "--no-enable-prefix-caching")
+        return flags + list(self.extra_args)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Autoscaling:
+    min_replicas: int
+    max_replicas: int
+    metric: str            # a key of AUTOSCALING_METRICS
+    target: str            # per-pod average, as a Kubernetes quantity string
+    prometheus_server_address: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Rollout:
+    strategy: str = "RollingUpdate"
+    max_surge: int | str = 0        # no surge: a full GPU node has no room for an extra pod
+    max_unavailable: int | str = 1
+    startup_timeout_seconds: int = 1800
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelCache:
+    claim_name: str | None = None      # an existing claim, or
+    size: str | None = None            # a claim the operator creates: "<name>-model-cache"
+    storage_class_name: str | None = None
+    access_modes: tuple[str, ...] = ("ReadWriteOnce",)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServiceSpec:
+    name: str
+    namespace: str
+    model: ModelSource
+    image: str = DEFAULT_IMAGE
+    image_pull_policy: str = "IfNotPresent"
+    replicas: int = 1
+    gpus: int = 1
+    gpu_resource_name: str = "nvidia.com/gpu"
+    cpu: str | None = None
+    memory: str | None = None
+    shared_memory: str = "2Gi"
+    engine: EngineSettings = EngineSettings()
+    autoscaling: Autoscaling | None = None
+    rollout: Rollout = Rollout()
+    model_cache: ModelCache | None = None
+    env: tuple[Mapping[str, Any], ...] = ()
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    runtime_class_name: str | None = None
+
+
+def parse_model(model: Mapping[str, Any], *, default_name: str) -> ModelSource:
+    uri = get_field(model, "uri", "model.", str)
+    if not uri:
+        raise InvalidSpecError("spec.model.uri is required: a Hugging Face id, "
+                               "pvc://<claim>/<path> or an absolute path in the image")
+    served = get_field(model, "servedName", "model.", str, default_name) or default_name
+    if uri.startswith("pvc://"):
+        claim, _, path = uri[len("pvc://"):].partition("/")
+        if not DNS_SUBDOMAIN.match(claim):
+            raise InvalidSpecError(f"spec.model.uri {uri!r}: the claim name after pvc:// "
+                                   "must be a lower-case DNS name, as in pvc://models/llama")
+        if ".." in path.split("/"):
+            raise InvalidSpecError(f"spec.model.uri {uri!r} must not contain '..'")
+        return ModelSource(uri=uri, served_name=served, kind="pvc", claim_name=claim,
+                           path_in_claim=path.strip("/"))
+    if uri.startswith("/"):
+        return ModelSource(uri=uri, served_name=served, kind="path")
+    hf_id = uri.removeprefix("hf://")
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9_.-]+)?$", hf_id):
+        raise InvalidSpecError(f"spec.model.uri {uri!r} is neither a Hugging Face id "
+                               "(org/name), pvc://<claim>/<path> nor an absolute path")
+    return ModelSource(uri=hf_id, served_name=served, kind="hf")
+
+
+def parse_engine(engine: Mapping[str, Any]) -> EngineSettings:
+    block_size = get_field(engine, "blockSize", "engine.", int, 16)
+    if not 1 <= block_size <= 256 or block_size & (block_size - 1):
+        raise InvalidSpecError(f"spec.engine.blockSize must be a power of two in 1..256, "
+                               f"got {block_size}")
+    util = float(get_field(engine, "gpuMemoryUtilization", "engine.", (int, float), 0.9))
+    if not 0.0 < util <= 1.0:
+        raise InvalidSpecError(f"spec.engine.gpuMemoryUtilization must be in (0, 1], got {util}")
+    seqs = positive(get_field(engine, "maxNumSeqs", "engine.", int), "engine.maxNumSeqs")
+    tokens = positive(get_field(engine, "maxNumBatchedTokens", "engine.", int),
+                       "engine.maxNumBatchedTokens")
+    model_len = positive(get_field(engine, "maxModelLen", "engine.", int), "engine.maxModelLen")
+    if seqs is not None and tokens is not None and tokens < seqs:
+        raise InvalidSpecError(f"spec.engine.maxNumBatchedTokens ({tokens}) must be >= "
+                               f"spec.engine.maxNumSeqs ({seqs}): every running sequence "
+                               "needs at least one token per step")
+    extra = get_field(engine, "extraArgs", "engine.", list, [])
+    for arg in extra:
+        if not isinstance(arg, str):
+            raise InvalidSpecError(f"spec.engine.extraArgs must hold strings, got {arg!r}")
+        if arg.split("=", 1)[0] in MANAGED_FLAGS:
+            raise InvalidSpecError(f"spec.engine.extraArgs must not set {arg.split('=')[0]}: "
+                                   "the operator sets it from spec.engine / spec.model")
+    return EngineSettings(block_size=block_size, gpu_memory_utilization=util,
+                          max_num_seqs=seqs, max_num_batched_tokens=tokens,
+                          max_model_len=model_len,
+                          enable_prefix_caching=get_field(engine, "enablePrefixCaching", "engine.",
+                                                     bool, True),
+                          extra_args=tuple(extra))
+
+
+def parse_autoscaling(auto: Mapping[str, Any] | None) -> Autoscaling | None:
+    if not auto:
+        return None
+    lo = positive(get_field(auto, "minReplicas", "autoscaling.", int, 1), "autoscaling.minReplicas")
+    hi = get_field(auto, "maxReplicas", "autoscaling.", int)
+    if hi is None:
+        raise InvalidSpecError("spec.autoscaling.maxReplicas is required when autoscaling is set")
+    if hi < lo:
+        raise InvalidSpecError(f"spec.autoscaling.maxReplicas ({hi}) must be >= "
+                               f"spec.autoscaling.minReplicas ({lo})")
+    metric = get_field(auto, "metric", "autoscaling.", str, "queueDepth")
+    if metric not in AUTOSCALING_METRICS:
+        raise InvalidSpecError(f"spec.autoscaling.metric must be one of "
+                               f"{sorted(AUTOSCALING_METRICS)}, got {metric!r}")
+    default_target = "5" if metric == "queueDepth" else "0.8"
+    target = quantity(auto.get("target", default_target), "autoscaling.target")
+    assert target is not None
+    if metric == "kvCacheUsage" and not 0 < (quantity_value(target) or 0) <= 1:
+        raise InvalidSpecError(f"spec.autoscaling.target for kvCacheUsage is a fraction in "
+                               f"(0, 1], got {target}")
+    address = get_field(auto, "prometheusServerAddress", "autoscaling.", str,
+                   "http://prometheus-operated.monitoring.svc:9090")
+    return Autoscaling(min_replicas=lo, max_replicas=hi, metric=metric, target=target,
+                       prometheus_server_address=address)
+
+
+def parse_rollout(rollout: Mapping[str, Any]) -> Rollout:
+    strategy = get_field(rollout, "strategy", "rollout.", str, "RollingUpdate")
+    if strategy not in ("RollingUpdate", "Recreate"):
+        raise InvalidSpecError(f"spec.rollout.strategy must be RollingUpdate or Recreate, "
+                               f"got {strategy!r}")
+    surge = get_field(rollout, "maxSurge", "rollout.", (int, str), 0)
+    unavailable = get_field(rollout, "maxUnavailable", "rollout.", (int, str), 1)
+    for field, value in (("maxSurge", surge), ("maxUnavailable", unavailable)):
+        if not PERCENT_OR_INT.match(str(value)):
+            raise InvalidSpecError(f"spec.rollout.{field} must be a count or a percentage "
+                                   f"like '25%', got {value!r}")
+    if strategy == "RollingUpdate" and str(surge).rstrip("%") == "0" \
+            and str(unavailable).rstrip("%") == "0":
+        raise InvalidSpecError("spec.rollout.maxSurge and spec.rollout.maxUnavailable cannot "
+                               "both be 0: the rollout could never make progress")
+    timeout = positive(get_field(rollout, "startupTimeoutSeconds", "rollout.", int, 1800),
+                        "rollout.startupTimeoutSeconds", minimum=10)
+    assert timeout is not None
+    return Rollout(strategy=strategy, max_surge=surge, max_unavailable=unavailable,
+                   startup_timeout_seconds=timeout)
+
+
+def parse_model_cache(cache: Mapping[str, Any] | None) -> ModelCache | None:
+    if not cache:
+        return None
+    claim = get_field(cache, "claimName", "modelCache.", str)
+    size = quantity(cache.get("size"), "modelCache.size")
+    if (claim is None) == (size is None):
+        raise InvalidSpecError("spec.modelCache needs exactly one of claimName (an existing "
+                               "claim) or size (a claim the operator creates)")
+    if claim is not None and not DNS_SUBDOMAIN.match(claim):
+        raise InvalidSpecError(f"spec.modelCache.claimName {claim!r} is not a valid claim name")
+    modes = get_field(cache, "accessModes", "modelCache.", list, ["ReadWriteOnce"])
+    return ModelCache(claim_name=claim, size=size,
+                      storage_class_name=get_field(cache, "storageClassName", "modelCache.", str),
+                      access_modes=tuple(modes))
+
+
+def parse_spec(spec: Mapping[str, Any], *, name: str, namespace: str,
+               default_image: str = DEFAULT_IMAGE) -> ServiceSpec:
+    """Turn a custom resource's spec into ServiceSpec; InvalidSpecError names the bad field."""
+    if len(name) > MAX_NAME_LENGTH or not DNS_LABEL.match(name):
+        raise InvalidSpecError(f"metadata.name {name!r} must be a DNS label (lower-case "
+                               f"letters, digits, '-', starting with a letter) of at most "
+                               f"{MAX_NAME_LENGTH} characters")
+    model = get_field(spec, "model", "", dict)
+    if model is None:
+        raise InvalidSpecError("spec.model is required (spec.model.uri names the model)")
+    res = get_field(spec, "resources", "", dict, {})
+    gpus = get_field(res, "gpus", "resources.", int, 1)
+    if gpus < 0:
+        raise InvalidSpecError(f"spec.resources.gpus must be >= 0, got {gpus}")
+    replicas = get_field(spec, "replicas", "", int, 1)
+    if replicas < 0:
+        raise InvalidSpecError(f"spec.replicas must be >= 0, got {replicas}")
+    runtime_class = get_field(spec, "runtimeClassName", "", str)
+    node_selector = get_field(spec, "nodeSelector", "", dict, {})
+    if not all(isinstance(v, str) for v in node_selector.values()):
+        raise InvalidSpecError("spec.nodeSelector values must be strings")
+    return ServiceSpec(
+        name=name, namespace=namespace,
+        model=parse_model(model, default_name=name),
+        image=get_field(spec, "image", "", str, default_image) or default_image,
+        image_pull_policy=get_field(spec, "imagePullPolicy", "", str, "IfNotPresent"),
+        replicas=replicas, gpus=gpus,
+        gpu_resource_name=get_field(res, "gpuResourceName", "resources.", str, "nvidia.com/gpu"),
+        cpu=quantity(res.get("cpu"), "resources.cpu"),
+        memory=quantity(res.get("memory"), "resources.memory"),
+        shared_memory=quantity(res.get("sharedMemory", "2Gi"), "resources.sharedMemory")
+        or "2Gi",
+        engine=parse_engine(get_field(spec, "engine", "", dict, {})),
+        autoscaling=parse_autoscaling(get_field(spec, "autoscaling", "", dict)),
+        rollout=parse_rollout(get_field(spec, "rollout", "", dict, {})),
+        model_cache=parse_model_cache(get_field(spec, "modelCache", "", dict)),
+        env=tuple(get_field(spec, "env", "", list, [])),
+        tolerations=tuple(get_field(spec, "tolerations", "", list, [])),
+        node_selector=dict(node_selector),
+        runtime_class_name=runtime_class,
+    )

@@ -1,0 +1,116 @@
+"""The Helm chart with the real helm binary: lint, render, validate, reject bad values."""
+from __future__ import annotations
+
+import copy
+
+import kubernetes_validate
+import pytest
+from chart_tools import CHART, crd, helm, render, validate_k8s
+
+
+def by_kind(docs):
+    out = {}
+    for doc in docs:
+        out.setdefault(doc["kind"], []).append(doc)
+    return out
+
+
+def test_helm_lint_strict_is_clean():
+    proc = helm("lint", "--strict", str(CHART))
+    assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
+    assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
+
+
+def test_default_render_validates_and_watches_all_namespaces():
+    docs = render(include_crds=True)
+    for doc in docs:
+        validate_k8s(doc)
+    kinds = by_kind(docs)
+    assert sorted(kinds) == ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                             "Deployment", "ServiceAccount"]
+    assert kinds["CustomResourceDefinition"][0] == crd()
+    deployment = kinds["Deployment"][0]
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert container["image"] == "pagedinference/operator:0.1.0"
+    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+    assert not any(a.startswith("--namespace") for a in container["args"])
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["resources"]["limits"]["memory"] == "256Mi"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["serviceAccountName"] == kinds["ServiceAccount"][0]["metadata"]["name"]
+    binding = kinds["ClusterRoleBinding"][0]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "namespace": "inference",
+                                    "name": pod["serviceAccountName"]}]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["PAGED_OPERATOR_ENGINE_IMAGE"] == "pagedinference/engine:0.1.0"
+
+
+def test_rbac_is_minimal_and_has_no_wildcards():
+    rules = by_kind(render())["ClusterRole"][0]["rules"]
+    for rule in rules:
+        for key in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[key], rule
+    granted = {(g, r): set(rule["verbs"]) for rule in rules
+               for g in rule["apiGroups"] for r in rule["resources"]}
+    assert granted[("serving.pagedinference.dev", "pagedinferenceservices")] == {
+        "get", "list", "watch", "patch"}
+    assert granted[("apps", "deployments")] == {"get", "list", "watch", "create", "patch"}
+    assert "delete" not in granted[("apps", "deployments")]  # garbage collection does that
+    assert granted[("", "events")] == {"create"}
+    assert not any(r in ("secrets", "pods") for _, r in granted)
+
+
+def test_non_default_values_render_namespaced_rbac(tmp_path):
+    values = {"watchNamespaces": ["team-a", "team-b"], "image": {
+        "repository": "registry.example/pio", "tag": "1.2.3", "pullPolicy": "Always"},
+        "serviceAccount": {"create": False, "name": "existing-sa"},
+        "resources": {"requests": {"cpu": "100m", "memory": "200Mi"}},
+        "verbose": True, "logFormat": "json", "resyncSeconds": 15, "healthPort": 9090,
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "control", "operator": "Exists"}],
+        "engineImage": "registry.example/engine:9", "podLabels": {"team": "ml"}}
+    docs = render(values=values, tmp_path=tmp_path)
+    for doc in docs:
+        validate_k8s(doc)
+    kinds = by_kind(docs)
+    assert "ClusterRole" not in kinds and "ServiceAccount" not in kinds
+    assert sorted(r["metadata"]["namespace"] for r in kinds["Role"]) == ["team-a", "team-b"]
+    assert all(b["subjects"][0]["name"] == "existing-sa" for b in kinds["RoleBinding"])
+    container = kinds["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "registry.example/pio:1.2.3"
+    assert container["args"] == ["--liveness=http://0.0.0.0:9090/healthz", "--log-format=json",
+                                 "--verbose", "--namespace=team-a", "--namespace=team-b"]
+    assert container["ports"][0]["containerPort"] == 9090
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env == {"PAGED_OPERATOR_ENGINE_IMAGE": "registry.example/engine:9",
+                   "PAGED_OPERATOR_RESYNC_SECONDS": "15"}
+
+
+@pytest.mark.parametrize("bad", [
+    "healthPort=80", "logFormat=xml", "resyncSeconds=0", "image.pullPolicy=Sometimes",
+    "watchNamespaces[0]=Not_A_Namespace", "resources.limits.memory=lots", "unknownKey=1",
+])
+def test_values_violating_the_schema_are_rejected(bad):
+    proc = helm("template", "pio", str(CHART), "--set", bad, check=False)
+    assert proc.returncode != 0, f"helm accepted {bad}"
+    assert "schema" in proc.stderr.lower(), proc.stderr
+
+
+def test_notes_say_what_to_apply_next():
+    proc = helm("install", "pio", str(CHART), "--dry-run=client", "--namespace", "inference")
+    assert "kubectl apply -f examples/service.yaml" in proc.stdout
+    assert "kubectl get pis" in proc.stdout
+
+
+def test_the_kubernetes_validator_is_not_vacuous():
+    deployment = by_kind(render())["Deployment"][0]
+    broken = copy.deepcopy(deployment)
+    broken["spec"]["template"]["spec"]["containers"][0]["securityContext"]["runAsNonroot"] = 1
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_k8s(broken)
