@@ -34,6 +34,33 @@ def pick_dtype(name: str, hf_config, device: torch.device) -> torch.dtype:
     return dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
 
 
+def _proc_status_bytes(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _cpu_reset_peak_rss() -> int:
+    """Reset the process's peak-RSS mark where Linux allows it; return the current RSS."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+    except OSError:
+        pass
+    rss = _proc_status_bytes("VmRSS")
+    return rss if rss is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _cpu_peak_rss() -> int:
+    hwm = _proc_status_bytes("VmHWM")
+    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_path: Path) -> None:
         self.config = config
@@ -87,13 +114,13 @@ class ModelRunner:
             torch.cuda.reset_peak_memory_stats(self.device)
             base = torch.cuda.memory_allocated(self.device)
         else:
-            base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            base = _cpu_reset_peak_rss()
         self._forward(token_ids, [0] * num_seqs, lens, tables, list(range(num_seqs)))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             peak = torch.cuda.max_memory_allocated(self.device) - base
         else:
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+            peak = _cpu_peak_rss() - base
         self.kv_caches = []
         return max(0, peak)
 
