@@ -58,6 +58,7 @@ class ServerState:
         self.max_model_len = 0
         self.ready = False
         self.load_error: BaseException | None = None
+        self.loader: threading.Thread | None = None
 
     def require_async_engine(self) -> AsyncEngine:
         if not self.ready or self.async_engine is None:
@@ -119,7 +120,8 @@ def build_app(*, engine_factory: Callable[[], Any], settings: ServerSettings,
             state.ready = True
             logger.info("ready")
 
-        threading.Thread(target=load, name="engine-loader", daemon=True).start()
+        state.loader = threading.Thread(target=load, name="engine-loader", daemon=True)
+        state.loader.start()
         yield
         state.ready = False
         if state.async_engine is not None:

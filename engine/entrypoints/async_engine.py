@@ -178,6 +178,18 @@ class AsyncEngine:
             err = APIError(f"engine failure: {type(exc).__name__}: {exc}", status=500)
             for g in groups.values():
                 self._post(g._fail, err)
+            self._refuse_until_stopped()
+
+    def _refuse_until_stopped(self) -> None:
+        """A dead engine still answers its queue, so no submit waits forever on an ack."""
+        dead = APIError("the engine has failed and is restarting", status=503,
+                        code="engine_dead")
+        while True:
+            command = self._commands.get()
+            if command[0] == "stop":
+                return
+            if command[0] == "add":
+                self._post(_settle, command[-1], dead)
 
     def _deliver(self, outputs: list[Any]) -> None:
         batch = []

@@ -20,7 +20,8 @@ logger = logging.getLogger("engine.server")
 # Flags that map 1:1 onto LLMEngine.from_args keyword arguments (None: engine default).
 ENGINE_FLAGS = ("served_model_name", "block_size", "gpu_memory_utilization", "max_num_seqs",
                 "max_num_batched_tokens", "max_model_len", "enable_prefix_caching",
-                "num_gpu_blocks_override", "seed", "dtype", "cpu_memory_gib")
+                "num_gpu_blocks_override", "seed", "dtype", "cpu_memory_gib",
+                "scheduling_policy")
 
 
 def _positive_int(text: str) -> int:
@@ -50,6 +51,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-gpu-blocks-override", type=_positive_int, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--dtype", default=None, help="auto, float32, float16 or bfloat16")
+    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default=None,
+                   help="priority: requests' `priority` field orders the queue (lower first)")
     p.add_argument("--cpu-memory-gib", type=float,
                    default=_env_float("PAGED_CPU_MEMORY_GIB"),
                    help="CPU 'device memory' in GiB (env PAGED_CPU_MEMORY_GIB)")
@@ -127,18 +130,25 @@ def serve(args: argparse.Namespace) -> int:
 
     app = build_app(engine_factory=lambda: LLMEngine.from_args(**kwargs), settings=settings,
                     on_fatal=stop)
-    sock = bind_socket(args.host, args.port)
-    host, port = sock.getsockname()[:2]
-    print(f"serving on http://{host}:{port}", flush=True)
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                             timeout_graceful_shutdown=settings.shutdown_grace_period,
                             log_level=args.log_level)
     server = uvicorn.Server(config)
-    # uvicorn re-raises a caught SIGTERM once it has shut down; with the default handler
-    # that would end the process with -SIGTERM instead of a clean 0 after a graceful drain.
-    signal.signal(signal.SIGTERM, lambda *_: None)
+    # SIGTERM before uvicorn installs its own handler asks for the same clean stop. After
+    # its shutdown uvicorn re-raises the signal it caught; with the default handler that
+    # would end a graceful drain with -SIGTERM instead of exit status 0.
+    signal.signal(signal.SIGTERM, lambda *_: stop())
+    sock = bind_socket(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    print(f"serving on http://{host}:{port}", flush=True)
     server.run(sockets=[sock])
     state = app.state.server
+    if state.loader is not None and state.loader.is_alive():
+        # Stopped while the model was still loading: nothing was served, and letting the
+        # interpreter tear down under a thread inside torch aborts the process.
+        logger.info("stopped during model loading; exiting")
+        logging.shutdown()
+        os._exit(0)
     if state.load_error is not None:
         logger.error("exiting: the model failed to load: %s", state.load_error)
         return 1

@@ -43,6 +43,7 @@ class ServerMiddleware:
         request_id = given if _SAFE_ID.match(given) else uuid.uuid4().hex
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
+        state["arrival_time"] = start  # queue time and TTFT count from here
         status = {"code": 0}
 
         async def send_wrapper(message: dict) -> None:

@@ -30,6 +30,7 @@ class Serving:
     # --- shared ------------------------------------------------------------------------
 
     def _check_model(self, model: str | None) -> str:
+        self.state.require_async_engine()  # 503 while loading: nothing below exists yet
         name = self.state.model_name
         if model is not None and model != name:
             raise APIError(f"The model `{model}` does not exist; this server serves `{name}`.",
@@ -48,14 +49,13 @@ class Serving:
 
     async def _submit(self, raw: Request, req: Any, prompts: list[Any], prefix: str
                       ) -> tuple[str, RequestGroup, list[Any]]:
-        arrival = time.monotonic()
         params = [req.sampling_params() for _ in prompts]
         async_engine = self.state.require_async_engine()
         rid = f"{prefix}-{raw.state.request_id}"
         # The engine id gets a random tail: clients may reuse X-Request-Id values.
         group = await async_engine.submit(
             prompts, params, request_id=f"{rid}-{uuid.uuid4().hex[:8]}", priority=req.priority,
-            cache_salt=req.cache_salt, arrival_time=arrival)
+            cache_salt=req.cache_salt, arrival_time=raw.state.arrival_time)
         return rid, group, params
 
     async def _collect(self, raw: Request, group: RequestGroup) -> dict[int, Any]:

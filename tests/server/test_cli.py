@@ -1,0 +1,72 @@
+"""`python -m engine serve` flags: vLLM's names map onto the engine's keyword arguments."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from engine.entrypoints.cli import add_serve_arguments, engine_kwargs, server_settings
+from tests.server.conftest import ServerProcess
+
+pytestmark = pytest.mark.xdist_group("server")
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_vllm_flag_names_become_engine_kwargs(monkeypatch):
+    args = parse("/models/llama", "--block-size", "32", "--gpu-memory-utilization", "0.8",
+                 "--max-num-seqs", "64", "--max-num-batched-tokens", "4096",
+                 "--max-model-len", "1024", "--no-enable-prefix-caching",
+                 "--num-gpu-blocks-override", "100", "--seed", "3", "--dtype", "float32",
+                 "--served-model-name", "llama", "--cpu-memory-gib", "4",
+                 "--scheduling-policy", "priority")
+    assert engine_kwargs(args) == {
+        "model": "/models/llama", "block_size": 32, "gpu_memory_utilization": 0.8,
+        "max_num_seqs": 64, "max_num_batched_tokens": 4096, "max_model_len": 1024,
+        "enable_prefix_caching": False, "num_gpu_blocks_override": 100, "seed": 3,
+        "dtype": "float32", "served_model_name": "llama", "cpu_memory_gib": 4.0,
+        "scheduling_policy": "priority"}
+    assert engine_kwargs(parse("--enable-prefix-caching"))["enable_prefix_caching"] is True
+
+
+def test_unset_flags_leave_engine_defaults_and_env_fills_memory(monkeypatch):
+    monkeypatch.delenv("PAGED_CPU_MEMORY_GIB", raising=False)
+    assert engine_kwargs(parse()) == {"model": None}
+    monkeypatch.setenv("PAGED_CPU_MEMORY_GIB", "1.5")
+    assert engine_kwargs(parse())["cpu_memory_gib"] == 1.5
+    args = parse()
+    assert args.port == 8000 and args.host == "0.0.0.0"
+
+
+def test_server_settings_and_bad_values(monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")
+    s = server_settings(parse("--max-waiting-requests", "7", "--shutdown-grace-period", "2",
+                              "--access-log-prompts"))
+    assert (s.api_key, s.max_waiting_requests, s.shutdown_grace_period,
+            s.access_log_prompts) == ("from-env", 7, 2.0, True)
+    with pytest.raises(SystemExit):
+        parse("--max-num-seqs", "0")
+    with pytest.raises(SystemExit, match="max-waiting-requests"):
+        server_settings(parse("--max-waiting-requests", "-1"))
+    with pytest.raises(SystemExit, match="disagree"):
+        engine_kwargs(parse("a", "--model", "b"))
+
+
+def test_probes_while_loading(server):
+    """Liveness answers during loading; readiness and the API wait for the model."""
+    assert server.during_load == {"ready": 503, "health": 200, "completions": 503}
+
+
+def test_sigterm_during_loading_exits_0():
+    proc = ServerProcess("--num-gpu-blocks-override", "200", wait_ready=False)
+    assert proc.stop() == 0, proc.log
+
+
+def test_a_model_that_cannot_load_exits_1_and_says_why(tmp_path):
+    proc = ServerProcess(str(tmp_path / "missing"), wait_ready=False)
+    assert proc.proc.wait(120) == 1
+    assert "does not exist" in proc.log
