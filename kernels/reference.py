@@ -57,13 +57,52 @@ def paged_attention_ref(
     args = (query, out, key_cache, value_cache, cu, q_lens, lens, block_tables, scale, sliding_window)
     decode = q_lens == 1
     if bool(decode.all()):  # pure decode: every sequence, no index juggling
-        _attend_group(torch.arange(q_lens.shape[0], device=device), *args)
+        _attend_decodes(torch.arange(q_lens.shape[0], device=device), *args)
         return out
-    for group in (decode, q_lens > 1):
+    for group, attend in ((decode, _attend_decodes), (q_lens > 1, _attend_group)):
         seq_idx = group.nonzero().squeeze(1)
         if seq_idx.numel():
-            _attend_group(seq_idx, *args)
+            attend(seq_idx, *args)
     return out
+
+
+def _attend_decodes(seq_idx, query, out, key_cache, value_cache, cu, q_lens, lens, block_tables, scale, window):
+    """One query per sequence, over exactly the blocks each sequence uses (no padding).
+
+    Every (sequence, block) pair becomes one row: its scores against the block, then a
+    softmax across the rows of each sequence (segment max and sum with scatter/index_add).
+    Decode batches mix short and long contexts; padding them all to the longest would
+    copy and score far more K/V than the batch holds.
+    """
+    n = seq_idx.numel()
+    _, block_size, num_kv_heads, head_dim = key_cache.shape
+    group = query.shape[1] // num_kv_heads
+    device = query.device
+    lens = lens[seq_idx]
+    num_blocks = (lens + block_size - 1) // block_size  # [n]
+    pair_seq = torch.repeat_interleave(torch.arange(n, device=device), num_blocks)  # [P]
+    first_pair = torch.cumsum(num_blocks, 0) - num_blocks
+    block_idx = torch.arange(pair_seq.numel(), device=device) - first_pair[pair_seq]  # [P]
+    blocks = block_tables[seq_idx].long()[pair_seq, block_idx]
+    key = key_cache.index_select(0, blocks).float().permute(0, 2, 3, 1)  # [P, kvh, D, bs]
+    value = value_cache.index_select(0, blocks).float().transpose(1, 2)  # [P, kvh, bs, D]
+    token = cu[:-1][seq_idx]
+    q = query[token].float().view(n, num_kv_heads, group, head_dim)[pair_seq]  # [P, kvh, G, D]
+    scores = torch.matmul(q, key) * scale  # [P, kvh, G, bs]
+    pos = block_idx[:, None] * block_size + torch.arange(block_size, device=device)  # [P, bs]
+    own = (lens - 1)[pair_seq][:, None]  # the query's position
+    allowed = pos <= own
+    if window is not None:
+        allowed &= pos > own - window
+    scores.masked_fill_(~allowed[:, None, None, :], float("-inf"))
+    index = pair_seq[:, None, None].expand(-1, num_kv_heads, group)
+    seq_max = torch.full((n, num_kv_heads, group), float("-inf"), device=device)
+    seq_max.scatter_reduce_(0, index, scores.amax(-1), "amax")
+    weights = torch.exp(scores - seq_max[pair_seq][..., None])  # [P, kvh, G, bs]
+    denom = torch.zeros(n, num_kv_heads, group, device=device).index_add_(0, pair_seq, weights.sum(-1))
+    partial = torch.matmul(weights, value)  # [P, kvh, G, D]
+    num = torch.zeros(n, num_kv_heads, group, head_dim, device=device).index_add_(0, pair_seq, partial)
+    out[token] = (num / denom[..., None]).reshape(n, -1, head_dim).to(out.dtype)
 
 
 def _attend_group(seq_idx, query, out, key_cache, value_cache, cu, q_lens, lens, block_tables, scale, window):
