@@ -45,7 +45,7 @@ def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     workload = get_workload(args.workload)
     tiny = args.model is None and args.target_url is None and args.engine_cmd is None
     factor = TINY_PROFILE["slo_scale"] if tiny else 1.0
-    defaults = {kind: {name: limit * factor for name, limit in slo.items()}
+    defaults = {kind: {name: round(limit * factor, 9) for name, limit in slo.items()}
                 for kind, slo in workload.slos.items()}
     try:
         slos = parse_slos(args.slo, defaults)

@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", nargs="+", default=["chat", "summarize"])
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--users", type=int, default=None,
+                        help="closed-loop users (default: the workload's, halved as in the tiny profile)")
     parser.add_argument("--out-dir", default="tuner-out/compare")
     args = parser.parse_args(argv)
     space = build_space(params=GRID)
@@ -46,10 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.workloads:
         spec = get_workload(name)
-        slos = {k: {n: v * TINY_PROFILE["slo_scale"] for n, v in slo.items()}
+        slos = {k: {n: round(v * TINY_PROFILE["slo_scale"], 9) for n, v in slo.items()}
                 for k, slo in spec.slos.items()}
         load = LoadSpec(workload=name, duration=args.duration,
-                        users=max(1, round(spec.users * TINY_PROFILE["users_factor"])),
+                        users=args.users or max(1, round(spec.users * TINY_PROFILE["users_factor"])),
                         length_scale=TINY_PROFILE["length_scale"])
         out = Path(args.out_dir) / name
         defaults = []
