@@ -136,13 +136,15 @@ class KVCacheManager:
             hits.append(block_id)
         return hits
 
-    def cache_full_blocks(self, seq: Sequence) -> None:
-        """Register the blocks that the last step filled, so later requests can reuse them."""
+    def cache_full_blocks(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Register the blocks that the last step's `num_new_tokens` filled, so later
+        requests can reuse them (only those: earlier ones were offered already)."""
         if not self.enable_prefix_caching:
             return
+        first = (seq.num_computed_tokens - num_new_tokens) // self.block_size
         num_full = seq.num_computed_tokens // self.block_size
         hashes = self._full_block_hashes(seq, num_full)
-        for i in range(num_full):
+        for i in range(first, num_full):
             block = self.blocks[seq.block_table[i]]
             if block.block_hash is None and hashes[i] not in self._hash_to_block:
                 block.block_hash = hashes[i]

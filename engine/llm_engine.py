@@ -171,7 +171,7 @@ class LLMEngine:
         logits, rows = self.runner.execute(batch)
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
-            self.kv.cache_full_blocks(seq)
+            self.kv.cache_full_blocks(seq, n)
         sample_seqs, sample_rows = [], []
         for row, i in enumerate(rows):
             seq = batch.seqs[i]

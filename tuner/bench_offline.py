@@ -59,7 +59,6 @@ def run_paged(path: Path, requests: list[tuple[list[int], int]], num_blocks: int
                                                         ignore_eos=True))
     peak_used, util_at_peak, max_running, utils = 0, 0.0, 0, []
     start = time.perf_counter()
-    generated = 0
     while engine.has_unfinished_requests():
         engine.step()
         kv = engine.kv.stats()

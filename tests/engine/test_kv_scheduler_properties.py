@@ -65,7 +65,7 @@ class EngineModel(RuleBasedStateMachine):
             assert seq.status is SequenceStatus.WAITING and not seq.block_table
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
-            self.kv.cache_full_blocks(seq)
+            self.kv.cache_full_blocks(seq, n)
         for seq in list(batch.seqs):
             if seq.num_computed_tokens != seq.num_tokens:
                 continue
