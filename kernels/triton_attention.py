@@ -14,7 +14,9 @@ queries exit at once.
 
 Split-KV (flash-decoding): with few sequences and long contexts, each program covers only a
 slice of the context tiles, writes an fp32 partial output with its log-sum-exp, and a second
-small kernel merges the slices.
+small kernel merges the slices. The number of splits is a runtime argument (only "split or
+not" is a compile-time constant), so a server whose batch shape changes every step does not
+JIT-compile a new kernel for each split count it meets.
 """
 
 from __future__ import annotations
@@ -55,10 +57,12 @@ def _dot(a, b, FP32_DOT: tl.constexpr):
         return tl.dot(a, b)
 
 
-@triton.jit
+# Counts that change from step to step are not specialised on (Triton otherwise compiles a
+# variant for value 1 and for multiples of 16).
+@triton.jit(do_not_specialize=["num_seqs", "sliding_window", "num_splits"])
 def _paged_attention_kernel(
     out_ptr, lse_ptr, q_ptr, k_cache_ptr, v_cache_ptr, cu_seqlens_q_ptr, seq_lens_ptr, block_tables_ptr,
-    scale, num_seqs, sliding_window,
+    scale, num_seqs, sliding_window, num_splits,
     stride_qt, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -66,7 +70,7 @@ def _paged_attention_kernel(
     stride_ot, stride_oh, stride_os,  # out: [num_tokens, heads, D] or partials [num_tokens, heads, splits, D]
     stride_lt, stride_lh,  # lse: [num_tokens, heads, splits]
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, GROUP: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, SPLIT_KV: tl.constexpr,
     USE_WINDOW: tl.constexpr, FP32_DOT: tl.constexpr,
 ):
     pid_q = tl.program_id(0)
@@ -100,7 +104,7 @@ def _paged_attention_kernel(
         kv_begin = tl.maximum(first_q_pos + q_tile * BLOCK_Q - sliding_window + 1, 0)
     first_tile = kv_begin // TILE_N
     num_tiles = tl.cdiv(kv_end, TILE_N) - first_tile
-    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    tiles_per_split = tl.cdiv(num_tiles, num_splits)
     tile_lo = first_tile + split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, first_tile + num_tiles)
 
@@ -134,7 +138,7 @@ def _paged_attention_kernel(
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     acc = acc / l_safe[:, None]
     out_offs = token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
-    if NUM_SPLITS == 1:
+    if not SPLIT_KV:
         tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     else:
         tl.store(out_ptr + out_offs + split * stride_os, acc, mask=row_ok[:, None] & d_ok[None, :])
@@ -142,17 +146,17 @@ def _paged_attention_kernel(
         tl.store(lse_ptr + token * stride_lt + head * stride_lh + split, lse, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _merge_splits_kernel(
-    out_ptr, partial_ptr, lse_ptr,
+    out_ptr, partial_ptr, lse_ptr, num_splits,
     stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, SPLITS_P: tl.constexpr,
 ):
     # One program per (token, head): weight each split's normalised output by exp(lse - max lse).
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_P)
-    s_ok = offs_s < NUM_SPLITS
+    s_ok = offs_s < num_splits
     offs_d = tl.arange(0, HEAD_DIM_P)
     d_ok = offs_d < HEAD_DIM
     lse = tl.load(lse_ptr + token * stride_lt + head * stride_lh + offs_s, mask=s_ok, other=float("-inf"))
@@ -216,19 +220,19 @@ def paged_attention(
         target, target_strides = out, (out.stride(0), out.stride(1), 0)
     _paged_attention_kernel[(programs, num_kv_heads, num_splits)](
         target, lse, query, key_cache, value_cache, cu_seqlens_q, seq_lens, block_tables,
-        float(scale), num_seqs, int(sliding_window or 0),
+        float(scale), num_seqs, int(sliding_window or 0), num_splits,
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_tables.stride(0), *target_strides,
         lse.stride(0) if num_splits > 1 else 0, lse.stride(1) if num_splits > 1 else 0,
-        BLOCK_SIZE=block_size, NUM_SPLITS=num_splits, USE_WINDOW=sliding_window is not None, **config,
+        BLOCK_SIZE=block_size, SPLIT_KV=num_splits > 1, USE_WINDOW=sliding_window is not None, **config,
         FP32_DOT=query.dtype == torch.float32 or (query.dtype == torch.bfloat16 and _interpreting()),
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](
-            out, partial, lse, out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
-            lse.stride(0), lse.stride(1), HEAD_DIM=head_dim, HEAD_DIM_P=config["HEAD_DIM_P"], NUM_SPLITS=num_splits,
-            SPLITS_P=triton.next_power_of_2(num_splits),
+            out, partial, lse, num_splits, out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
+            lse.stride(0), lse.stride(1), HEAD_DIM=head_dim, HEAD_DIM_P=config["HEAD_DIM_P"],
+            SPLITS_P=max(16, triton.next_power_of_2(num_splits)),  # one variant up to 16 splits
         )
     return out

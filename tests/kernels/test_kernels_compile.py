@@ -42,10 +42,10 @@ for dt, head_dim, tokens, seqs, splits, window, index, arch in [
     pointers = dict(out_ptr="*fp32" if splits > 1 else f"*{dt}", lse_ptr="*fp32", q_ptr=f"*{dt}",
                     k_cache_ptr=f"*{dt}", v_cache_ptr=f"*{dt}", cu_seqlens_q_ptr=f"*{index}",
                     seq_lens_ptr=f"*{index}", block_tables_ptr=f"*{index}")
-    consts = dict(BLOCK_SIZE=16, NUM_SPLITS=splits, USE_WINDOW=window, FP32_DOT=dt == "fp32", **config)
+    consts = dict(BLOCK_SIZE=16, SPLIT_KV=splits > 1, USE_WINDOW=window, FP32_DOT=dt == "fp32", **config)
     results.append(compile_for(arch, ta._paged_attention_kernel, pointers, consts))
 results.append(compile_for(90, ta._merge_splits_kernel, dict(out_ptr="*bf16", partial_ptr="*fp32", lse_ptr="*fp32"),
-                           dict(HEAD_DIM=80, HEAD_DIM_P=128, NUM_SPLITS=5, SPLITS_P=8)))
+                           dict(HEAD_DIM=80, HEAD_DIM_P=128, SPLITS_P=16)))
 results.append(compile_for(90, tc._reshape_and_cache_kernel,
                            dict(key_ptr="*fp16", value_ptr="*fp16", k_cache_ptr="*fp16", v_cache_ptr="*fp16",
                                 slot_mapping_ptr="*i64"), dict(BLOCK_SIZE=16, HEAD_DIM=96, HEAD_DIM_P=128)))
