@@ -17,6 +17,16 @@ def _env_cpu_memory_gib() -> float:
         raise ValueError(f"PAGED_CPU_MEMORY_GIB={raw!r} is not a number of GiB") from None
 
 
+def _env_cpu_threads() -> int | None:
+    raw = os.environ.get("PAGED_CPU_THREADS")
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"PAGED_CPU_THREADS={raw!r} is not a whole number of threads") from None
+
+
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     """User settings, under vLLM's names. Derived facts live in `RuntimeInfo`."""
@@ -36,6 +46,10 @@ class EngineConfig:
     device: str = "auto"
     # On CPU, `gpu_memory_utilization` is a fraction of this many GiB (the "device memory").
     cpu_memory_gib: float = field(default_factory=_env_cpu_memory_gib)
+    # On CPU, torch's intra-op threads (None: torch's default, one per core). Fewer than the
+    # cores when other busy processes share them: spinning OpenMP workers that lose their
+    # core stall each step (see README.md, "CPU threads").
+    cpu_threads: int | None = field(default_factory=_env_cpu_threads)
     attention_backend: str | None = None  # "torch" | "triton"; None: by device
     disable_log_stats: bool = True
 
@@ -64,6 +78,10 @@ class EngineConfig:
                 f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}")
         if self.cpu_memory_gib <= 0:
             raise ValueError(f"cpu_memory_gib must be > 0, got {self.cpu_memory_gib!r}")
+        if self.cpu_threads is not None and (not isinstance(self.cpu_threads, int)
+                                             or self.cpu_threads < 1):
+            raise ValueError(f"cpu_threads must be a whole number >= 1 (or None for torch's "
+                             f"default), got {self.cpu_threads!r}")
 
 
 @dataclass(frozen=True)

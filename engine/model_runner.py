@@ -65,6 +65,8 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, model_path: Path) -> None:
         self.config = config
         self.device = pick_device(config.device)
+        if self.device.type == "cpu" and config.cpu_threads is not None:
+            torch.set_num_threads(config.cpu_threads)  # process-wide, as in vLLM's CPU backend
         hf_config = AutoConfig.from_pretrained(model_path)
         self.dtype = pick_dtype(config.dtype, hf_config, self.device)
         torch.manual_seed(config.seed)

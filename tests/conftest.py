@@ -6,6 +6,11 @@ import os
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One torch (OpenMP) thread per test process and per server it starts: pytest -n 2 already
+# runs two workers on CI's two cores, and OpenMP workers that spin while another process
+# holds their core stall an engine step by seconds (README.md, "CPU threads").
+# Must be set before torch is first imported; subprocesses inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -67,6 +67,16 @@ class ServerState:
         return self.async_engine
 
 
+def _device_summary(engine: Any) -> str:
+    device = getattr(getattr(engine, "runner", None), "device", None)
+    if device is None:
+        return "device unknown"
+    if device.type == "cpu":
+        import torch
+        return f"cpu, {torch.get_num_threads()} torch threads"
+    return str(device)
+
+
 def _load(state: ServerState, engine_factory: Callable[[], Any]) -> None:
     """Build and warm the engine (loader thread; the engine loop has not started yet)."""
     from engine import SamplingParams
@@ -102,8 +112,9 @@ def build_app(*, engine_factory: Callable[[], Any], settings: ServerSettings,
             try:
                 t0 = time.monotonic()
                 _load(state, engine_factory)
-                logger.info("model %s loaded and warmed in %.1fs (%d KV blocks)",
-                            state.model_name, time.monotonic() - t0, state.engine.num_blocks)
+                logger.info("model %s loaded and warmed in %.1fs (%d KV blocks, %s)",
+                            state.model_name, time.monotonic() - t0, state.engine.num_blocks,
+                            _device_summary(state.engine))
             except BaseException as exc:  # report, and let the CLI exit non-zero
                 logger.exception("loading the model failed")
                 state.load_error = exc

@@ -20,7 +20,7 @@ logger = logging.getLogger("engine.server")
 # Flags that map 1:1 onto LLMEngine.from_args keyword arguments (None: engine default).
 ENGINE_FLAGS = ("served_model_name", "block_size", "gpu_memory_utilization", "max_num_seqs",
                 "max_num_batched_tokens", "max_model_len", "enable_prefix_caching",
-                "num_gpu_blocks_override", "seed", "dtype", "cpu_memory_gib",
+                "num_gpu_blocks_override", "seed", "dtype", "cpu_memory_gib", "cpu_threads",
                 "scheduling_policy")
 
 
@@ -56,6 +56,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu-memory-gib", type=float,
                    default=_env_float("PAGED_CPU_MEMORY_GIB"),
                    help="CPU 'device memory' in GiB (env PAGED_CPU_MEMORY_GIB)")
+    p.add_argument("--cpu-threads", type=_positive_int, default=_env_int("PAGED_CPU_THREADS"),
+                   help="on CPU, torch intra-op threads (default: one per core; env "
+                        "PAGED_CPU_THREADS); fewer when other busy processes share the cores")
     p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/* (env VLLM_API_KEY)")
     p.add_argument("--max-waiting-requests", type=int, default=512,
@@ -78,6 +81,19 @@ def _env_float(name: str) -> float | None:
         return float(raw)
     except ValueError:
         raise SystemExit(f"{name}={raw!r} is not a number") from None
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SystemExit(f"{name}={raw!r} is not a whole number") from None
+    if value < 1:
+        raise SystemExit(f"{name}={raw!r} must be >= 1")
+    return value
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -31,10 +31,20 @@ def test_sampling_params_validation(kwargs, match):
     (dict(max_num_seqs=0), "max_num_seqs"),
     (dict(max_num_batched_tokens=0), "max_num_batched_tokens"),
     (dict(scheduling_policy="lifo"), "scheduling_policy"),
+    (dict(cpu_threads=0), "cpu_threads must be a whole number >= 1"),
+    (dict(cpu_threads=1.5), "cpu_threads"),
 ])
 def test_engine_config_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         EngineConfig(**kwargs)
+
+
+def test_bad_cpu_threads_env_names_the_variable(monkeypatch):
+    monkeypatch.setenv("PAGED_CPU_THREADS", "two")
+    with pytest.raises(ValueError, match="PAGED_CPU_THREADS='two'"):
+        EngineConfig()
+    monkeypatch.setenv("PAGED_CPU_THREADS", "3")
+    assert EngineConfig().cpu_threads == 3
 
 
 def test_incomplete_model_directory(tmp_path):

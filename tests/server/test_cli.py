@@ -23,21 +23,24 @@ def test_vllm_flag_names_become_engine_kwargs(monkeypatch):
                  "--max-model-len", "1024", "--no-enable-prefix-caching",
                  "--num-gpu-blocks-override", "100", "--seed", "3", "--dtype", "float32",
                  "--served-model-name", "llama", "--cpu-memory-gib", "4",
-                 "--scheduling-policy", "priority")
+                 "--scheduling-policy", "priority", "--cpu-threads", "3")
     assert engine_kwargs(args) == {
         "model": "/models/llama", "block_size": 32, "gpu_memory_utilization": 0.8,
         "max_num_seqs": 64, "max_num_batched_tokens": 4096, "max_model_len": 1024,
         "enable_prefix_caching": False, "num_gpu_blocks_override": 100, "seed": 3,
         "dtype": "float32", "served_model_name": "llama", "cpu_memory_gib": 4.0,
-        "scheduling_policy": "priority"}
+        "scheduling_policy": "priority", "cpu_threads": 3}
     assert engine_kwargs(parse("--enable-prefix-caching"))["enable_prefix_caching"] is True
 
 
 def test_unset_flags_leave_engine_defaults_and_env_fills_memory(monkeypatch):
     monkeypatch.delenv("PAGED_CPU_MEMORY_GIB", raising=False)
+    monkeypatch.delenv("PAGED_CPU_THREADS", raising=False)
     assert engine_kwargs(parse()) == {"model": None}
     monkeypatch.setenv("PAGED_CPU_MEMORY_GIB", "1.5")
+    monkeypatch.setenv("PAGED_CPU_THREADS", "2")
     assert engine_kwargs(parse())["cpu_memory_gib"] == 1.5
+    assert engine_kwargs(parse())["cpu_threads"] == 2
     args = parse()
     assert args.port == 8000 and args.host == "0.0.0.0"
 
@@ -52,6 +55,12 @@ def test_server_settings_and_bad_values(monkeypatch):
         parse("--max-num-seqs", "0")
     with pytest.raises(SystemExit, match="max-waiting-requests"):
         server_settings(parse("--max-waiting-requests", "-1"))
+    with pytest.raises(SystemExit):
+        parse("--cpu-threads", "0")
+    monkeypatch.setenv("PAGED_CPU_THREADS", "many")
+    with pytest.raises(SystemExit, match="PAGED_CPU_THREADS='many' is not a whole number"):
+        parse()
+    monkeypatch.delenv("PAGED_CPU_THREADS")
     with pytest.raises(SystemExit, match="disagree"):
         engine_kwargs(parse("a", "--model", "b"))
 
