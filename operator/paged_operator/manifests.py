@@ -10,6 +10,7 @@ import json
 import math
 from typing import Any
 
+from .fields import quantity_value
 from .spec import AUTOSCALING_METRICS, ENGINE_PORT, ServiceSpec
 
 MANAGED_BY = "paged-inference-operator"
@@ -126,12 +127,25 @@ def _volumes(spec: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, An
     return volumes, mounts
 
 
+def _cpu_threads_env(spec: ServiceSpec) -> list[dict[str, Any]]:
+    """A CPU-only engine (gpus: 0) with a CPU request gets one torch thread per requested core.
+    torch would otherwise start one per core of the node, and its spinning OpenMP workers
+    stall when neighbouring pods hold those cores (README, "CPU threads"). spec.env wins."""
+    if spec.gpus or not spec.cpu:
+        return []
+    if any(e.get("name") in ("PAGED_CPU_THREADS", "OMP_NUM_THREADS") for e in spec.env):
+        return []
+    cores = quantity_value(spec.cpu) or 1.0
+    return [{"name": "PAGED_CPU_THREADS", "value": str(max(1, math.floor(cores)))}]
+
+
 def deployment(spec: ServiceSpec) -> dict[str, Any]:
     volumes, mounts = _volumes(spec)
     env = [{"name": "HF_HOME", "value": f"{MODEL_CACHE_DIR}/huggingface"},
            {"name": "HOME", "value": "/tmp"},
            {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
            {"name": "TRITON_CACHE_DIR", "value": "/tmp/.triton"},
+           *_cpu_threads_env(spec),
            *[dict(e) for e in spec.env]]
     container = {
         "name": "engine", "image": spec.image, "imagePullPolicy": spec.image_pull_policy,

@@ -31,3 +31,28 @@ def test_operator_args_parse_with_the_engine_cli(engine, expected):
     kwargs = engine_kwargs(args)
     assert kwargs["model"] == "/mnt/model/qwen" and kwargs["served_model_name"] == "chat"
     assert {k: kwargs[k] for k in expected} == expected
+
+
+@pytest.mark.parametrize("resources, env, threads", [
+    ({"gpus": 0, "cpu": "3500m"}, [], "3"),       # CPU engine: one thread per requested core
+    ({"gpus": 0, "cpu": "500m"}, [], "1"),        # at least one
+    ({"gpus": 0, "cpu": "8"}, [{"name": "PAGED_CPU_THREADS", "value": "2"}], "2"),  # spec.env wins
+    ({"gpus": 0}, [], None),                      # no request: torch's default
+    ({"gpus": 1, "cpu": "8"}, [], None),          # GPU engine: CPU threads are not its math
+])
+def test_cpu_engine_threads_follow_the_cpu_request(monkeypatch, resources, env, threads):
+    from engine.entrypoints.cli import add_serve_arguments, engine_kwargs
+
+    spec = parse_spec({"model": {"uri": "pvc://models/qwen"}, "resources": resources, "env": env},
+                      name="svc", namespace="default")
+    container = manifests.deployment(spec)["spec"]["template"]["spec"]["containers"][0]
+    values = [e["value"] for e in container["env"] if e["name"] == "PAGED_CPU_THREADS"]
+    assert values == ([threads] if threads else [])
+    # What the engine makes of the pod's environment, through its real CLI.
+    monkeypatch.delenv("PAGED_CPU_THREADS", raising=False)
+    for e in container["env"]:
+        monkeypatch.setenv(e["name"], e["value"])
+    parser = argparse.ArgumentParser(prog="python -m engine serve")
+    add_serve_arguments(parser)
+    got = engine_kwargs(parser.parse_args(container["args"])).get("cpu_threads")
+    assert got == (int(threads) if threads else None)
