@@ -57,7 +57,9 @@ VARIANTS = {
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_greedy_matches_transformers(family, variant, tiny_checkpoints, references):
-    kwargs = dict(num_gpu_blocks_override=512, max_model_len=256)
+    # float32 as the references (the CPU default already; on CUDA it runs the Triton kernels
+    # with exact fp32 dots, which is how scripts/gpu_check.sh checks them there).
+    kwargs = dict(num_gpu_blocks_override=512, max_model_len=256, dtype="float32")
     kwargs.update(VARIANTS[variant])
     llm = LLM(model=tiny_checkpoints[family], **kwargs)
     outputs = llm.generate(_prompts(), SamplingParams(temperature=0.0, max_tokens=MAX_NEW))

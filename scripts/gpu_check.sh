@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The GPU checks of issue 3 as one prepared run (about 6 minutes on an H200), for a machine
+# with CUDA, torch and triton already installed (nothing is installed here):
+#   1. the kernel parity suite, compiled on CUDA instead of interpreted, and the engine's
+#      greedy parity with transformers running on the GPU through the Triton backend;
+#   2. python -m kernels.bench over the full grid, with a time budget.
+# Results land in $OUT (default ./gpu-check): env.txt, tests.log, bench.md, bench.log.
+# Usage: bash scripts/gpu_check.sh      (from the repository root)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-check}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD:$PWD/operator${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+
+{
+  date -u +"%Y-%m-%dT%H:%M:%SZ"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  "$PY" -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(0))"
+} 2>&1 | tee "$OUT/env.txt"
+
+# The transformers probe test checks this project's pip metadata, which a bare checkout lacks.
+timeout 240 "$PY" -m pytest -q -p no:cacheprovider -n 8 -k "not transformers_probe" \
+  tests/kernels tests/engine/test_greedy_parity.py 2>&1 | tee "$OUT/tests.log" | tail -25
+echo "tests: exit ${PIPESTATUS[0]}"
+
+timeout 300 "$PY" -m kernels.bench --budget-s 220 --out "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log"
+echo "bench: exit ${PIPESTATUS[0]}"
