@@ -29,7 +29,7 @@ from tuner.space import build_space  # noqa: E402
 from tuner.sweep import SweepConfig, run_sweep  # noqa: E402
 from tuner.trial import EngineLaunch, Infeasible, run_trial  # noqa: E402
 
-GRID = ["block_size=16,64", "max_num_seqs=1,2,4,8", "max_num_batched_tokens=256,2048",
+GRID = ["block_size=16,64", "max_num_seqs=1,4,16,64", "max_num_batched_tokens=256,2048",
         "gpu_memory_utilization=0.9"]
 
 
