@@ -35,11 +35,11 @@ def neighbours(count: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", NEIGHBOUR]) for _ in range(count)]
 
 
-def one_round(threads: str, log_dir: Path, index: int) -> list[float]:
+def one_round(threads: str, log_path: Path) -> list[float]:
     flags = ["--cpu-memory-gib", "0.5", "--max-num-seqs", "8"]
     if threads != "default":
         flags += ["--cpu-threads", threads]
-    engine = EngineProcess(flags=flags, log_path=log_dir / f"engine-{threads}-{index}.log")
+    engine = EngineProcess(flags=flags, log_path=log_path)
     engine.start(timeout=300)
     try:
         client = OpenAI(base_url=engine.url + "/v1", api_key="unused", timeout=300)
@@ -82,7 +82,7 @@ def main() -> int:
         try:
             for rnd in range(args.rounds):  # settings interleaved, so drift hits each alike
                 for threads in settings:
-                    lat = one_round(threads, log_dir, len(results) * 100 + rnd)
+                    lat = one_round(threads, log_dir / f"engine-n{count}-t{threads}-r{rnd}.log")
                     results.setdefault((count, threads), []).extend(lat)
                     print(f"# neighbours {count}, threads {threads}, round {rnd}: "
                           f"{' '.join(f'{x:.2f}' for x in lat)}", flush=True)
