@@ -1,11 +1,13 @@
-"""The FastAPI application: routes, readiness, and the engine's life cycle.
+"""The FastAPI application: routes, probes, and the engine's life cycle.
 
-Startup order: uvicorn listens first, so `/health` (liveness) answers while the model
-loads in a background thread; `/ready` turns 200 only after the engine is built, a
-warm-up request has run through it, and the engine loop has started. `/v1/*` answers
-503 until then. Shutdown (SIGTERM): uvicorn stops accepting, lets in-flight requests
-finish for the grace period, cancels the rest (their streams abort their engine
-requests), then the lifespan hook stops the engine loop.
+Startup order: uvicorn listens first, so `/livez` (liveness) answers while the model
+loads in a background thread; `/health` (and its alias `/ready`) turns 200 only after the
+engine is built, a warm-up request has run through it, and the engine loop has started:
+vLLM's meaning, so clients, routers and scripts can poll `/health` before sending.
+`/v1/*` answers 503 until then. Shutdown (SIGTERM): uvicorn stops accepting, in-flight
+requests may finish for the grace period; when it ends, every open request is ended with
+an error (streams: an error event, then `data: [DONE]`), then the lifespan hook stops the
+engine loop.
 """
 from __future__ import annotations
 
@@ -18,19 +20,24 @@ import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from engine.entrypoints.async_engine import AsyncEngine
-from engine.entrypoints.errors import APIError, install_error_handlers
+from engine.entrypoints.errors import (APIError, document_errors, drop_default_422,
+                                       install_error_handlers)
 from engine.entrypoints.metrics import ServerMetrics
 from engine.entrypoints.middleware import ServerMiddleware
 from engine.entrypoints.protocol import (ChatCompletionRequest, CompletionRequest,
                                          DetokenizeRequest, TokenizeRequest)
 from engine.entrypoints.serving import Serving
+from engine.entrypoints.tokenization import Tokenization
+
+if TYPE_CHECKING:
+    from engine import LLMEngine
 
 logger = logging.getLogger("engine.server")
 
@@ -41,6 +48,8 @@ class ServerSettings:
     api_key: str | None = None
     max_waiting_requests: int = 512
     max_request_body_bytes: int = 8 * 1024 * 1024
+    max_prompt_bytes: int = 2 * 1024 * 1024
+    max_stream_backlog_tokens: int = 16384
     shutdown_grace_period: float = 30.0
     access_log_prompts: bool = False
 
@@ -50,10 +59,10 @@ class ServerState:
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
-        self.engine: Any = None
+        self.engine: LLMEngine | None = None
         self.async_engine: AsyncEngine | None = None
         self.metrics: ServerMetrics | None = None
-        self.tokenizer: Any = None  # the server's copy; the engine thread uses the engine's
+        self.tokenization: Tokenization | None = None  # the server's tokenizer copy
         self.model_name = ""
         self.max_model_len = 0
         self.ready = False
@@ -62,9 +71,29 @@ class ServerState:
 
     def require_async_engine(self) -> AsyncEngine:
         if not self.ready or self.async_engine is None:
-            raise APIError("the model is still loading; retry when /ready returns 200",
+            raise APIError("the model is still loading; retry when /health returns 200",
                            status=503, code="not_ready", headers={"Retry-After": "5"})
         return self.async_engine
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """(status, body) of /health: 200 only when a request can be served now."""
+        dead = self.load_error or (self.async_engine and self.async_engine.error)
+        if dead:
+            return 500, {"status": "failed", "error": str(dead)}
+        if self.ready and self.async_engine is not None:
+            return 200, {"status": "ready", "model": self.model_name}
+        return 503, {"status": "loading"}
+
+    def begin_shutdown(self, grace_period: float) -> None:
+        """SIGTERM: when the grace period ends, end every open request with an error."""
+        def end_open_requests() -> None:
+            if self.async_engine is not None:
+                count = self.async_engine.fail_open_requests(APIError(
+                    "the server is shutting down; retry the request", status=503,
+                    code="server_shutdown"))
+                if count:
+                    logger.info("grace period over: ended %d open request(s)", count)
+        asyncio.get_running_loop().call_later(grace_period, end_open_requests)
 
 
 def _device_summary(engine: Any) -> str:
@@ -93,7 +122,9 @@ def _load(state: ServerState, engine_factory: Callable[[], Any]) -> None:
                              enable_prefix_caching=cfg.enable_prefix_caching,
                              gpu_memory_utilization=cfg.gpu_memory_utilization)
     metrics.observe_stats(engine.get_stats())  # baseline: warm-up is not counted
-    state.tokenizer = copy.deepcopy(engine.tokenizer)
+    state.tokenization = Tokenization(
+        copy.deepcopy(engine.tokenizer), max_prompt_bytes=state.settings.max_prompt_bytes,
+        vocab_size=min(engine.info.vocab_size, len(engine.tokenizer)))
     state.model_name, state.max_model_len = engine.model_name, engine.info.max_model_len
     state.metrics, state.engine = metrics, engine
 
@@ -126,7 +157,8 @@ def build_app(*, engine_factory: Callable[[], Any], settings: ServerSettings,
         def start() -> None:
             state.async_engine = AsyncEngine(
                 state.engine, metrics=state.metrics,
-                max_waiting_requests=settings.max_waiting_requests)
+                max_waiting_requests=settings.max_waiting_requests,
+                max_backlog_tokens=settings.max_stream_backlog_tokens)
             state.async_engine.start()
             state.ready = True
             logger.info("ready")
@@ -137,24 +169,32 @@ def build_app(*, engine_factory: Callable[[], Any], settings: ServerSettings,
         state.ready = False
         if state.async_engine is not None:
             await state.async_engine.shutdown()
+        if state.tokenization is not None:
+            state.tokenization.close()
 
     app = FastAPI(title="paged-inference", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
     install_error_handlers(app)
     serving = Serving(state)
 
-    @app.get("/health")
-    async def health() -> Response:
-        dead = state.load_error or (state.async_engine and state.async_engine.error)
-        if dead:
-            return JSONResponse({"status": "failed", "error": str(dead)}, status_code=500)
-        return JSONResponse({"status": "ok"})
+    probe_codes = {503: {"description": "loading: not ready to serve yet"},
+                   500: {"description": "failed: the model did not load or the engine died"}}
 
-    @app.get("/ready")
-    async def ready() -> Response:
-        if state.ready and state.async_engine is not None and state.async_engine.error is None:
-            return JSONResponse({"status": "ready", "model": state.model_name})
-        return JSONResponse({"status": "loading"}, status_code=503)
+    @app.get("/health", responses=probe_codes)
+    async def health() -> Response:
+        status, body = state.health()
+        return JSONResponse(body, status_code=status)
+
+    @app.get("/ready", responses=probe_codes)
+    async def ready() -> Response:  # an alias of /health (the tuner and old manifests)
+        return await health()
+
+    @app.get("/livez", responses={500: probe_codes[500]})
+    async def livez() -> Response:
+        """Liveness: 200 while the model loads or serves; 500 once it cannot recover."""
+        status, body = state.health()
+        return JSONResponse(body if status == 500 else {"status": "alive"},
+                            status_code=500 if status == 500 else 200)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -169,49 +209,47 @@ def build_app(*, engine_factory: Callable[[], Any], settings: ServerSettings,
         except importlib.metadata.PackageNotFoundError:  # running from a source checkout
             return {"version": "0+source"}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=document_errors(401, 503))
     async def models() -> dict[str, Any]:
         state.require_async_engine()
         return {"object": "list", "data": [{
             "id": state.model_name, "object": "model", "created": int(time.time()),
-            "owned_by": "paged-inference", "root": state.engine.info.model_path,
+            "owned_by": "paged-inference", "root": state.model_name, "parent": None,
             "max_model_len": state.max_model_len}]}
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", responses=document_errors(400, 401, 404, 413, 503))
     async def tokenize(req: TokenizeRequest) -> dict[str, Any]:
-        state.require_async_engine()
         serving._check_model(req.model)
+        assert state.tokenization is not None
         if (req.prompt is None) == (req.messages is None):
             raise APIError("send exactly one of prompt or messages", param="prompt")
         if req.prompt is not None:
-            ids = state.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            ids = (await state.tokenization.encode(
+                [req.prompt], add_special_tokens=req.add_special_tokens))[0]
         else:
             conversation = [{"role": m.role, "content": m.text(i)}
-                            for i, m in enumerate(req.messages)]
-            ids = list(state.tokenizer.apply_chat_template(
-                conversation, add_generation_prompt=req.add_generation_prompt, tokenize=True,
-                return_dict=False))
+                            for i, m in enumerate(req.messages or [])]
+            ids = await state.tokenization.render_chat(
+                conversation, add_generation_prompt=req.add_generation_prompt)
         return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", responses=document_errors(400, 401, 404, 413, 503))
     async def detokenize(req: DetokenizeRequest) -> dict[str, Any]:
-        state.require_async_engine()
         serving._check_model(req.model)
-        vocab = len(state.tokenizer)
-        bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise APIError(f"token id {bad} is outside the vocabulary [0, {vocab})",
-                           param="tokens")
-        return {"prompt": state.tokenizer.decode(req.tokens)}
+        assert state.tokenization is not None
+        return {"prompt": await state.tokenization.decode(req.tokens)}
 
-    @app.post("/v1/completions")
+    generation_errors = document_errors(400, 401, 404, 413, 429, 500, 503)
+
+    @app.post("/v1/completions", responses=generation_errors)
     async def completions(req: CompletionRequest, raw: Request) -> Response:
         return await serving.completions(req, raw)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=generation_errors)
     async def chat_completions(req: ChatCompletionRequest, raw: Request) -> Response:
         return await serving.chat(req, raw)
 
+    drop_default_422(app)
     app.add_middleware(ServerMiddleware, api_key=settings.api_key,
                        max_body_bytes=settings.max_request_body_bytes,
                        log_prompts=settings.access_log_prompts)

@@ -4,76 +4,55 @@
 touched only by one dedicated thread. The event loop talks to it through a command
 queue (add, abort, stop), drained between steps, so an abort frees its blocks before
 the next step. Outputs travel back with `loop.call_soon_threadsafe`, one callback per
-step, into one asyncio queue per HTTP request (`RequestGroup`).
+step, into each HTTP request's `RequestGroup` (request_group.py).
 
 Admission control lives here too: at most `max_num_seqs + max_waiting_requests`
 engine requests are admitted at a time; past that, `submit` raises a 503 at once
 instead of growing an unbounded backlog.
+
+Faults: the engine fails a request it cannot serve on its own (an output with `error`,
+a 500 for that HTTP request only). If `step()` itself raises, the requests in flight get
+a 500 and are aborted, then a one-token probe request runs alone: if it succeeds and no
+block leaked, the engine goes on serving; if it fails too, the fault is the device's or
+the engine's, and the engine is dead (`/health` 500, new requests 503) until a restart.
 """
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from engine.entrypoints.errors import APIError
 from engine.entrypoints.metrics import ServerMetrics
+from engine.entrypoints.request_group import RequestGroup
+
+if TYPE_CHECKING:
+    from engine import LLMEngine, SamplingParams
+    from engine.outputs import RequestOutput
 
 logger = logging.getLogger("engine.server")
-
-
-class RequestGroup:
-    """The engine requests of one HTTP request (several prompts), read as one stream."""
-
-    def __init__(self, owner: "AsyncEngine", request_ids: list[str]) -> None:
-        self._owner = owner
-        self.request_ids = request_ids
-        self._queue: asyncio.Queue[tuple[int, Any] | BaseException] = asyncio.Queue()
-        self._unfinished = set(request_ids)
-
-    def _deliver(self, index: int, out: Any) -> None:  # event loop thread
-        if out.request_id not in self._unfinished:
-            return  # closed already (the client left); the abort is on its way
-        if out.finished:
-            self._unfinished.discard(out.request_id)
-            self._owner._release(1)
-        self._queue.put_nowait((index, out))
-
-    def _fail(self, exc: BaseException) -> None:
-        self._owner._release(len(self._unfinished))
-        self._unfinished.clear()
-        self._queue.put_nowait(exc)
-
-    async def __aiter__(self) -> AsyncIterator[tuple[int, Any]]:
-        """(prompt index, cumulative RequestOutput) until every request has finished."""
-        while self._unfinished or not self._queue.empty():
-            item = await self._queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    def close(self) -> None:
-        """Abort what has not finished (client gone, error, shutdown). Idempotent."""
-        if self._unfinished:
-            self._owner._release(len(self._unfinished))
-            for rid in self._unfinished:
-                self._owner._commands.put(("abort", rid))
-            self._unfinished.clear()
+_DEAD = "the engine has failed and is restarting"
 
 
 class AsyncEngine:
-    def __init__(self, engine: Any, *, metrics: ServerMetrics, max_waiting_requests: int) -> None:
+    def __init__(self, engine: "LLMEngine", *, metrics: ServerMetrics,
+                 max_waiting_requests: int, max_backlog_tokens: int = 1 << 30) -> None:
         self.engine = engine
         self.metrics = metrics
         self.capacity = engine.config.max_num_seqs + max_waiting_requests
+        self.max_backlog_tokens = max_backlog_tokens
         self.num_admitted = 0  # engine requests admitted and not yet finished (event loop)
-        self.error: BaseException | None = None  # set when a step failed: the engine is dead
+        self.error: BaseException | None = None  # set when the engine is dead
+        self.groups: weakref.WeakSet[RequestGroup] = weakref.WeakSet()  # open (event loop)
         self._commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         # Engine thread only: request id -> (group, prompt index, params).
-        self._routes: dict[str, tuple[RequestGroup, int, Any]] = {}
+        self._routes: dict[str, tuple[RequestGroup, int, SamplingParams]] = {}
+        self._probe_ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -90,22 +69,29 @@ class AsyncEngine:
         await asyncio.to_thread(self._thread.join)
         self._thread = None
 
+    def fail_open_requests(self, exc: APIError) -> int:
+        """End every open request with `exc` (streams send it as an error event)."""
+        groups = list(self.groups)
+        for group in groups:
+            group.fail(exc)
+        return len(groups)
+
     def _release(self, count: int) -> None:
         self.num_admitted -= count
 
-    async def submit(self, prompts: Sequence[str | list[int]], params: Sequence[Any], *,
-                     request_id: str, priority: int = 0, cache_salt: str | None = None,
+    async def submit(self, prompts: Sequence[str | list[int]], params: Sequence[SamplingParams],
+                     *, request_id: str, priority: int = 0, cache_salt: str | None = None,
                      arrival_time: float | None = None) -> RequestGroup:
         """Admit and add one engine request per prompt; raise APIError if refused."""
         if self.error is not None:
-            raise APIError("the engine has failed and is restarting", status=503,
-                           code="engine_dead")
+            raise APIError(_DEAD, status=503, code="engine_dead")
         if self.num_admitted + len(prompts) > self.capacity:
             raise APIError(
                 f"server is at capacity ({self.capacity} requests admitted); retry later",
                 status=503, code="queue_full", headers={"Retry-After": "1"})
         ids = [f"{request_id}-{i}" for i in range(len(prompts))]
-        group = RequestGroup(self, ids)
+        group = RequestGroup(self, ids, max_backlog_tokens=self.max_backlog_tokens)
+        self.groups.add(group)
         self.num_admitted += len(ids)
         assert self._loop is not None
         acks = [self._loop.create_future() for _ in ids]
@@ -117,8 +103,10 @@ class AsyncEngine:
         except BaseException as exc:  # a bad prompt, or the client left while we waited
             group.close()
             if isinstance(exc, ValueError):
-                raise APIError(str(exc), param="prompt" if "prompt" in str(exc) else None) \
-                    from None
+                message = str(exc)
+                param = next((p for p in ("prompt", "stop_token_ids", "seed")
+                              if p in message), None)
+                raise APIError(message, param=param) from None
             raise
         return group
 
@@ -158,8 +146,8 @@ class AsyncEngine:
 
     def _run(self) -> None:
         running = True
-        try:
-            while running:
+        while running:
+            try:
                 if not self.engine.has_unfinished_requests():
                     running = self._handle(self._commands.get())  # idle: block for work
                 while running:
@@ -170,20 +158,57 @@ class AsyncEngine:
                 if running and self.engine.has_unfinished_requests():
                     self._deliver(self.engine.step())
                 self.metrics.observe_stats(self.engine.get_stats())
-        except Exception as exc:
-            logger.exception("engine step failed; failing all requests")
-            self.error = exc
-            groups = {id(g): g for g, _, _ in self._routes.values()}
+            except Exception as exc:
+                if not self._recover(exc):
+                    self._refuse_until_stopped()
+                    return
+
+    def _recover(self, exc: Exception) -> bool:
+        """Fail the requests in flight, then probe the engine alone; False: it is dead."""
+        self.metrics.engine_step_failures.inc()
+        logger.error("engine step failed; failing the %d request(s) in flight", len(self._routes),
+                     exc_info=exc)
+        groups = {id(g): g for g, _, _ in self._routes.values()}
+        err = APIError(f"engine failure: {type(exc).__name__}: {exc}", status=500,
+                       code="engine_step_failed")
+        try:
+            for rid, (_, _, sp) in list(self._routes.items()):
+                self.engine.abort_request(rid)
+                self.metrics.observe_abort(rid, sp)
+        finally:
             self._routes.clear()
-            err = APIError(f"engine failure: {type(exc).__name__}: {exc}", status=500)
             for g in groups.values():
                 self._post(g._fail, err)
-            self._refuse_until_stopped()
+        try:
+            self._probe()
+        except Exception as probe_exc:  # the fault repeats on a one-request step
+            logger.error("the engine failed a probe request alone too; it is dead until "
+                         "restarted", exc_info=probe_exc)
+            self.error = exc
+            return False
+        logger.info("engine probe succeeded; serving on")
+        return True
+
+    def _probe(self) -> None:
+        """One greedy token of a one-token prompt, alone; then no KV block may be in use."""
+        from engine import SamplingParams
+
+        rid = f"probe-{next(self._probe_ids)}"
+        self.engine.add_request(rid, [0], SamplingParams(temperature=0.0, max_tokens=1,
+                                                         ignore_eos=True))
+        for _ in range(8):
+            if not self.engine.has_unfinished_requests():
+                break
+            self.engine.step()
+        if self.engine.has_unfinished_requests():
+            raise RuntimeError("the probe request did not finish")
+        used = self.engine.get_stats().num_used_blocks
+        if used:
+            raise RuntimeError(f"{used} KV blocks still in use with no request in flight")
 
     def _refuse_until_stopped(self) -> None:
         """A dead engine still answers its queue, so no submit waits forever on an ack."""
-        dead = APIError("the engine has failed and is restarting", status=503,
-                        code="engine_dead")
+        dead = APIError(_DEAD, status=503, code="engine_dead")
         while True:
             command = self._commands.get()
             if command[0] == "stop":
@@ -191,7 +216,7 @@ class AsyncEngine:
             if command[0] == "add":
                 self._post(_settle, command[-1], dead)
 
-    def _deliver(self, outputs: list[Any]) -> None:
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
         batch = []
         for out in outputs:
             route = self._routes.get(out.request_id)
@@ -206,7 +231,7 @@ class AsyncEngine:
             self._post(_deliver_batch, batch)
 
 
-def _deliver_batch(batch: list[tuple[RequestGroup, int, Any]]) -> None:
+def _deliver_batch(batch: list[tuple[RequestGroup, int, RequestOutput]]) -> None:
     for group, index, out in batch:
         group._deliver(index, out)
 

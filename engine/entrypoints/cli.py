@@ -33,12 +33,14 @@ def _positive_int(text: str) -> int:
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
-                   help="local Hugging Face checkpoint directory (default: the embedded tiny model)")
+                   help="local Hugging Face checkpoint directory, or builtin://default (the "
+                        "embedded tiny model, the default) or builtin://smollm2-135m-instruct")
     p.add_argument("--model", dest="model_flag", default=None, help="same as MODEL")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed)")
     p.add_argument("--served-model-name", default=None,
-                   help="model id in the API and in metrics labels (default: directory name)")
+                   help="model id in the API and in metrics labels (default: directory name, or "
+                        "a built-in model's name)")
     p.add_argument("--block-size", type=_positive_int, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="fraction of device memory for weights + KV cache; on CPU, a fraction "
@@ -60,11 +62,26 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="on CPU, torch intra-op threads (default: one per core; env "
                         "PAGED_CPU_THREADS); fewer when other busy processes share the cores")
     p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1/* (env VLLM_API_KEY)")
+                   help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and "
+                        "/detokenize (env VLLM_API_KEY)")
+    p.add_argument("--api-key-file", default=None,
+                   help="read the API key from this file (surrounding whitespace stripped), "
+                        "so it never appears in argv; overrides --api-key")
     p.add_argument("--max-waiting-requests", type=int, default=512,
                    help="requests admitted beyond --max-num-seqs before new ones get 503 "
                         "with Retry-After")
     p.add_argument("--max-request-body-bytes", type=_positive_int, default=8 * 1024 * 1024)
+    p.add_argument("--max-prompt-bytes", type=_positive_int, default=2 * 1024 * 1024,
+                   help="prompt or messages text larger than this (UTF-8 bytes) gets 413 "
+                        "before it is tokenized")
+    p.add_argument("--max-stream-backlog-tokens", type=_positive_int, default=16384,
+                   help="a request whose client leaves more generated tokens than this "
+                        "unread is aborted (its stream ends with an error event)")
+    p.add_argument("--limit-concurrency", type=_positive_int, default=2048,
+                   help="open connections (and requests) beyond which new ones get 503")
+    p.add_argument("--header-read-timeout", type=float, default=10.0,
+                   help="seconds a connection may take to send a request's headers before "
+                        "it is closed")
     p.add_argument("--shutdown-grace-period", type=float, default=30.0,
                    help="seconds in-flight requests may run after SIGTERM before being aborted")
     p.add_argument("--access-log-prompts", action="store_true",
@@ -111,11 +128,29 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         raise SystemExit("--max-waiting-requests must be >= 0")
     if args.shutdown_grace_period < 0:
         raise SystemExit("--shutdown-grace-period must be >= 0")
-    return ServerSettings(api_key=args.api_key or None,
+    if not args.header_read_timeout > 0:
+        raise SystemExit("--header-read-timeout must be > 0")
+    return ServerSettings(api_key=_api_key(args),
                           max_waiting_requests=args.max_waiting_requests,
                           max_request_body_bytes=args.max_request_body_bytes,
+                          max_prompt_bytes=args.max_prompt_bytes,
+                          max_stream_backlog_tokens=args.max_stream_backlog_tokens,
                           shutdown_grace_period=args.shutdown_grace_period,
                           access_log_prompts=args.access_log_prompts)
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    if args.api_key_file is None:
+        return args.api_key or None
+    try:
+        with open(args.api_key_file, encoding="utf-8") as f:
+            key = f.read().strip()
+    except OSError as exc:
+        raise SystemExit(f"--api-key-file: cannot read {args.api_key_file}: "
+                         f"{exc.strerror}") from None
+    if not key:
+        raise SystemExit(f"--api-key-file: {args.api_key_file} is empty")
+    return key
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -133,12 +168,14 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
+
     from engine import LLMEngine
+    from engine.entrypoints.http_server import Server, header_timeout_protocol
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     kwargs, settings = engine_kwargs(args), server_settings(args)
-    server: uvicorn.Server | None = None
+    server: Server | None = None
 
     def stop() -> None:
         assert server is not None
@@ -146,10 +183,16 @@ def serve(args: argparse.Namespace) -> int:
 
     app = build_app(engine_factory=lambda: LLMEngine.from_args(**kwargs), settings=settings,
                     on_fatal=stop)
+    # The app ends open requests itself when the grace period is over (error event and
+    # [DONE]); uvicorn's own deadline, a little later, is only the backstop.
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=settings.shutdown_grace_period,
+                            timeout_graceful_shutdown=settings.shutdown_grace_period + 5,
+                            limit_concurrency=args.limit_concurrency,
+                            http=header_timeout_protocol(args.header_read_timeout),
                             log_level=args.log_level)
-    server = uvicorn.Server(config)
+    state = app.state.server
+    server = Server(config, on_shutdown=lambda: state.begin_shutdown(
+        settings.shutdown_grace_period))
     # SIGTERM before uvicorn installs its own handler asks for the same clean stop. After
     # its shutdown uvicorn re-raises the signal it caught; with the default handler that
     # would end a graceful drain with -SIGTERM instead of exit status 0.
@@ -158,7 +201,6 @@ def serve(args: argparse.Namespace) -> int:
     host, port = sock.getsockname()[:2]
     print(f"serving on http://{host}:{port}", flush=True)
     server.run(sockets=[sock])
-    state = app.state.server
     if state.loader is not None and state.loader.is_alive():
         # Stopped while the model was still loading: nothing was served, and letting the
         # interpreter tear down under a thread inside torch aborts the process.
@@ -171,11 +213,19 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine")
+def build_parser() -> argparse.ArgumentParser:
+    # No prefix matching (allow_abbrev=False): `--hos` or `--block 1` must not pass a filter
+    # of flag names (the operator's extraArgs) and then take effect as --host / --block-size.
+    parser = argparse.ArgumentParser(prog="python -m engine", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve_parser = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    serve_parser = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server",
+                                  allow_abbrev=False)
     add_serve_arguments(serve_parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve(args)

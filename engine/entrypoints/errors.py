@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger("engine.server")
@@ -103,6 +104,46 @@ def validation_error(exc: RequestValidationError) -> APIError:
     return APIError(message, param=param, code="invalid_value")
 
 
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error shape, as the OpenAPI document shows it."""
+    error: ErrorDetail
+
+
+_MEANING = {400: "invalid request: the message and `param` name the field",
+            401: "missing or invalid API key", 404: "unknown model",
+            413: "request body or prompt too large", 429: "stream client too slow",
+            500: "the engine failed this request", 503: "loading, at capacity or shutting down"}
+
+
+def document_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """`responses=` for a route: the error statuses it can answer, in OpenAI's shape."""
+    return {code: {"model": ErrorResponse, "description": _MEANING[code]} for code in codes}
+
+
+def drop_default_422(app: FastAPI) -> None:
+    """FastAPI documents 422 for every body; this server answers bad bodies with 400."""
+    original = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = original()
+            for path in schema.get("paths", {}).values():
+                for operation in path.values():
+                    operation.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -120,6 +161,7 @@ def install_error_handlers(app: FastAPI) -> None:
                                        headers=dict(exc.headers or {})))
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error while serving a request")
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error while serving %s %s (answered 500)",
+                         request.method, request.url.path)
         return error_response(APIError(f"internal error: {type(exc).__name__}", status=500))

@@ -20,7 +20,7 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                7.5, 10.0, 20.0, 40.0, 80.0)
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
 def token_buckets(max_value: int) -> list[int]:
@@ -110,6 +110,16 @@ class ServerMetrics:
         self.total_blocks = gauge("paged:num_blocks", "KV blocks allocated in the pool.")
         self.cow_copies = counter("paged:cow_copies", "Copy-on-write block copies.")
         self.evictions = counter("paged:evictions", "Cached blocks evicted for reuse.")
+        # The server's own fault and back-pressure figures (the soak test reads them).
+        self.engine_step_failures = counter(
+            "paged:engine_step_failures", "Engine steps that raised (their requests got 500).")
+        self.slow_reader_aborts = counter(
+            "paged:slow_reader_aborts",
+            "Streams aborted because the client fell behind by more than the backlog limit.")
+        self.max_stream_backlog = gauge(
+            "paged:max_stream_backlog_tokens",
+            "Most generated tokens any request has had waiting for its client (since start).")
+        self._max_backlog = 0
         self._last_totals: dict[str, int] = {}
         self._tracked: dict[str, _Tracked] = {}
 
@@ -160,6 +170,12 @@ class ServerMetrics:
         if out.finished:
             reason = next((c.finish_reason for c in out.outputs if c.finish_reason), "stop")
             self._finish(out, params, reason)
+
+    def observe_backlog(self, tokens: int) -> None:
+        """Event loop: tokens one request has produced and its client not yet taken."""
+        if tokens > self._max_backlog:
+            self._max_backlog = tokens
+            self.max_stream_backlog.set(tokens)
 
     def observe_abort(self, request_id: str, params: Any) -> None:
         tracked = self._tracked.pop(request_id, None)

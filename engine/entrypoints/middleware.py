@@ -1,7 +1,8 @@
 """One pure-ASGI middleware for what every request needs, before any route runs.
 
 - request id: `X-Request-Id` is honoured (or one is made) and echoed on the response;
-- Bearer auth on `/v1/*` when an API key is set;
+- Bearer auth on `/v1/*`, `/tokenize` and `/detokenize` when an API key is set (probes,
+  `/metrics` and `/version` stay open for kubelets and Prometheus);
 - a request body size limit (413), by Content-Length and by counting streamed bytes;
 - one access-log line per request: method, path, status, duration, request id, and the
   prompt text only when `--access-log-prompts` is on (handlers leave it in scope state).
@@ -11,6 +12,7 @@ the disconnect signal the streaming handlers rely on.
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import re
@@ -22,6 +24,11 @@ from engine.entrypoints.errors import APIError, BodyTooLarge, error_bytes
 
 access_logger = logging.getLogger("engine.access")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+_KEYED_PATHS = ("/tokenize", "/detokenize")
+
+
+def needs_key(path: str) -> bool:
+    return path.startswith("/v1/") or path in _KEYED_PATHS
 
 
 class ServerMiddleware:
@@ -59,11 +66,19 @@ class ServerMiddleware:
                 await _send_error(send_wrapper, error)
                 return
             await self.app(scope, self._limited(receive), send_wrapper)
+        except asyncio.CancelledError:
+            if status["code"] == 0:  # cancelled before answering (client gone, shutdown)
+                status["code"] = 499
+            raise
+        except Exception:
+            if status["code"] == 0:  # the outer error middleware answers 500 after us
+                status["code"] = 500
+            raise
         finally:
             self._log(scope, status["code"], time.monotonic() - start, request_id, state)
 
     def _precheck(self, path: str, headers: dict[str, str]) -> APIError | None:
-        if self.api_key is not None and path.startswith("/v1/"):
+        if self.api_key is not None and needs_key(path):
             auth = headers.get("authorization", "")
             token = auth[7:] if auth.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(token.encode(), self.api_key.encode()):

@@ -1,13 +1,17 @@
 """Request bodies of the OpenAI-compatible API (pydantic), and their SamplingParams.
 
-Types are checked here (a wrong type is a 400 naming the field); value ranges are
-checked once, by the engine's `SamplingParams`, whose ValueError names the field.
+Types and the ranges every engine needs are checked here, at the edge (a wrong value is
+a 400 naming the field, and the OpenAPI document shows the bounds): floats are finite,
+strings are valid Unicode (no lone surrogates), integers fit the 64 bits the engine's
+tensors and generators hold, and `seed + n - 1` too. Finer rules (top_p in (0, 1],
+min_tokens <= max_tokens, ...) are checked once more by the engine's `SamplingParams`,
+whose ValueError also names the field.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from engine.entrypoints.errors import APIError
 
@@ -16,6 +20,27 @@ _DIRECT_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
                   "stop_token_ids", "presence_penalty", "frequency_penalty",
                   "repetition_penalty", "ignore_eos", "min_tokens", "skip_special_tokens",
                   "include_stop_str_in_output")
+
+
+U64_MAX = 2**64 - 1
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
+TOP_K_MAX = 2**31 - 1  # any top_k >= the vocabulary means "no top-k": larger ones clamp
+
+
+def _valid_unicode(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"contains a lone surrogate (\\u{ord(text[exc.start]):04x} at "
+                         f"character {exc.start}); send valid Unicode text") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+Int64 = Annotated[StrictInt, Field(ge=I64_MIN, le=I64_MAX)]
+Count = Annotated[StrictInt, Field(ge=1, le=I64_MAX)]
+TokenId = Annotated[StrictInt, Field(ge=0, le=I64_MAX)]
 
 
 class _Body(BaseModel):
@@ -28,31 +53,31 @@ class StreamOptions(_Body):
 
 
 class _SamplingRequest(_Body):
-    model: str | None = None
-    n: StrictInt = 1
-    max_tokens: StrictInt | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: StrictInt | None = None
-    min_p: float | None = None
-    seed: StrictInt | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[StrictInt] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
+    model: Text | None = None
+    n: Annotated[StrictInt, Field(ge=1, le=1024)] = 1
+    max_tokens: Count | None = None
+    temperature: Annotated[Finite, Field(ge=0)] | None = None
+    top_p: Annotated[Finite, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
+    min_p: Annotated[Finite, Field(ge=0, le=1)] | None = None
+    seed: Annotated[StrictInt, Field(ge=I64_MIN, le=U64_MAX)] | None = None
+    stop: Text | list[Text] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    presence_penalty: Annotated[Finite, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[Finite, Field(ge=-2, le=2)] | None = None
+    repetition_penalty: Annotated[Finite, Field(gt=0)] | None = None
     ignore_eos: StrictBool | None = None
-    min_tokens: StrictInt | None = None
+    min_tokens: Annotated[StrictInt, Field(ge=0, le=I64_MAX)] | None = None
     skip_special_tokens: StrictBool | None = None
     include_stop_str_in_output: StrictBool | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     # vLLM's extras for the prefix cache and the priority scheduler.
-    cache_salt: str | None = None
-    priority: StrictInt = 0
+    cache_salt: Text | None = None
+    priority: Int64 = 0
     # Accepted for compatibility only when they ask for nothing we lack.
-    logit_bias: dict[str, float] | None = None
-    best_of: StrictInt | None = None
+    logit_bias: dict[str, Finite] | None = None
+    best_of: Count | None = None
 
     def _max_new_tokens(self) -> int | None:
         return self.max_tokens
@@ -68,11 +93,17 @@ class _SamplingRequest(_Body):
             raise APIError("logit_bias is not supported", param="logit_bias")
         if self.best_of is not None and self.best_of != self.n:
             raise APIError("best_of is not supported (use n)", param="best_of")
+        # Sample i of a request seeded s draws from a generator seeded s + i.
+        if self.seed is not None and self.seed + self.n - 1 > U64_MAX:
+            raise APIError(f"seed + n - 1 must fit in 64 bits (<= {U64_MAX}); lower seed",
+                           param="seed")
         if self.stream_options is not None and not self.stream:
             raise APIError("stream_options is only allowed when stream is true",
                            param="stream_options")
         kwargs: dict[str, Any] = {f: getattr(self, f) for f in _DIRECT_FIELDS
                                   if getattr(self, f) is not None}
+        if kwargs.get("top_k", 0) > TOP_K_MAX:
+            kwargs["top_k"] = -1  # at least the whole vocabulary: no truncation
         # OpenAI's max_tokens, when absent, means "up to the context length" in vLLM's
         # server; SamplingParams spells that max_tokens=None.
         kwargs["max_tokens"] = self._max_new_tokens()
@@ -95,10 +126,10 @@ def _field_named_in(message: str, kwargs: dict[str, Any]) -> str | None:
 
 class CompletionRequest(_SamplingRequest):
     # A string, a list of strings, a list of token ids, or a list of token-id lists.
-    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
-    logprobs: StrictInt | None = None
+    prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
+    logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
     echo: StrictBool = False
-    suffix: str | None = None
+    suffix: Text | None = None
 
     def _num_logprobs(self) -> int | None:
         if self.echo:
@@ -120,8 +151,8 @@ class CompletionRequest(_SamplingRequest):
 
 class ChatMessage(_Body):
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[dict[str, Any]] | None = None
-    name: str | None = None
+    content: Text | list[dict[str, Any]] | None = None
+    name: Text | None = None
 
     def text(self, index: int) -> str:
         """Content as one string; text parts are joined, other parts are refused."""
@@ -132,15 +163,19 @@ class ChatMessage(_Body):
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise APIError("only text content parts are supported",
                                param=f"messages[{index}].content[{j}]")
-            pieces.append(part["text"])
+            try:
+                pieces.append(_valid_unicode(part["text"]))
+            except ValueError as exc:
+                raise APIError(f"text {exc}", param=f"messages[{index}].content[{j}]") \
+                    from None
         return "".join(pieces)
 
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: StrictInt | None = None
+    max_completion_tokens: Count | None = None
     logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = None
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
     add_generation_prompt: StrictBool = True
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
@@ -164,13 +199,13 @@ class ChatCompletionRequest(_SamplingRequest):
 
 
 class TokenizeRequest(_Body):
-    model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    model: Text | None = None
+    prompt: Text | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     add_special_tokens: StrictBool = True
     add_generation_prompt: StrictBool = True
 
 
 class DetokenizeRequest(_Body):
-    model: str | None = None
-    tokens: list[StrictInt]
+    model: Text | None = None
+    tokens: list[TokenId]

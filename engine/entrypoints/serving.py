@@ -1,15 +1,19 @@
 """/v1/completions and /v1/chat/completions: request → engine requests → JSON or SSE.
 
-Both endpoints share one path: validate and tokenize in the event loop (the server's
-own tokenizer copy; the engine thread keeps the engine's), submit one engine request
-per prompt, then either collect the final outputs or stream deltas of the cumulative
-outputs as `data: {...}` chunks followed by `data: [DONE]`.
-Choice `index` is `prompt_index * n + output.index`, as in OpenAI's API.
+Both endpoints share one path: validate, tokenize once on the tokenizer thread
+(tokenization.py; the engine gets token ids), submit one engine request per prompt, then
+either collect the final outputs or stream deltas of the cumulative outputs as
+`data: {...}` chunks followed by `data: [DONE]`. A request the engine fails, or one ended
+by shutdown or by a backlog its client left unread, is an error response, or an error
+event then `data: [DONE]` once streaming has begun.
+Choice `index` is `prompt_index * n + output.index`, as in OpenAI's API. JSON never
+carries NaN or infinities: a log-probability of -inf is sent as -9999.0, as vLLM does.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,9 +22,17 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.entrypoints.async_engine import RequestGroup
 from engine.entrypoints.errors import APIError, error_body
 from engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest
+from engine.entrypoints.request_group import RequestGroup
+
+NEG_INF_LOGPROB = -9999.0
+
+
+def _finite(value: float | None) -> float | None:
+    if value is None or math.isfinite(value):
+        return value
+    return NEG_INF_LOGPROB  # -inf (a banned token); NaN cannot come from finite inputs
 
 
 class Serving:
@@ -50,6 +62,8 @@ class Serving:
     async def _submit(self, raw: Request, req: Any, prompts: list[Any], prefix: str
                       ) -> tuple[str, RequestGroup, list[Any]]:
         params = [req.sampling_params() for _ in prompts]
+        if req.stop_token_ids:
+            self.state.tokenization.check_ids(req.stop_token_ids, "stop_token_ids")
         async_engine = self.state.require_async_engine()
         rid = f"{prefix}-{raw.state.request_id}"
         # The engine id gets a random tail: clients may reuse X-Request-Id values.
@@ -86,12 +100,12 @@ class Serving:
         token (None when not requested)."""
         if c.logprobs is None:
             return None
-        tok = self.state.tokenizer
+        text = self.state.tokenization.token_text
         entries = []
         for token, top in zip(c.token_ids[start:], c.logprobs[start:]):
             ranked = sorted(top.items(), key=lambda kv: -kv[1])[:k]
-            entries.append((tok.decode([token]), top.get(token),
-                            [(tok.decode([t]), lp) for t, lp in ranked]))
+            entries.append((text(token), _finite(top.get(token)),
+                            [(text(t), _finite(lp)) for t, lp in ranked]))
         if chat:
             return {"content": [
                 {"token": s, "logprob": lp, "bytes": list(s.encode()),
@@ -116,12 +130,12 @@ class Serving:
     async def completions(self, req: CompletionRequest, raw: Request) -> Any:
         model = self._check_model(req.model)
         prompts = req.prompts()
-        tok = self.state.tokenizer
-        for p in prompts:
-            ids = tok.encode(p, add_special_tokens=True) if isinstance(p, str) else p
-            self._check_length(ids, req.max_tokens, "prompt")
+        req.sampling_params()  # a bad sampling field is a 400 before any tokenizing
         raw.state.prompt_log = prompts
-        rid, group, params = await self._submit(raw, req, prompts, "cmpl")
+        token_ids = await self.state.tokenization.encode(prompts, param="prompt")
+        for ids in token_ids:
+            self._check_length(ids, req.max_tokens, "prompt")
+        rid, group, params = await self._submit(raw, req, token_ids, "cmpl")
         header = {"id": rid, "created": int(time.time()), "model": model}
         if req.stream:
             return _sse(self._stream(group, header, n=req.n, chat=False, k=req.logprobs or 0,
@@ -138,16 +152,11 @@ class Serving:
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Any:
         model = self._check_model(req.model)
         conversation = req.conversation()
-        try:
-            ids = self.state.tokenizer.apply_chat_template(
-                conversation, add_generation_prompt=req.add_generation_prompt, tokenize=True,
-                return_dict=False)
-        except Exception as exc:  # a template that rejects the conversation (roles, order)
-            raise APIError(f"messages could not be rendered with the chat template: {exc}",
-                           param="messages") from None
-        ids = list(ids)
-        self._check_length(ids, req._max_new_tokens(), "messages")
+        req.sampling_params()
         raw.state.prompt_log = conversation
+        ids = await self.state.tokenization.render_chat(
+            conversation, add_generation_prompt=req.add_generation_prompt)
+        self._check_length(ids, req._max_new_tokens(), "messages")
         rid, group, params = await self._submit(raw, req, [ids], "chatcmpl")
         header = {"id": rid, "created": int(time.time()), "model": model}
         if req.stream:
@@ -167,7 +176,8 @@ class Serving:
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
-            return f"data: {json.dumps({**header, 'object': obj, 'choices': choices, **extra})}\n\n"
+            body = {**header, 'object': obj, 'choices': choices, **extra}
+            return f"data: {json.dumps(body, allow_nan=False)}\n\n"
 
         sent_chars: dict[int, int] = {}
         sent_tokens: dict[int, int] = {}
@@ -199,8 +209,9 @@ class Serving:
                     yield chunk(choices)
             if usage:
                 yield chunk([], usage=self._usage(finals))
-        except APIError as exc:  # the engine failed mid-stream: tell the client, then end
-            yield f"data: {json.dumps(error_body(exc.message, status=exc.status))}\n\n"
+        except APIError as exc:  # engine fault, shutdown, backlog: tell the client, then end
+            body = error_body(exc.message, status=exc.status, param=exc.param, code=exc.code)
+            yield f"data: {json.dumps(body)}\n\n"
         finally:
             group.close()  # aborts whatever is unfinished (client gone, cancelled)
         yield "data: [DONE]\n\n"

@@ -1,6 +1,6 @@
 """Real servers for the server tests: `python -m engine serve` in a subprocess.
 
-Each server binds port 0 and prints the port it got; fixtures wait on `/ready`, and
+Each server binds port 0 and prints the port it got; fixtures wait on `/health`, and
 stop the process (SIGTERM, then SIGKILL) afterwards. Every test in tests/server runs in
 one xdist group (`pytestmark` in each module), so the session-scoped server starts
 once per run.
@@ -24,8 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key"  # the small server of test_admission_and_shutdown requires it
 # The tiny default model; a fixed pool keeps block counts exact and start-up fast.
 # No API key here: the Locust workloads send none.
+# A short header-read timeout, so the slow-header test need not wait 10 s.
 MAIN_ARGS = ["--max-model-len", "512", "--num-gpu-blocks-override", "256",
-             "--max-num-seqs", "16", "--seed", "0"]
+             "--max-num-seqs", "16", "--seed", "0", "--header-read-timeout", "2"]
 
 
 class ServerProcess:
@@ -65,13 +66,14 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError("server exited during start-up:\n" + self.log)
             try:
-                status = httpx.get(self.base_url + "/ready", timeout=2).status_code
+                status = httpx.get(self.base_url + "/health", timeout=2).status_code
                 if status == 200:
                     return
                 if not self.during_load:
                     self.during_load = {
-                        "ready": status,
-                        "health": httpx.get(self.base_url + "/health").status_code,
+                        "health": status,
+                        "ready": httpx.get(self.base_url + "/ready").status_code,
+                        "livez": httpx.get(self.base_url + "/livez").status_code,
                         "completions": httpx.post(self.base_url + "/v1/completions",
                                                   json={"prompt": "x"}).status_code}
             except httpx.HTTPError:

@@ -66,7 +66,8 @@ CASES = [
     ("tools unsupported", CHAT, {"messages": MSGS, "tools": [{"type": "function"}]}, 400,
      "tools"),
     ("priority wrong type", CMPL, {"prompt": "hi", "priority": "high"}, 400, "priority"),
-    ("detokenize bad id", "/detokenize", {"tokens": [-1]}, 400, "tokens"),
+    ("detokenize bad id", "/detokenize", {"tokens": [-1]}, 400, "tokens[0]"),
+    ("detokenize id beyond the vocabulary", "/detokenize", {"tokens": [10**9]}, 400, "tokens"),
     ("tokenize neither", "/tokenize", {}, 400, "prompt"),
     ("unknown route", "/v1/embeddings", {"input": "x"}, 404, None),
 ]

@@ -5,7 +5,8 @@ import argparse
 
 import pytest
 
-from engine.entrypoints.cli import add_serve_arguments, engine_kwargs, server_settings
+from engine.entrypoints.cli import (add_serve_arguments, build_parser, engine_kwargs,
+                                    server_settings)
 from tests.server.conftest import ServerProcess
 
 pytestmark = pytest.mark.xdist_group("server")
@@ -65,9 +66,37 @@ def test_server_settings_and_bad_values(monkeypatch):
         engine_kwargs(parse("a", "--model", "b"))
 
 
+@pytest.mark.parametrize("argv", [["--hos", "0.0.0.0"], ["--por=1"], ["--block", "1"],
+                                  ["--served-model", "x"], ["--max-model", "99"]])
+def test_flag_prefixes_are_rejected(argv, capsys):
+    """A filter of flag names (the operator's extraArgs) must see what takes effect:
+    argparse's prefix matching would turn `--hos` into --host."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", *argv])
+    assert "unrecognized arguments" in capsys.readouterr().err
+    full = build_parser().parse_args(["serve", "--host", "0.0.0.0", "--port=1",
+                                      "--block-size", "16"])
+    assert (full.host, full.port, full.block_size) == ("0.0.0.0", 1, 16)
+
+
+def test_api_key_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")
+    key_file = tmp_path / "key"
+    key_file.write_text("from-file\n")
+    assert server_settings(parse("--api-key-file", str(key_file))).api_key == "from-file"
+    assert server_settings(parse()).api_key == "from-env"
+    with pytest.raises(SystemExit, match="cannot read"):
+        server_settings(parse("--api-key-file", str(tmp_path / "missing")))
+    key_file.write_text("  \n")
+    with pytest.raises(SystemExit, match="is empty"):
+        server_settings(parse("--api-key-file", str(key_file)))
+
+
 def test_probes_while_loading(server):
-    """Liveness answers during loading; readiness and the API wait for the model."""
-    assert server.during_load == {"ready": 503, "health": 200, "completions": 503}
+    """vLLM's semantics: /health (and its alias /ready) is 503 until the server can serve;
+    the liveness path /livez answers while the model loads; the API waits."""
+    assert server.during_load == {"health": 503, "ready": 503, "livez": 200,
+                                  "completions": 503}
 
 
 def test_sigterm_during_loading_exits_0():

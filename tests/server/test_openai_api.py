@@ -150,8 +150,11 @@ def test_models_tokenize_detokenize_version(http, server, offline):
         [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=True,
         return_dict=False))
     assert http.get("/version").json()["version"]
-    assert httpx.get(server.base_url + "/health").json() == {"status": "ok"}
-    assert httpx.get(server.base_url + "/ready").status_code == 200
+    assert models["data"][0]["root"] == name  # the served name, never a local path
+    health = httpx.get(server.base_url + "/health")
+    assert health.status_code == 200 and health.json() == {"status": "ready", "model": name}
+    assert httpx.get(server.base_url + "/ready").json() == health.json()
+    assert httpx.get(server.base_url + "/livez").json() == {"status": "alive"}
 
 
 def test_request_id_is_echoed(http):
