@@ -1,0 +1,159 @@
+"""How a container of a pod becomes a local process: argv, environment and volumes.
+
+- The image's entrypoint: this project's images run `python -m engine serve` (engine image)
+  or `python -m paged_operator` (operator image); `python` is this checkout's interpreter.
+  A container with its own `command` runs that command on the host. Other images cannot run.
+- The pod's loopback address replaces the bind address: `--host X` / `--host=X` become the
+  pod IP (manifests.py passes `--host 0.0.0.0 --port 8000`; every pod keeps port 8000).
+- Volumes are folders under the pod's directory (emptyDir, configMap/secret contents written
+  out) or under DIR/volumes (a persistentVolumeClaim, e.g. the model cache, kept across pods);
+  an argument or env value under a mount path is rewritten to the folder (/dev/shm is kept).
+"""
+from __future__ import annotations
+
+import base64
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+ENTRYPOINTS = {"engine": ["python", "-m", "engine", "serve"],
+               "operator": ["python", "-m", "paged_operator"]}
+KEEP_MOUNTS = ("/dev/shm",)
+Lookup = Callable[[str, str, str], dict[str, Any] | None]   # (plural, namespace, name) -> obj
+
+
+class CannotRun(Exception):
+    """The container cannot run here; the message becomes the waiting reason's message."""
+
+
+@dataclass
+class Launch:
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+
+
+def entrypoint(image: str) -> list[str]:
+    repo = image.rsplit("/", 1)[-1].split(":")[0].split("@")[0]
+    for key, argv in ENTRYPOINTS.items():
+        if key in repo:
+            return list(argv)
+    raise CannotRun(f"image {image!r} is not this project's: the local kubelet runs the "
+                    "engine and operator images, or a container with its own `command`")
+
+
+def _python(argv: list[str]) -> list[str]:
+    if argv and re.fullmatch(r"python(3(\.\d+)?)?", argv[0]):
+        return [sys.executable, *argv[1:]]
+    return argv
+
+
+def rebind(args: list[str], ip: str) -> list[str]:
+    out, skip = [], False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if arg == "--host" and i + 1 < len(args):
+            out += ["--host", ip]
+            skip = True
+        elif arg.startswith("--host="):
+            out.append(f"--host={ip}")
+        else:
+            out.append(arg)
+    return out
+
+
+def volumes(pod: dict[str, Any], pod_dir: Path, cluster_dir: Path,
+            lookup: Lookup) -> dict[str, Path]:
+    """Make each volume's folder; returns {volume name: folder}."""
+    ns = pod["metadata"]["namespace"]
+    out: dict[str, Path] = {}
+    for vol in pod["spec"].get("volumes") or []:
+        name = vol["name"]
+        if "persistentVolumeClaim" in vol:
+            path = cluster_dir / "volumes" / ns / vol["persistentVolumeClaim"]["claimName"]
+        else:
+            path = pod_dir / "volumes" / name
+            shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True, exist_ok=True)
+        for source, plural, field in (("configMap", "configmaps", "data"),
+                                      ("secret", "secrets", "data")):
+            if source not in vol:
+                continue
+            ref = vol[source].get("name") or vol[source].get("secretName")
+            obj = lookup(plural, ns, ref)
+            if obj is None and not vol[source].get("optional"):
+                raise CannotRun(f'{source} "{ref}" not found')
+            for key, value in ((obj or {}).get(field) or {}).items():
+                data = base64.b64decode(value) if source == "secret" else value.encode()
+                (path / key).write_bytes(data)
+            for key, value in ((obj or {}).get("binaryData") or {}).items():
+                (path / key).write_bytes(base64.b64decode(value))
+        out[name] = path
+    return out
+
+
+def _rewrite(value: str, mounts: list[tuple[str, Path]]) -> str:
+    for mount, path in mounts:
+        if value == mount or value.startswith(mount.rstrip("/") + "/"):
+            return str(path) + value[len(mount.rstrip("/")):]
+        # inside a flag: --config=/etc/x
+        value = re.sub(rf"(?<==){re.escape(mount.rstrip('/'))}(?=/|$)", str(path), value)
+    return value
+
+
+def _env_value(item: dict[str, Any], pod: dict[str, Any], lookup: Lookup) -> str | None:
+    if "value" in item:
+        return str(item["value"])
+    source = item.get("valueFrom") or {}
+    ns = pod["metadata"]["namespace"]
+    if "fieldRef" in source:
+        path = source["fieldRef"]["fieldPath"]
+        obj: Any = pod
+        for part in path.split("."):
+            obj = obj.get(part) if isinstance(obj, dict) else None
+        return None if obj is None else str(obj)
+    for key, plural in (("configMapKeyRef", "configmaps"), ("secretKeyRef", "secrets")):
+        if key in source:
+            ref = source[key]
+            obj = lookup(plural, ns, ref["name"]) or {}
+            value = (obj.get("data") or {}).get(ref["key"])
+            if value is None:
+                if ref.get("optional"):
+                    return None
+                raise CannotRun(f'{plural[:-1]} "{ref["name"]}" has no key {ref["key"]!r}')
+            return base64.b64decode(value).decode() if plural == "secrets" else value
+    return None
+
+
+def launch(pod: dict[str, Any], container: dict[str, Any], ip: str, vols: dict[str, Path],
+           pod_dir: Path, kubeconfig: Path, lookup: Lookup) -> Launch:
+    argv = _python(list(container.get("command") or entrypoint(container.get("image", ""))))
+    argv += list(container.get("args") or [])
+    mounts = sorted(((m["mountPath"], vols[m["name"]]) for m in
+                     container.get("volumeMounts") or []
+                     if m["name"] in vols and m["mountPath"] not in KEEP_MOUNTS),
+                    key=lambda mp: -len(mp[0]))
+    argv = rebind([_rewrite(a, mounts) for a in argv], ip)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONUNBUFFERED": "1",
+           "HOSTNAME": pod["metadata"]["name"], "LANG": os.environ.get("LANG", "C.UTF-8"),
+           "POD_IP": ip}
+    for key in ("PYTHONPATH", "VIRTUAL_ENV"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    if pod["spec"].get("automountServiceAccountToken", True) is not False:
+        env["KUBECONFIG"] = str(kubeconfig)   # the pod may talk to the API, as in-cluster
+    for item in container.get("env") or []:
+        value = _env_value(item, pod, lookup)
+        if value is not None:
+            env[item["name"]] = _rewrite(value, mounts)
+    cwd = pod_dir / "work"
+    cwd.mkdir(parents=True, exist_ok=True)
+    if container.get("workingDir"):
+        cwd = Path(_rewrite(container["workingDir"], mounts))
+    return Launch(argv, env, cwd)

@@ -1,0 +1,153 @@
+"""kubectl 1.35 (./bin/kubectl) against the local cluster's emulated API server: the verbs
+users and our docs rely on, with pods run by the process kubelet (no operator here)."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster_harness import KUBECTL, ROOT, LocalCluster, alive
+
+# one local cluster per module: keep the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("local_cluster_kubectl")
+
+
+LOCAL_CLUSTER_ARGS = ["--no-operator", "--no-postgres"]
+
+# A container with its own command runs on the host: a tiny HTTP server on the pod's address.
+SERVER = ("import http.server,os,sys;print('hello from',os.environ['HOSTNAME'],flush=True);"
+          "http.server.HTTPServer((sys.argv[2],8080),http.server.SimpleHTTPRequestHandler)"
+          ".serve_forever()")
+
+
+def deployment(env_value: str, replicas: int = 1) -> str:
+    return f"""
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web, labels: {{app: web}}}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: web}}}}
+  template:
+    metadata: {{labels: {{app: web}}}}
+    spec:
+      terminationGracePeriodSeconds: 2
+      containers:
+      - name: web
+        image: example.org/web:1
+        command: [python, -c, "{SERVER}"]
+        args: [--host, 0.0.0.0]
+        env: [{{name: A, value: "{env_value}"}}, {{name: B, value: "2"}}]
+        ports: [{{name: http, containerPort: 8080}}]
+        readinessProbe: {{httpGet: {{path: /, port: http}}, periodSeconds: 1}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web}}
+spec:
+  selector: {{app: web}}
+  ports: [{{name: http, port: 80, targetPort: http}}]
+"""
+
+
+def web_pids(cluster: LocalCluster) -> list[int]:
+    return [int(p["status"]["containerStatuses"][0]["containerID"].removeprefix("local://"))
+            for p in cluster.pods("app=web")
+            if p["status"].get("containerStatuses", [{}])[0].get("containerID")]
+
+
+def test_discovery_get_and_crds(local_cluster: LocalCluster) -> None:
+    k = local_cluster.kubectl
+    assert "No resources found" in k("get", "pods").stderr
+    assert "kube-system" in k("get", "namespaces").stdout
+    resources = k("api-resources").stdout
+    assert "deploy" in resources and "PodMonitor" in resources
+    k("apply", "-f", str(ROOT / "charts/paged-inference-operator/crds/"))   # `up` did once
+    k("wait", "--for=condition=Established", "--timeout=10s",
+      "crd/pagedinferenceservices.serving.pagedinference.dev")
+    k("apply", "-f", str(ROOT / "examples/service.yaml"))
+    row = k("get", "pis").stdout
+    assert "Qwen/Qwen2.5-0.5B-Instruct" in row and "BLOCK" in row   # printer columns
+    assert "Served Name:  qwen" in k("describe", "pis", "qwen").stdout
+    k("delete", "pis", "qwen", "--wait=true", "--timeout=20s")
+
+
+def test_apply_twice_wait_scale_logs_delete(local_cluster: LocalCluster) -> None:
+    cluster, k = local_cluster, local_cluster.kubectl
+    watch = subprocess.Popen([str(KUBECTL), "get", "pods", "-w", "-l", "app=web"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env={"KUBECONFIG": str(cluster.kubeconfig), "PATH": "/usr/bin"})
+    k("apply", "-f", "-", stdin=deployment("1"))
+    k("apply", "-f", "-", stdin=deployment("3"))    # a strategic merge patch this time
+    dep = cluster.json("get", "deploy", "web")
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "example.org/web:1"
+    assert container["env"] == [{"name": "A", "value": "3"}, {"name": "B", "value": "2"}]
+    assert not any(key.startswith("$") for key in dep["spec"]["template"]["spec"])
+    k("wait", "--for=condition=Available", "deploy/web", "--timeout=60s")
+    k("rollout", "status", "deploy/web", "--timeout=60s")
+    # the first pod (A=1) terminates within its 2 s grace period, as on a real cluster
+    (pod,) = cluster.wait_for(lambda: [p for p in [cluster.pods("app=web")] if len(p) == 1]
+                              and cluster.pods("app=web"), 10, "the old pod to terminate")
+    assert pod["status"]["podIP"].startswith("127.0.0.")
+    assert "A=3" in Path(f"/proc/{web_pids(cluster)[0]}/environ").read_text().replace("\0", " ")
+    assert "hello from" in k("logs", "deploy/web").stdout
+    assert "Replicas:" in k("describe", "deploy", "web").stdout
+
+    k("scale", "deploy/web", "--replicas=2")
+    k("wait", "--for=jsonpath={.status.readyReplicas}=2", "deploy/web", "--timeout=60s")
+    pids = web_pids(cluster)
+    assert len(pids) == 2 and all(alive(p) for p in pids)
+    assert cluster.json("get", "deploy", "web", "--subresource=scale")["spec"]["replicas"] == 2
+    ips = {p["status"]["podIP"] for p in cluster.pods("app=web")}
+    assert len(ips) == 2                                         # one loopback address each
+    slice_ = cluster.json("get", "endpointslices", "-l", "kubernetes.io/service-name=web")
+    assert {e["addresses"][0] for e in slice_["items"][0]["endpoints"]} == ips
+
+    k("delete", "deploy", "web", "--timeout=30s")
+    cluster.wait_for(lambda: not cluster.pods("app=web"), 30, "the pods to go")
+    assert not any(alive(p) for p in pids)
+    assert k("get", "rs", "-o", "name").stdout == ""             # the ReplicaSet was collected
+    time.sleep(0.5)
+    watch.send_signal(signal.SIGINT)
+    seen = watch.communicate(timeout=10)[0]
+    assert seen.count("web-") >= 2 and "Running" in seen         # -w streamed the changes
+
+
+def test_put_generate_name_selectors_and_errors(local_cluster: LocalCluster) -> None:
+    cluster, k = local_cluster, local_cluster.kubectl
+    # `kubectl create configmap` (a generator subcommand) sends protobuf: refused clearly...
+    refused = k("create", "configmap", "settings", "--from-literal=a=1", check=False)
+    assert refused.returncode == 1 and "send JSON" in refused.stderr
+    # ...and the documented way around it works
+    made = k("create", "configmap", "settings", "--from-literal=a=1", "--dry-run=client",
+             "-o", "yaml").stdout
+    k("apply", "-f", "-", stdin=made)
+    cm = cluster.json("get", "cm", "settings")
+    cm["data"]["a"] = "2"
+    k("replace", "-f", "-", stdin=json.dumps(cm))                        # PUT
+    assert cluster.json("get", "cm", "settings")["data"] == {"a": "2"}
+    stale = k("replace", "-f", "-", stdin=json.dumps(cm), check=False)  # old resourceVersion
+    assert stale.returncode != 0 and "modified" in stale.stderr
+    made = k("create", "-f", "-", "-o", "name", stdin=json.dumps({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"generateName": "gen-", "labels": {"tier": "x"}}})).stdout
+    assert made.startswith("configmap/gen-") and len(made.strip()) > len("configmap/gen-")
+    assert k("get", "cm", "-l", "tier=x", "-o", "name").stdout == made
+    assert k("get", "cm", "-l", "tier!=x", "-o", "name").stdout.count("gen-") == 0
+    assert k("get", "cm", "--field-selector", "metadata.name=settings", "-o",
+             "name").stdout.strip() == "configmap/settings"
+    k("apply", "-f", "-", stdin='{"apiVersion": "v1", "kind": "Namespace", '
+      '"metadata": {"name": "other"}}')
+    k("-n", "other", "apply", "-f", "-", stdin='{"apiVersion": "v1", "kind": "ConfigMap", '
+      '"metadata": {"name": "elsewhere"}}')
+    assert "elsewhere" not in k("get", "cm", "-o", "name").stdout
+    assert "other" in k("get", "cm", "-A").stdout
+    missing = k("get", "cm", "nope", check=False)
+    assert missing.returncode == 1 and "NotFound" in missing.stderr
+    k("delete", "namespace", "other")
+    assert "elsewhere" not in k("get", "cm", "-A").stdout
