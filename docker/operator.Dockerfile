@@ -1,4 +1,4 @@
-# The operator image: kopf + the paged_operator package, nothing else (no torch).
+# The operator image: kopf, the kubernetes client and the paged_operator package (no torch).
 # Build from the repository root:
 #   docker build -f docker/operator.Dockerfile -t pagedinference/operator:0.1.0 .
 FROM python:3.11-slim AS runtime
@@ -8,8 +8,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONPATH=/app
 
-# kopf brings aiohttp and pyyaml, all the operator imports.
-RUN pip install "kopf>=1.45,<2"
+# kopf (with aiohttp and pyyaml) watches; the official kubernetes client makes every
+# other API call. Nothing else: no torch.
+RUN pip install "kopf>=1.45,<2" "kubernetes>=33"
 
 WORKDIR /app
 COPY operator/paged_operator /app/paged_operator

@@ -5,6 +5,9 @@
   deleted by hand are put back.
 - events of the Deployments we manage -> the owner's status follows the pods' readiness;
   a deleted Deployment is recreated at once.
+- events of the engine pods -> an engine that cannot start (its container exits, or waits
+  in CrashLoopBackOff / ImagePullBackOff) turns the owner Degraded with the engine's own
+  last error, long before the Deployment's progress deadline.
 """
 from __future__ import annotations
 
@@ -18,11 +21,12 @@ from typing import Any
 import kopf
 
 from . import manifests, status
-from .kube import Kind, KubeApi
+from .kube import KINDS, Kind, KubeApi, connection_info, load_configuration
 from .reconcile import ChildError, Discovery, contains, reconcile_children
 from .spec import DEFAULT_IMAGE, GROUP, KIND, PLURAL, VERSION, InvalidSpecError, parse_spec
 
 PIS = Kind(f"{GROUP}/{VERSION}", PLURAL)
+MANAGED = {"app.kubernetes.io/managed-by": manifests.MANAGED_BY}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -55,7 +59,16 @@ def _shared(memo: Any) -> tuple[KubeApi, Discovery, OperatorConfig]:
         memo["config"] = config
         memo["kube"] = KubeApi()
         memo["discovery"] = Discovery(ttl_seconds=config.discovery_ttl_seconds)
+        memo["locks"] = {}
     return memo["kube"], memo["discovery"], memo["config"]
+
+
+def _lock(memo: Any, namespace: str, name: str) -> asyncio.Lock:
+    """One lock per resource, shared by its handlers, its daemon and the events of its
+    Deployment and pods: status is computed and written by one of them at a time, from
+    fresh reads, so an older view never overwrites a newer one."""
+    _shared(memo)
+    return memo["locks"].setdefault((namespace, name), asyncio.Lock())
 
 
 @kopf.on.startup()
@@ -68,19 +81,22 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
         prefix=GROUP, key="last-handled-configuration")
     settings.scanning.disabled = True        # no CRD/namespace watching: less RBAC
     settings.posting.level = logging.WARNING  # k8s Events only for problems
+    # Watch only our Deployments and engine pods, filtered by the API server, not every
+    # pod of the namespace (or cluster); the handlers' label filters stay as a second check.
+    selector = ",".join(f"{k}={v}" for k, v in MANAGED.items())
+    settings.watching.label_selectors["apps", "v1", "deployments"] = selector
+    settings.watching.label_selectors["", "v1", "pods"] = \
+        f"{selector},app.kubernetes.io/component=engine"
 
 
 @kopf.on.login()
-async def login(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any,
-                ) -> kopf.ConnectionInfo:
-    info = (kopf.login_with_service_account(settings=settings, **kwargs)
-            or kopf.login_with_kubeconfig(settings=settings, **kwargs))
-    if info is None:
-        raise kopf.LoginError("No credentials: run in a pod with a service account, "
-                              "or set KUBECONFIG")
+async def login(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> kopf.ConnectionInfo:
+    """The official client's own loaders (in-cluster, else kubeconfig); kopf's watches get
+    the same credentials."""
+    cfg = await asyncio.to_thread(load_configuration)
     api, _, _ = _shared(memo)
-    await api.connect(info)  # our client for the children uses the same credentials
-    return info
+    await api.connect(cfg)
+    return connection_info(cfg, trust_env=settings.networking.trust_env)
 
 
 @kopf.on.cleanup()
@@ -107,8 +123,7 @@ async def reconcile_object(body: Mapping[str, Any], memo: Any, logger: Any) -> N
     generation = meta.get("generation")
     previous = body.get("status") or {}
     # Handlers and the daemon of one object never reconcile at the same time.
-    lock = memo.setdefault("reconcile_lock", asyncio.Lock())
-    async with lock:
+    async with _lock(memo, meta["namespace"], meta["name"]):
         try:
             spec = parse_spec(body.get("spec") or {}, name=meta["name"],
                               namespace=meta["namespace"], default_image=config.engine_image)
@@ -124,7 +139,13 @@ async def reconcile_object(body: Mapping[str, Any], memo: Any, logger: Any) -> N
                 str(exc), reason="ChildRejected", generation=generation, previous=previous))
             raise kopf.TemporaryError(str(exc), delay=60) from exc
         await _write_status(api, body, status.from_deployment(
-            spec, deployment, generation=generation, previous=previous))
+            spec, deployment, generation=generation, previous=previous,
+            pods=await engine_pods(api, spec.namespace, spec.name)))
+
+
+async def engine_pods(api: KubeApi, namespace: str, name: str) -> list[dict[str, Any]]:
+    return await api.list(KINDS["Pod"], namespace,
+                          labels={**manifests.selector_labels(name), **MANAGED})
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -168,26 +189,48 @@ def _owner(body: Mapping[str, Any]) -> str | None:
     return None
 
 
-@kopf.on.event("apps", "v1", "deployments",
-               labels={"app.kubernetes.io/managed-by": manifests.MANAGED_BY})
+async def _status_from_event(owner_name: str, namespace: str, memo: Any) -> None:
+    """Recompute the owner's status from fresh reads of its engine Deployment and pods
+    (the event only says that something changed; no child is written here)."""
+    api, _, config = _shared(memo)
+    async with _lock(memo, namespace, owner_name):
+        owner = await api.get(PIS, namespace, owner_name)
+        if owner is None or owner["metadata"].get("deletionTimestamp"):
+            return  # the owner is going away: garbage collection handles the rest
+        try:
+            spec = parse_spec(owner.get("spec") or {}, name=owner_name, namespace=namespace,
+                              default_image=config.engine_image)
+        except InvalidSpecError:
+            return  # the owner's own reconcile reports this
+        deployment = await api.get(KINDS["Deployment"], namespace, owner_name)
+        if deployment is None:
+            return  # the reconcile (re)creates it
+        pods = await engine_pods(api, namespace, owner_name)
+        await _write_status(api, owner, status.from_deployment(
+            spec, deployment, generation=owner["metadata"].get("generation"),
+            previous=owner.get("status") or {}, pods=pods))
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
 async def deployment_event(type: str | None, body: kopf.Body, memo: Any,
                            logger: kopf.Logger, **_: Any) -> None:
-    api, _, config = _shared(memo)
     owner_name = _owner(body)
-    if owner_name is None:
-        return
+    if owner_name is None or body["metadata"]["name"] != owner_name:
+        return  # not an engine Deployment (the router's is named <owner>-router)
     namespace = body["metadata"]["namespace"]
-    owner = await api.get(PIS, namespace, owner_name)
-    if owner is None or owner["metadata"].get("deletionTimestamp"):
-        return  # the owner is going away: garbage collection handles the rest
     if type == "DELETED":
-        await reconcile_object(owner, memo, logger)  # deleted by hand: put it back now
+        api, _, _ = _shared(memo)
+        owner = await api.get(PIS, namespace, owner_name)
+        if owner is not None and not owner["metadata"].get("deletionTimestamp"):
+            await reconcile_object(owner, memo, logger)  # deleted by hand: put it back now
         return
-    try:
-        spec = parse_spec(owner.get("spec") or {}, name=owner_name, namespace=namespace,
-                          default_image=config.engine_image)
-    except InvalidSpecError:
-        return  # the owner's own reconcile reports this
-    await _write_status(api, owner, status.from_deployment(
-        spec, body, generation=owner["metadata"].get("generation"),
-        previous=owner.get("status") or {}))
+    await _status_from_event(owner_name, namespace, memo)
+
+
+@kopf.on.event("", "v1", "pods", labels={**MANAGED, "app.kubernetes.io/component": "engine"})
+async def engine_pod_event(body: kopf.Body, memo: Any, **_: Any) -> None:
+    """Pods are owned by ReplicaSets: the owner is named by the instance label."""
+    owner_name = (body.get("metadata", {}).get("labels") or {}).get(
+        "app.kubernetes.io/instance")
+    if owner_name:
+        await _status_from_event(owner_name, body["metadata"]["namespace"], memo)

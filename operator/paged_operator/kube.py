@@ -1,37 +1,65 @@
-"""A small async Kubernetes API client for the children the operator manages.
+"""The operator's API calls for everything kopf does not watch itself, through the official
+`kubernetes` client: typed APIs for built-in kinds (AppsV1Api, CoreV1Api, ...) and
+CustomObjectsApi for custom ones (KEDA, prometheus-operator, our own status).
 
-kopf watches and patches the custom resources itself but offers no client for other
-objects, so this one speaks plain HTTP with the credentials kopf's login handler found
-(kopf.ConnectionInfo): GET, POST, merge-PATCH, DELETE and API discovery, nothing more.
+The client is synchronous; each call runs on a small thread pool of its own, so the
+event loop that kopf shares among all resources never blocks on the network. Answers are
+read as raw JSON (`_preload_content=False`): the reconciler compares plain dicts, and
+fields a client model does not know are kept.
+
+Patches are JSON merge patches (RFC 7386), not server-side apply: see operator/README.md
+("Why merge patch").
 """
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
+import functools
 import json
+import os
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import aiohttp
 import kopf
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+MERGE_PATCH = "application/merge-patch+json"
+POOL_SIZE = 16  # threads, and as many pooled HTTP connections
 
 
 @dataclasses.dataclass(frozen=True)
 class Kind:
     api_version: str   # "v1", "apps/v1", ...
     plural: str
+    # (client API class, method suffix) for built-in kinds; None: CustomObjectsApi.
+    typed: tuple[str, str] | None = None
 
     @property
-    def base(self) -> str:
-        return f"/api/{self.api_version}" if "/" not in self.api_version \
-            else f"/apis/{self.api_version}"
+    def group_version(self) -> tuple[str, str]:
+        group, _, version = self.api_version.rpartition("/")
+        return group, version
 
 
 KINDS: dict[str, Kind] = {
-    "ConfigMap": Kind("v1", "configmaps"),
-    "Service": Kind("v1", "services"),
-    "PersistentVolumeClaim": Kind("v1", "persistentvolumeclaims"),
-    "Deployment": Kind("apps/v1", "deployments"),
-    "PodDisruptionBudget": Kind("policy/v1", "poddisruptionbudgets"),
-    "HorizontalPodAutoscaler": Kind("autoscaling/v2", "horizontalpodautoscalers"),
+    "ConfigMap": Kind("v1", "configmaps", ("CoreV1Api", "config_map")),
+    "Service": Kind("v1", "services", ("CoreV1Api", "service")),
+    "ServiceAccount": Kind("v1", "serviceaccounts", ("CoreV1Api", "service_account")),
+    "PersistentVolumeClaim": Kind("v1", "persistentvolumeclaims",
+                                  ("CoreV1Api", "persistent_volume_claim")),
+    "Pod": Kind("v1", "pods", ("CoreV1Api", "pod")),
+    "Deployment": Kind("apps/v1", "deployments", ("AppsV1Api", "deployment")),
+    "PodDisruptionBudget": Kind("policy/v1", "poddisruptionbudgets",
+                                ("PolicyV1Api", "pod_disruption_budget")),
+    "HorizontalPodAutoscaler": Kind("autoscaling/v2", "horizontalpodautoscalers",
+                                    ("AutoscalingV2Api", "horizontal_pod_autoscaler")),
+    "NetworkPolicy": Kind("networking.k8s.io/v1", "networkpolicies",
+                          ("NetworkingV1Api", "network_policy")),
+    "Role": Kind("rbac.authorization.k8s.io/v1", "roles",
+                 ("RbacAuthorizationV1Api", "role")),
+    "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings",
+                        ("RbacAuthorizationV1Api", "role_binding")),
     "ScaledObject": Kind("keda.sh/v1alpha1", "scaledobjects"),
     "PodMonitor": Kind("monitoring.coreos.com/v1", "podmonitors"),
 }
@@ -46,81 +74,144 @@ class ApiError(Exception):
         self.message = message
 
 
+def load_configuration() -> client.Configuration:
+    """In-cluster service account, else $KUBECONFIG (read now, not at import) or ~/.kube."""
+    cfg = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=cfg)
+    except config.ConfigException:
+        try:
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None,
+                                    client_configuration=cfg)
+        except (config.ConfigException, OSError) as exc:
+            raise kopf.LoginError("No credentials: run in a pod with a service account, "
+                                  f"or set KUBECONFIG ({exc})") from exc
+    cfg.connection_pool_maxsize = POOL_SIZE
+    return cfg
+
+
+def connection_info(cfg: client.Configuration, *, trust_env: bool) -> kopf.ConnectionInfo:
+    """The same credentials for kopf's own watches (as kopf.login_via_client derives them)."""
+    header = cfg.get_api_key_with_prefix("BearerToken") or \
+        cfg.get_api_key_with_prefix("authorization")
+    parts = header.split(" ", 1) if header else []
+    scheme, token = (None, None) if not parts else \
+        (None, parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+    return kopf.ConnectionInfo(
+        server=cfg.host, ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
+        username=cfg.username or None, password=cfg.password or None,
+        scheme=scheme, token=token, certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file, trust_env=trust_env)
+
+
 class KubeApi:
-    """One aiohttp session per login; `connect()` again when the credentials change."""
+    """One official ApiClient per login; `connect()` again when the credentials change."""
 
     def __init__(self) -> None:
-        self._info: kopf.ConnectionInfo | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._client: client.ApiClient | None = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=POOL_SIZE, thread_name_prefix="kube-api")
         self.closed = False  # set for good when the operator shuts down
 
-    async def connect(self, info: kopf.ConnectionInfo) -> None:
+    async def connect(self, cfg: client.Configuration) -> None:
         await self.close()
-        ssl: Any = info.as_ssl_context() if info.server.startswith("https") else None
-        self._info = info
-        self._session = aiohttp.ClientSession(
-            headers={**info.as_http_headers(), "Accept": "application/json"},
-            connector=aiohttp.TCPConnector(ssl=ssl) if ssl else aiohttp.TCPConnector(),
-            timeout=aiohttp.ClientTimeout(total=30),
-            trust_env=info.trust_env)
+        self._client = client.ApiClient(cfg)
 
     async def close(self, *, final: bool = False) -> None:
         self.closed = self.closed or final
-        if self._session is not None:
-            await self._session.close()
-        self._session = None
+        old, self._client = self._client, None
+        if old is not None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, old.close)
+        if final:
+            self._executor.shutdown(wait=False)
 
-    async def _request(self, method: str, path: str, *, body: Any = None,
-                       content_type: str = "application/json") -> tuple[int, Any]:
+    def _api(self, name: str) -> Any:
         if self.closed:
             raise kopf.TemporaryError("the operator is shutting down", delay=60)
-        if self._session is None or self._info is None:
+        if self._client is None:
             raise kopf.TemporaryError("not logged in to the API server yet", delay=1)
-        data = None if body is None else json.dumps(body)
-        headers = {"Content-Type": content_type} if body is not None else {}
-        async with self._session.request(method, self._info.server.rstrip("/") + path,
-                                         data=data, headers=headers) as resp:
-            text = await resp.text()
-            try:
-                payload = json.loads(text) if text else None
-            except ValueError:
-                payload = None
-            if resp.status >= 400 and resp.status not in (404, 409):
-                message = payload.get("message") if isinstance(payload, dict) else text
-                raise ApiError(resp.status, f"{method} {path}: {message or resp.reason}")
-            return resp.status, payload
+        return getattr(client, name)(self._client)
 
-    @staticmethod
-    def path(kind: Kind, namespace: str, name: str | None = None,
-             subresource: str | None = None) -> str:
-        parts = [kind.base, "namespaces", namespace, kind.plural, name, subresource]
-        return "/".join(p for p in parts if p)
+    async def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any,
+                    ) -> dict[str, Any] | None:
+        """Run one client call on the pool; the raw JSON answer, or None for 404/409."""
+        call = functools.partial(method, *args, _preload_content=False,
+                                 _request_timeout=30, **kwargs)
+        try:
+            response = await asyncio.get_running_loop().run_in_executor(self._executor, call)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return None
+            try:
+                message = json.loads(exc.body or "{}").get("message") or exc.reason
+            except (ValueError, AttributeError):
+                message = exc.body or exc.reason
+            raise ApiError(exc.status or 0, f"{method.__name__}: {message}") from None
+        data = response.data
+        return json.loads(data) if data else {}
+
+    def _method(self, kind: Kind, verb: str, subresource: str | None = None,
+                ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        """The client method for `verb` on `kind`, and the leading arguments it takes."""
+        status = "_status" if subresource == "status" else ""
+        if kind.typed is not None:
+            api_class, suffix = kind.typed
+            return getattr(self._api(api_class), f"{verb}_namespaced_{suffix}{status}"), ()
+        group, version = kind.group_version
+        method = {"read": "get"}.get(verb, verb)
+        return (getattr(self._api("CustomObjectsApi"),
+                        f"{method}_namespaced_custom_object{status}"), (group, version))
 
     async def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
-        status, payload = await self._request("GET", self.path(kind, namespace, name))
-        return None if status == 404 else payload
+        method, lead = self._method(kind, "read")
+        if kind.typed:
+            return await self._call(method, name, namespace)
+        return await self._call(method, *lead, namespace, kind.plural, name)
 
     async def create(self, kind: Kind, namespace: str,
                      body: dict[str, Any]) -> dict[str, Any] | None:
         """POST; None when an object of that name already exists (409)."""
-        status, payload = await self._request("POST", self.path(kind, namespace), body=body)
-        return None if status == 409 else payload
+        method, lead = self._method(kind, "create")
+        if kind.typed:
+            return await self._call(method, namespace, body)
+        return await self._call(method, *lead, namespace, kind.plural, body)
 
     async def patch(self, kind: Kind, namespace: str, name: str, patch: dict[str, Any], *,
                     subresource: str | None = None) -> dict[str, Any] | None:
         """JSON merge patch (RFC 7386): lists are replaced whole, None removes a key."""
-        status, payload = await self._request(
-            "PATCH", self.path(kind, namespace, name, subresource), body=patch,
-            content_type="application/merge-patch+json")
-        return None if status == 404 else payload
+        method, lead = self._method(kind, "patch", subresource)
+        if kind.typed:
+            return await self._call(method, name, namespace, patch, _content_type=MERGE_PATCH)
+        return await self._call(method, *lead, namespace, kind.plural, name, patch,
+                                _content_type=MERGE_PATCH)
 
     async def delete(self, kind: Kind, namespace: str, name: str) -> bool:
-        status, _ = await self._request("DELETE", self.path(kind, namespace, name))
-        return status != 404
+        method, lead = self._method(kind, "delete")
+        if kind.typed:
+            return await self._call(method, name, namespace) is not None
+        return await self._call(method, *lead, namespace, kind.plural, name) is not None
+
+    async def list(self, kind: Kind, namespace: str, *,
+                   labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        """Objects of `kind` carrying all `labels` (also checked here, whatever the server
+        made of the selector)."""
+        method, lead = self._method(kind, "list")
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        if kind.typed:
+            found = await self._call(method, namespace, label_selector=selector)
+        else:
+            found = await self._call(method, *lead, namespace, kind.plural,
+                                     label_selector=selector)
+        items = (found or {}).get("items") or []
+        return [item for item in items if all(
+            (item.get("metadata", {}).get("labels") or {}).get(k) == v
+            for k, v in labels.items())]
 
     async def has_resource(self, kind: Kind) -> bool:
         """Whether the cluster serves this kind (e.g. PodMonitor once its CRD is installed)."""
-        status, payload = await self._request("GET", kind.base)
-        if status == 404 or not isinstance(payload, dict):
-            return False
-        return any(r.get("name") == kind.plural for r in payload.get("resources", []))
+        group, version = kind.group_version
+        if not group:
+            return True  # the core API is always served
+        found = await self._call(self._api("CustomObjectsApi").get_api_resources,
+                                 group, version)
+        return any(r.get("name") == kind.plural for r in (found or {}).get("resources", []))

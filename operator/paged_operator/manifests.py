@@ -5,6 +5,7 @@ and metadata.name set; owner references are added by the reconciler (kopf.adopt)
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -19,6 +20,8 @@ CHECKSUM_ANNOTATION = "serving.pagedinference.dev/engine-config-checksum"
 MODEL_CACHE_DIR = "/model-cache"
 MODEL_DIR = "/mnt/model"
 CONFIG_DIR = "/etc/paged-inference"
+SECRET_DIR = "/var/run/secrets/paged-inference"
+API_KEY_FILE = f"{SECRET_DIR}/api-key"
 ENGINE_UID = 1000
 
 
@@ -59,8 +62,10 @@ def engine_args(spec: ServiceSpec) -> list[str]:
         model_arg = f"{MODEL_DIR}/{model.path_in_claim}".rstrip("/")
     else:
         model_arg = model.uri
+    # builtin://NAME goes to the engine as it is: the engine knows its own models.
+    key = ["--api-key-file", API_KEY_FILE] if spec.api_key else []
     return [model_arg, "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
-            "--served-model-name", model.served_name, *spec.engine.flags()]
+            "--served-model-name", model.served_name, *key, *spec.engine.flags()]
 
 
 def config_map(spec: ServiceSpec) -> dict[str, Any]:
@@ -93,16 +98,18 @@ def _resources(spec: ServiceSpec) -> dict[str, Any]:
 
 
 def _probes(spec: ServiceSpec) -> dict[str, Any]:
+    """vLLM's health semantics: /health answers 200 only once the model is loaded and the
+    engine can serve; /livez answers while the model is still loading."""
     def http(path: str, **kw: int) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": "http"}, "timeoutSeconds": 5, **kw}
     period = 10
-    # Until /ready answers 200 the model is still downloading or loading: give it the
+    # Until /health answers 200 the model is still downloading or loading: give it the
     # whole startup budget before the kubelet restarts the container.
     startup_failures = max(1, math.ceil(spec.rollout.startup_timeout_seconds / period))
-    return {"startupProbe": http("/ready", periodSeconds=period,
+    return {"startupProbe": http("/health", periodSeconds=period,
                                  failureThreshold=startup_failures),
-            "readinessProbe": http("/ready", periodSeconds=5, failureThreshold=3),
-            "livenessProbe": http("/health", periodSeconds=10, failureThreshold=6)}
+            "readinessProbe": http("/health", periodSeconds=5, failureThreshold=3),
+            "livenessProbe": http("/livez", periodSeconds=10, failureThreshold=6)}
 
 
 def _volumes(spec: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -120,6 +127,11 @@ def _volumes(spec: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, An
     claim = cache_claim_name(spec)
     volumes.append({"name": "model-cache", **({"persistentVolumeClaim": {"claimName": claim}}
                                              if claim else {"emptyDir": {}})})
+    if spec.api_key is not None:  # a file, never argv or env: readable by the engine's group
+        volumes.append({"name": "api-key", "secret": {
+            "secretName": spec.api_key.name, "defaultMode": 0o440,
+            "items": [{"key": spec.api_key.key, "path": "api-key"}]}})
+        mounts.append({"name": "api-key", "mountPath": SECRET_DIR, "readOnly": True})
     if spec.model.kind == "pvc":
         volumes.append({"name": "model", "persistentVolumeClaim": {
             "claimName": spec.model.claim_name, "readOnly": True}})
@@ -139,9 +151,18 @@ def _cpu_threads_env(spec: ServiceSpec) -> list[dict[str, Any]]:
     return [{"name": "PAGED_CPU_THREADS", "value": str(max(1, math.floor(cores)))}]
 
 
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "privileged": False,
+                      "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+                      "capabilities": {"drop": ["ALL"]}}
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": ENGINE_UID, "runAsGroup": ENGINE_UID,
+                "fsGroup": ENGINE_UID, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
 def deployment(spec: ServiceSpec) -> dict[str, Any]:
     volumes, mounts = _volumes(spec)
     env = [{"name": "HF_HOME", "value": f"{MODEL_CACHE_DIR}/huggingface"},
+           # builtin:// models are converted once into this cache (kept with spec.modelCache)
+           {"name": "PAGED_MODEL_CACHE", "value": f"{MODEL_CACHE_DIR}/paged-inference"},
            {"name": "HOME", "value": "/tmp"},
            {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
            {"name": "TRITON_CACHE_DIR", "value": "/tmp/.triton"},
@@ -152,16 +173,15 @@ def deployment(spec: ServiceSpec) -> dict[str, Any]:
         "command": ["python", "-m", "engine", "serve"], "args": engine_args(spec),
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         "env": env, "resources": _resources(spec), **_probes(spec), "volumeMounts": mounts,
-        "securityContext": {"allowPrivilegeEscalation": False, "privileged": False,
-                            "readOnlyRootFilesystem": True, "runAsNonRoot": True,
-                            "capabilities": {"drop": ["ALL"]}},
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY),
+        # An engine that exits with an error leaves its last log lines in
+        # lastState.terminated.message, where the status reads them.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,  # the engine never talks to the API server
         "terminationGracePeriodSeconds": 60,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": ENGINE_UID,
-                            "runAsGroup": ENGINE_UID, "fsGroup": ENGINE_UID,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": copy.deepcopy(POD_SECURITY),
         "containers": [container], "volumes": volumes,
     }
     if spec.runtime_class_name:
@@ -190,9 +210,17 @@ def deployment(spec: ServiceSpec) -> dict[str, Any]:
             "metadata": _meta(spec, spec.name), "spec": body}
 
 
+def router_selector_labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "paged-inference-router",
+            "app.kubernetes.io/instance": name}
+
+
 def service(spec: ServiceSpec) -> dict[str, Any]:
+    """The user-facing Service: the engine pods, or the router pods when spec.router is on."""
+    selector = router_selector_labels(spec.name) if spec.router.enabled \
+        else selector_labels(spec.name)
     return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(spec, spec.name),
-            "spec": {"type": "ClusterIP", "selector": selector_labels(spec.name),
+            "spec": {"type": "ClusterIP", "selector": selector,
                      "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http",
                                 "protocol": "TCP"}]}}
 

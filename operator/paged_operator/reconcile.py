@@ -14,10 +14,9 @@ from typing import Any
 
 import kopf
 
-from . import manifests
+from . import manifests, manifests_access
 from .kube import KINDS, ApiError, KubeApi
 from .spec import ServiceSpec, quantity_value
-
 
 
 class ChildError(Exception):
@@ -68,31 +67,48 @@ class Discovery:
         return cached[1]
 
 
+# Creation order: what pods mount or run as must exist before the Deployments that use it.
+ORDER = ["PersistentVolumeClaim", "ConfigMap", "ServiceAccount", "Role", "RoleBinding",
+         "NetworkPolicy", "Service", "Deployment"]
+
+
+def optional_names(spec: ServiceSpec) -> dict[tuple[str, str], dict[str, Any] | None]:
+    """{(kind, name): child or None} for children that exist only with some settings;
+    None means it must not exist (deleted if it is ours)."""
+    router = spec.router.enabled
+    optional: dict[tuple[str, str], dict[str, Any] | None] = {
+        ("PersistentVolumeClaim", f"{spec.name}-model-cache"): manifests.model_cache_claim(spec),
+        ("NetworkPolicy", spec.name): manifests_access.network_policy(spec)}
+    for key, child in zip(
+            [("ServiceAccount", manifests_access.router_name(spec)),
+             ("Role", manifests_access.router_name(spec)),
+             ("RoleBinding", manifests_access.router_name(spec)),
+             ("Service", manifests_access.engine_service_name(spec)),
+             ("Deployment", manifests_access.router_name(spec))],
+            manifests_access.router_children(spec) if router else [None] * 5):
+        optional[key] = child
+    return optional
+
+
 async def desired_children(api: KubeApi, discovery: Discovery, spec: ServiceSpec,
-                           ) -> tuple[list[dict[str, Any]], list[str]]:
-    """(children to apply, kinds of optional children that must not exist)."""
+                           ) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """(children to apply, (kind, name) of optional children that must not exist)."""
     wanted = [manifests.config_map(spec), manifests.service(spec),
               manifests.deployment(spec), manifests.pod_disruption_budget(spec)]
-    unwanted: list[str] = []
-    optional: dict[str, dict[str, Any] | None] = {
-        "PersistentVolumeClaim": manifests.model_cache_claim(spec)}
-    if spec.autoscaling is not None and await discovery.has(api, "ScaledObject"):
-        optional["ScaledObject"] = manifests.scaled_object(spec)  # KEDA makes its own HPA
-        optional["HorizontalPodAutoscaler"] = None
-    else:
-        optional["HorizontalPodAutoscaler"] = manifests.horizontal_pod_autoscaler(spec)
-        if await discovery.has(api, "ScaledObject"):
-            optional["ScaledObject"] = None
+    optional = optional_names(spec)
+    keda = await discovery.has(api, "ScaledObject")
+    autoscaled = spec.autoscaling is not None
+    optional[("ScaledObject", spec.name)] = manifests.scaled_object(spec) if keda else None
+    # KEDA makes its own HPA: ours only without KEDA.
+    optional[("HorizontalPodAutoscaler", spec.name)] = \
+        manifests.horizontal_pod_autoscaler(spec) if autoscaled and not keda else None
+    if not keda:
+        del optional[("ScaledObject", spec.name)]  # its API is not served: nothing to delete
     if await discovery.has(api, "PodMonitor"):
-        optional["PodMonitor"] = manifests.pod_monitor(spec)
-    for kind_name, child in optional.items():
-        if child is None:
-            unwanted.append(kind_name)
-        else:
-            wanted.append(child)
-    # The claim and the config must exist before the pods that mount them.
-    order = ["PersistentVolumeClaim", "ConfigMap", "Service", "Deployment"]
-    wanted.sort(key=lambda c: order.index(c["kind"]) if c["kind"] in order else len(order))
+        optional[("PodMonitor", spec.name)] = manifests.pod_monitor(spec)
+    unwanted = [key for key, child in optional.items() if child is None]
+    wanted += [child for child in optional.values() if child is not None]
+    wanted.sort(key=lambda c: ORDER.index(c["kind"]) if c["kind"] in ORDER else len(ORDER))
     return wanted, unwanted
 
 
@@ -120,9 +136,8 @@ async def apply_child(api: KubeApi, child: dict[str, Any], *, owner_uid: str,
         api, child, owner_uid=owner_uid, logger=logger)
 
 
-async def remove_unwanted(api: KubeApi, kind_name: str, spec: ServiceSpec, *,
+async def remove_unwanted(api: KubeApi, kind_name: str, name: str, spec: ServiceSpec, *,
                           owner_uid: str, logger: Any) -> None:
-    name = spec.name if kind_name != "PersistentVolumeClaim" else f"{spec.name}-model-cache"
     obj = await api.get(KINDS[kind_name], spec.namespace, name)
     if obj is not None and owned_by(obj, owner_uid):  # never touch what a user made
         logger.info(f"Deleting {kind_name} {name}: no longer asked for")
@@ -139,10 +154,10 @@ async def reconcile_children(api: KubeApi, discovery: Discovery, spec: ServiceSp
     try:
         for child in wanted:
             live = await apply_child(api, child, owner_uid=uid, logger=logger)
-            if child["kind"] == "Deployment":
+            if child["kind"] == "Deployment" and child["metadata"]["name"] == spec.name:
                 deployment = live
-        for kind_name in unwanted:
-            await remove_unwanted(api, kind_name, spec, owner_uid=uid, logger=logger)
+        for kind_name, name in unwanted:
+            await remove_unwanted(api, kind_name, name, spec, owner_uid=uid, logger=logger)
     except ApiError as exc:
         if exc.status in (400, 403, 422):  # the request itself is refused: retrying won't help
             raise ChildError(exc.message) from exc

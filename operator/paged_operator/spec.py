@@ -14,6 +14,9 @@ from typing import Any
 
 from .fields import (DNS_LABEL, DNS_SUBDOMAIN, PERCENT_OR_INT, InvalidSpecError,
                      get_field, positive, quantity, quantity_value)
+from .access import (NetworkPolicy, Router, SecretKeyRef, parse_api_key, parse_network_policy,
+                     parse_router)
+from .model_source import ModelSource, parse_model
 
 GROUP = "serving.pagedinference.dev"
 VERSION = "v1alpha1"
@@ -26,26 +29,19 @@ ENGINE_PORT = 8000
 # within the 63-character DNS label limit that Services and labels impose.
 MAX_NAME_LENGTH = 52
 
-# Flags the operator sets itself; passing them through extraArgs would contradict spec.
-MANAGED_FLAGS = frozenset({
+# Flags the operator sets itself; passing them through extraArgs would contradict spec
+# (or, for --api-key/--api-key-file, put a key in argv: use spec.apiKeySecretRef).
+MANAGED_FLAGS = (
     "--model", "--host", "--port", "--served-model-name", "--block-size",
     "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len",
-    "--enable-prefix-caching", "--no-enable-prefix-caching",
-})
+    "--enable-prefix-caching", "--no-enable-prefix-caching", "--api-key-file",
+)
+PROMETHEUS_URL = re.compile(r"^https?://[^\s/?#@]+(/[^\s]*)?$")
 AUTOSCALING_METRICS = {
     # spec value -> engine metric name (vLLM's), read per pod through the metrics pipeline
     "queueDepth": "vllm:num_requests_waiting",
     "kvCacheUsage": "vllm:kv_cache_usage_perc",
 }
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ModelSource:
-    uri: str
-    served_name: str
-    kind: str                     # "hf" | "pvc" | "path"
-    claim_name: str | None = None  # pvc only
-    path_in_claim: str = ""        # pvc only, "" = the claim's root
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineSettings:
     block_size: int = 16
@@ -129,30 +125,19 @@ class ServiceSpec:
     tolerations: tuple[Mapping[str, Any], ...] = ()
     node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
     runtime_class_name: str | None = None
+    api_key: SecretKeyRef | None = None
+    network_policy: NetworkPolicy = NetworkPolicy()
+    router: Router = Router()
 
 
-def parse_model(model: Mapping[str, Any], *, default_name: str) -> ModelSource:
-    uri = get_field(model, "uri", "model.", str)
-    if not uri:
-        raise InvalidSpecError("spec.model.uri is required: a Hugging Face id, "
-                               "pvc://<claim>/<path> or an absolute path in the image")
-    served = get_field(model, "servedName", "model.", str, default_name) or default_name
-    if uri.startswith("pvc://"):
-        claim, _, path = uri[len("pvc://"):].partition("/")
-        if not DNS_SUBDOMAIN.match(claim):
-            raise InvalidSpecError(f"spec.model.uri {uri!r}: the claim name after pvc:// "
-                                   "must be a lower-case DNS name, as in pvc://models/llama")
-        if ".." in path.split("/"):
-            raise InvalidSpecError(f"spec.model.uri {uri!r} must not contain '..'")
-        return ModelSource(uri=uri, served_name=served, kind="pvc", claim_name=claim,
-                           path_in_claim=path.strip("/"))
-    if uri.startswith("/"):
-        return ModelSource(uri=uri, served_name=served, kind="path")
-    hf_id = uri.removeprefix("hf://")
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9_.-]+)?$", hf_id):
-        raise InvalidSpecError(f"spec.model.uri {uri!r} is neither a Hugging Face id "
-                               "(org/name), pvc://<claim>/<path> nor an absolute path")
-    return ModelSource(uri=hf_id, served_name=served, kind="hf")
+def managed_flag(arg: str) -> str | None:
+    """The managed flag `arg` would set, if any: by its canonical name, and also when it is
+    a prefix of one (`--hos`, `--por=1`, `--block`), which argparse with allow_abbrev (its
+    default) would expand. Compared by name, before any `=value`."""
+    if not arg.startswith("--"):
+        return None
+    name = arg.split("=", 1)[0]
+    return next((flag for flag in MANAGED_FLAGS if flag.startswith(name)), None)
 
 
 def parse_engine(engine: Mapping[str, Any]) -> EngineSettings:
@@ -175,9 +160,10 @@ def parse_engine(engine: Mapping[str, Any]) -> EngineSettings:
     for arg in extra:
         if not isinstance(arg, str):
             raise InvalidSpecError(f"spec.engine.extraArgs must hold strings, got {arg!r}")
-        if arg.split("=", 1)[0] in MANAGED_FLAGS:
-            raise InvalidSpecError(f"spec.engine.extraArgs must not set {arg.split('=')[0]}: "
-                                   "the operator sets it from spec.engine / spec.model")
+        if (managed := managed_flag(arg)) is not None:
+            raise InvalidSpecError(f"spec.engine.extraArgs must not set {arg.split('=')[0]} "
+                                   f"({managed}): the operator sets it from spec.engine, "
+                                   "spec.model or spec.apiKeySecretRef")
     return EngineSettings(block_size=block_size, gpu_memory_utilization=util,
                           max_num_seqs=seqs, max_num_batched_tokens=tokens,
                           max_model_len=model_len,
@@ -208,6 +194,10 @@ def parse_autoscaling(auto: Mapping[str, Any] | None) -> Autoscaling | None:
                                f"(0, 1], got {target}")
     address = get_field(auto, "prometheusServerAddress", "autoscaling.", str,
                    "http://prometheus-operated.monitoring.svc:9090")
+    if not PROMETHEUS_URL.match(address):
+        # KEDA's operator will call this URL from its own place in the network.
+        raise InvalidSpecError(f"spec.autoscaling.prometheusServerAddress must be an http:// "
+                               f"or https:// URL without credentials, got {address!r}")
     return Autoscaling(min_replicas=lo, max_replicas=hi, metric=metric, target=target,
                        prometheus_server_address=address)
 
@@ -290,4 +280,7 @@ def parse_spec(spec: Mapping[str, Any], *, name: str, namespace: str,
         tolerations=tuple(get_field(spec, "tolerations", "", list, [])),
         node_selector=dict(node_selector),
         runtime_class_name=runtime_class,
+        api_key=parse_api_key(get_field(spec, "apiKeySecretRef", "", dict)),
+        network_policy=parse_network_policy(get_field(spec, "networkPolicy", "", dict, {})),
+        router=parse_router(get_field(spec, "router", "", dict, {})),
     )

@@ -40,9 +40,62 @@ def _deployment_failure(deployment: Mapping[str, Any]) -> str | None:
     return None
 
 
+# Waiting reasons that will not resolve by waiting (the kubelet's and the image puller's).
+STUCK_WAITING = frozenset({"CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff",
+                           "InvalidImageName", "CreateContainerConfigError",
+                           "CreateContainerError", "RunContainerError"})
+MESSAGE_LIMIT = 1024  # a condition message, not a log: the tail of the engine's last words
+
+
+def _tail(text: str) -> str:
+    text = " ".join(text.strip().split())
+    return text if len(text) <= MESSAGE_LIMIT else "..." + text[-MESSAGE_LIMIT:]
+
+
+def _terminated(term: Mapping[str, Any]) -> str:
+    out = f"exited with code {term.get('exitCode')}"
+    if term.get("reason"):
+        out += f" ({term['reason']})"
+    if term.get("message"):
+        out += f": {_tail(str(term['message']))}"
+    return out
+
+
+def pod_failure(pods: Sequence[Mapping[str, Any]], container: str = "engine") -> str | None:
+    """Why the engine cannot start, from its pods: the container's own last error
+    (lastState/state.terminated: exit code, reason and, with FallbackToLogsOnError, its last
+    log lines) or a waiting reason that will not resolve, or an unschedulable pod. None
+    while every pod is fine or still starting normally."""
+    for pod in sorted(pods, key=lambda p: p.get("metadata", {}).get("name", "")):
+        name = pod.get("metadata", {}).get("name", "?")
+        if pod.get("metadata", {}).get("deletionTimestamp"):
+            continue  # going away in a rollout: its state is history
+        pstatus = pod.get("status") or {}
+        for cond in pstatus.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False" \
+                    and cond.get("reason") == "Unschedulable":
+                return f"pod {name} cannot be scheduled: {cond.get('message', '')}".strip()
+        for cs in pstatus.get("containerStatuses") or []:
+            if cs.get("name") != container or cs.get("ready"):
+                continue
+            state, last = cs.get("state") or {}, cs.get("lastState") or {}
+            waiting = state.get("waiting") or {}
+            terminated = state.get("terminated") or last.get("terminated")
+            if terminated and terminated.get("exitCode") not in (0, None):
+                restarts = cs.get("restartCount") or 0
+                suffix = f"; {waiting['reason']}" if waiting.get("reason") else ""
+                return (f"pod {name}: {container} {_terminated(terminated)}"
+                        f" (restarts: {restarts}{suffix})")
+            if waiting.get("reason") in STUCK_WAITING:
+                detail = f": {_tail(str(waiting['message']))}" if waiting.get("message") else ""
+                return f"pod {name}: {container} {waiting['reason']}{detail}"
+    return None
+
+
 def from_deployment(spec: ServiceSpec, deployment: Mapping[str, Any], *,
-                    generation: int | None, previous: Mapping[str, Any]) -> dict[str, Any]:
-    """Status for a valid spec whose children were applied."""
+                    generation: int | None, previous: Mapping[str, Any],
+                    pods: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """Status for a valid spec whose children were applied; `pods` are the engine's."""
     conditions = previous.get("conditions") or []
     dspec = deployment.get("spec", {})
     dstatus = deployment.get("status", {})
@@ -54,7 +107,8 @@ def from_deployment(spec: ServiceSpec, deployment: Mapping[str, Any], *,
     current = deployment.get("metadata", {}).get("generation")
     caught_up = seen is None or current is None or int(seen) >= int(current)
     rolled_out = caught_up and updated >= desired and total <= desired and ready >= desired
-    failure = _deployment_failure(deployment)
+    engine_failure = pod_failure(pods)
+    failure = engine_failure or _deployment_failure(deployment)
     counts = f"{ready}/{desired} replicas ready, {updated}/{desired} updated"
 
     if desired == 0:
@@ -64,8 +118,9 @@ def from_deployment(spec: ServiceSpec, deployment: Mapping[str, Any], *,
     else:
         ready_cond = (False, "ReplicasNotReady", counts)
     progressing = (not rolled_out, "RollingOut" if not rolled_out else "RolloutComplete", counts)
-    degraded = (failure is not None, "DeploymentFailing" if failure else "AsExpected",
-                failure or "no failures reported")
+    reason = "EngineFailing" if engine_failure else "DeploymentFailing" if failure \
+        else "AsExpected"
+    degraded = (failure is not None, reason, failure or "no failures reported")
     kw = {"generation": generation, "previous": conditions}
     return {
         "conditions": [_condition("Ready", *ready_cond, **kw),

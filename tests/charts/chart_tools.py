@@ -1,6 +1,7 @@
 """Helpers for the chart tests: the real helm binary, rendering, schema validation."""
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
@@ -68,7 +69,24 @@ def crd() -> dict[str, Any]:
 
 def crd_validator() -> jsonschema.Draft4Validator:
     """The CRD's openAPIV3Schema as a JSON Schema (OpenAPI 3.0 follows draft 4's keywords:
-    boolean exclusiveMinimum, no const). CEL rules (x-kubernetes-validations) are not run."""
+    boolean exclusiveMinimum, no const). CEL rules (x-kubernetes-validations) run in cel_tools.py."""
     schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     jsonschema.Draft4Validator.check_schema(schema)
     return jsonschema.Draft4Validator(schema)
+
+
+# A minimal valid resource; with_spec(engine__blockSize=32) sets spec.engine.blockSize.
+BASE = {"model": {"uri": "Qwen/Qwen2.5-0.5B-Instruct"}}
+
+
+def with_spec(**changes):
+    body = {"apiVersion": "serving.pagedinference.dev/v1alpha1",
+            "kind": "PagedInferenceService", "metadata": {"name": "svc"},
+            "spec": copy.deepcopy(BASE)}
+    for path, value in changes.items():
+        node = body["spec"]
+        *parents, leaf = path.split("__")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return body

@@ -21,13 +21,14 @@ def test_helm_lint_strict_is_clean():
     assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
 
 
-def test_default_render_validates_and_watches_all_namespaces():
+def test_default_render_validates_and_watches_only_its_own_namespace():
     docs = render(include_crds=True)
     for doc in docs:
         validate_k8s(doc)
     kinds = by_kind(docs)
-    assert sorted(kinds) == ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-                             "Deployment", "ServiceAccount"]
+    # Least privilege by default: nothing cluster-wide.
+    assert sorted(kinds) == ["CustomResourceDefinition", "Deployment", "Role", "RoleBinding",
+                             "ServiceAccount"]
     assert kinds["CustomResourceDefinition"][0] == crd()
     deployment = kinds["Deployment"][0]
     pod = deployment["spec"]["template"]["spec"]
@@ -36,7 +37,9 @@ def test_default_render_validates_and_watches_all_namespaces():
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     assert container["image"] == "pagedinference/operator:0.1.0"
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
-    assert not any(a.startswith("--namespace") for a in container["args"])
+    assert [a for a in container["args"] if a.startswith("--namespace")] == [
+        "--namespace=inference"]
+    assert [r["metadata"]["namespace"] for r in kinds["Role"]] == ["inference"]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert container["resources"]["limits"]["memory"] == "256Mi"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
@@ -44,15 +47,29 @@ def test_default_render_validates_and_watches_all_namespaces():
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["serviceAccountName"] == kinds["ServiceAccount"][0]["metadata"]["name"]
-    binding = kinds["ClusterRoleBinding"][0]
+    binding = kinds["RoleBinding"][0]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "namespace": "inference",
                                     "name": pod["serviceAccountName"]}]
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["PAGED_OPERATOR_ENGINE_IMAGE"] == "pagedinference/engine:0.1.0"
 
 
+def test_cluster_wide_is_a_switch_and_excludes_a_namespace_list():
+    kinds = by_kind(render("clusterWide=true"))
+    assert sorted(kinds) == ["ClusterRole", "ClusterRoleBinding", "Deployment",
+                             "ServiceAccount"]
+    container = kinds["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]
+    assert not any(a.startswith("--namespace") for a in container["args"])
+    binding = kinds["ClusterRoleBinding"][0]
+    assert binding["subjects"][0]["namespace"] == "inference"
+    proc = helm("template", "pio", str(CHART), "--set", "clusterWide=true",
+                "--set", "watchNamespaces={a}", check=False)
+    assert proc.returncode != 0 and "not both" in proc.stderr
+
+
 def test_rbac_is_minimal_and_has_no_wildcards():
-    rules = by_kind(render())["ClusterRole"][0]["rules"]
+    rules = by_kind(render())["Role"][0]["rules"]
+    assert rules == by_kind(render("clusterWide=true"))["ClusterRole"][0]["rules"]
     for rule in rules:
         for key in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[key], rule
@@ -60,10 +77,20 @@ def test_rbac_is_minimal_and_has_no_wildcards():
                for g in rule["apiGroups"] for r in rule["resources"]}
     assert granted[("serving.pagedinference.dev", "pagedinferenceservices")] == {
         "get", "list", "watch", "patch"}
-    assert granted[("apps", "deployments")] == {"get", "list", "watch", "create", "patch"}
-    assert "delete" not in granted[("apps", "deployments")]  # garbage collection does that
+    # delete: only the router's Deployment when spec.router is turned off (the engine's
+    # goes with its owner, by garbage collection)
+    assert granted[("apps", "deployments")] == {"get", "list", "watch", "create", "patch",
+                                                "delete"}
     assert granted[("", "events")] == {"create"}
-    assert not any(r in ("secrets", "pods") for _, r in granted)
+    assert granted[("", "pods")] == {"get", "list", "watch"}  # engine errors, read-only
+    # What the router's Role grants, the operator must hold (RBAC escalation check).
+    assert granted[("discovery.k8s.io", "endpointslices")] == {"get", "list", "watch"}
+    assert granted[("rbac.authorization.k8s.io", "roles")] == {"get", "create", "patch",
+                                                               "delete"}
+    assert granted[("networking.k8s.io", "networkpolicies")] == {"get", "create", "patch",
+                                                                 "delete"}
+    assert not any(r == "secrets" for _, r in granted)  # mounted by the kubelet, never read
+    assert not any(r in ("clusterroles", "clusterrolebindings") for _, r in granted)
 
 
 def test_non_default_values_render_namespaced_rbac(tmp_path):
@@ -114,3 +141,19 @@ def test_the_kubernetes_validator_is_not_vacuous():
     broken["spec"]["template"]["spec"]["containers"][0]["securityContext"]["runAsNonroot"] = 1
     with pytest.raises(kubernetes_validate.ValidationError):
         validate_k8s(broken)
+
+
+def test_the_operator_holds_every_permission_it_grants_the_router():
+    """RBAC refuses to create a Role granting more than its creator holds."""
+    from paged_operator import manifests_access
+    from paged_operator.spec import parse_spec
+
+    rules = by_kind(render())["Role"][0]["rules"]
+    granted = {(g, r): set(rule["verbs"]) for rule in rules
+               for g in rule["apiGroups"] for r in rule["resources"]}
+    spec = parse_spec({"model": {"uri": "a/b"}, "router": {"enabled": True}},
+                      name="svc", namespace="inference")
+    for rule in manifests_access.router_role(spec)["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                assert set(rule["verbs"]) <= granted[(group, resource)], (group, resource)

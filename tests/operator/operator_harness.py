@@ -42,6 +42,11 @@ RESOURCES = {
     "policy/v1/poddisruptionbudgets": dict(kind="PodDisruptionBudget", subresources={"status"}),
     "autoscaling/v2/horizontalpodautoscalers": dict(kind="HorizontalPodAutoscaler",
                                                     subresources={"status"}),
+    "v1/pods": dict(kind="Pod", subresources={"status"}),
+    "v1/serviceaccounts": dict(kind="ServiceAccount"),
+    "networking.k8s.io/v1/networkpolicies": dict(kind="NetworkPolicy"),
+    "rbac.authorization.k8s.io/v1/roles": dict(kind="Role"),
+    "rbac.authorization.k8s.io/v1/rolebindings": dict(kind="RoleBinding"),
 }
 PODMONITORS = "monitoring.coreos.com/v1/podmonitors"
 

@@ -56,3 +56,52 @@ def test_cpu_engine_threads_follow_the_cpu_request(monkeypatch, resources, env, 
     add_serve_arguments(parser)
     got = engine_kwargs(parser.parse_args(container["args"])).get("cpu_threads")
     assert got == (int(threads) if threads else None)
+
+
+def test_builtin_model_and_api_key_file_reach_the_engine_cli(tmp_path):
+    """builtin:// goes through unchanged, the key only as a file path (never in argv)."""
+    from engine.entrypoints.cli import build_parser
+
+    spec = parse_spec({"model": {"uri": "builtin://default", "servedName": "tiny"},
+                       "apiKeySecretRef": {"name": "keys", "key": "engine"},
+                       "resources": {"gpus": 0}}, name="svc", namespace="default")
+    pod = manifests.deployment(spec)["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    args = build_parser().parse_args(["serve", *container["args"]])
+    assert args.model == "builtin://default" and args.served_model_name == "tiny"
+    assert args.api_key_file == manifests.API_KEY_FILE and args.api_key is None
+    secret = next(v for v in pod["volumes"] if v["name"] == "api-key")["secret"]
+    assert secret == {"secretName": "keys", "defaultMode": 0o440,
+                      "items": [{"key": "engine", "path": "api-key"}]}
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "api-key")
+    assert mount["readOnly"] is True
+    assert f"{mount['mountPath']}/api-key" == manifests.API_KEY_FILE
+    assert "keys" not in str(container["env"])  # not as an environment variable either
+
+
+@pytest.mark.parametrize("abbreviation", [["--hos", "1.2.3.4"], ["--por=1"], ["--block", "1"],
+                                          ["--served-model", "x"], ["--max-model", "99"]])
+def test_abbreviations_are_refused_by_the_operator_and_by_the_engine(abbreviation):
+    from engine.entrypoints.cli import build_parser
+
+    from paged_operator.spec import InvalidSpecError
+    with pytest.raises(InvalidSpecError, match="extraArgs"):
+        parse_spec({"model": {"uri": "a/b"}, "engine": {"extraArgs": abbreviation}},
+                   name="svc", namespace="default")
+    with pytest.raises(SystemExit):  # were one to slip through: allow_abbrev=False
+        build_parser().parse_args(["serve", "a/b", *abbreviation])
+
+
+def test_router_args_parse_with_the_router_cli():
+    from engine.router.cli import build_parser
+
+    from paged_operator import manifests_access
+    spec = parse_spec({"model": {"uri": "a/b"}, "router": {"enabled": True,
+                                                           "policy": "least-load"}},
+                      name="svc", namespace="default")
+    container = manifests_access.router_deployment(spec)["spec"]["template"]["spec"][
+        "containers"][0]
+    assert container["command"] == ["python", "-m", "engine", "router"]
+    args = build_parser().parse_args(container["args"])
+    assert (args.discover, args.policy, args.port) == ("svc-engine", "least-load", 8000)
+    assert args.host == "0.0.0.0"

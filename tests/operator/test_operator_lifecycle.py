@@ -52,11 +52,13 @@ async def test_create_makes_children_with_engine_flags_probes_gpus_security(clus
     assert engine["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert engine["resources"]["requests"] == {"cpu": "4", "memory": "24Gi",
                                                "nvidia.com/gpu": "1"}
-    assert engine["startupProbe"]["httpGet"]["path"] == "/ready"
+    # vLLM's semantics: /health only once the model is loaded, /livez while it loads.
+    assert engine["startupProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert engine["startupProbe"]["failureThreshold"] * engine["startupProbe"][
         "periodSeconds"] >= 1800   # the default startup budget for loading a model
-    assert engine["readinessProbe"]["httpGet"]["path"] == "/ready"
-    assert engine["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert engine["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert engine["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
+    assert engine["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert engine["securityContext"] == {
         "allowPrivilegeEscalation": False, "privileged": False,
         "readOnlyRootFilesystem": True, "runAsNonRoot": True,

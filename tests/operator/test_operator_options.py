@@ -119,3 +119,38 @@ async def test_a_name_taken_by_a_foreign_object_is_reported_not_overwritten(clus
                                 and condition(pis(cluster), "Degraded"))
     assert degraded["reason"] == "ChildRejected" and "Service llm/svc" in degraded["message"]
     assert cluster.live("v1/services")[NAMESPACE, "svc"]["spec"]["ports"] == [{"port": 80}]
+
+
+ROUTER_KINDS = {"v1/serviceaccounts": "svc-router", "rbac.authorization.k8s.io/v1/roles":
+                "svc-router", "rbac.authorization.k8s.io/v1/rolebindings": "svc-router",
+                "v1/services": "svc-engine", DEPLOYMENTS: "svc-router"}
+NETPOL = "networking.k8s.io/v1/networkpolicies"
+
+
+async def test_router_on_then_off_and_the_network_policy_follow_the_spec(cluster, operator):
+    spec = {"model": MODEL, "router": {"enabled": True, "policy": "least-load"}}
+    await call(cluster, "POST", api_path(PIS), pis_body("svc", spec))
+    for resource, name in ROUTER_KINDS.items():
+        await eventually(lambda: (NAMESPACE, name) in cluster.live(resource),
+                         message=f"{resource} {name}")
+    front = cluster.live("v1/services")[NAMESPACE, "svc"]["spec"]["selector"]
+    router = cluster.live(DEPLOYMENTS)[NAMESPACE, "svc-router"]
+    assert front == router["spec"]["selector"]["matchLabels"]
+    assert "--policy" in router["spec"]["template"]["spec"]["containers"][0]["args"]
+    policy = await eventually(lambda: cluster.live(NETPOL).get((NAMESPACE, "svc")))
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    # The router's Deployment is not the engine's: status still follows the engine.
+    await call(cluster, "PATCH", api_path(DEPLOYMENTS, "svc-router", subresource="status"),
+               {"status": {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}})
+    await asyncio.sleep(0.3)
+    assert condition(pis(cluster), "Ready")["status"] == "False"
+    await call(cluster, "PATCH", api_path(PIS, "svc"),
+               {"spec": {"router": {"enabled": False}, "networkPolicy": {"enabled": False}}})
+    for resource, name in ROUTER_KINDS.items():
+        await eventually(lambda: (NAMESPACE, name) not in cluster.live(resource),
+                         message=f"{resource} {name} deleted")
+    await eventually(lambda: not cluster.live(NETPOL), message="NetworkPolicy deleted")
+    await eventually(lambda: cluster.live("v1/services")[NAMESPACE, "svc"]["spec"][
+        "selector"]["app.kubernetes.io/name"] == "paged-inference-engine",
+        message="the Service points at the engine pods again")
+    assert (NAMESPACE, "svc") in cluster.live(DEPLOYMENTS)  # the engine stays

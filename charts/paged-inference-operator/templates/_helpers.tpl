@@ -40,8 +40,12 @@ app.kubernetes.io/part-of: paged-inference
 
 {{/*
 The operator's permissions: only the verbs on the resources it uses, no wildcards.
-kopf watches and patches PagedInferenceServices and posts Events; the reconciler reads,
-creates and patches the children, and deletes only optional ones it no longer wants.
+kopf watches and patches PagedInferenceServices and posts Events; it watches the engine
+pods (to report an engine that cannot start). The reconciler reads, creates and patches
+the children, and deletes only optional ones it no longer wants (model-cache claim,
+autoscalers, PodMonitor, NetworkPolicy, the router's objects). It may read EndpointSlices
+because it grants exactly that to the router's Role (RBAC forbids granting more than one
+holds).
 */}}
 {{- define "pio.rules" -}}
 - apiGroups: [serving.pagedinference.dev]
@@ -52,12 +56,15 @@ creates and patches the children, and deletes only optional ones it no longer wa
   verbs: [get, patch]
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
-  resources: [services, configmaps]
+  resources: [pods]
+  verbs: [get, list, watch]
+- apiGroups: [""]
+  resources: [configmaps]
   verbs: [get, create, patch]
 - apiGroups: [""]
-  resources: [persistentvolumeclaims]
+  resources: [services, serviceaccounts, persistentvolumeclaims]
   verbs: [get, create, patch, delete]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
@@ -65,6 +72,15 @@ creates and patches the children, and deletes only optional ones it no longer wa
 - apiGroups: [autoscaling]
   resources: [horizontalpodautoscalers]
   verbs: [get, create, patch, delete]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, patch, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [get, create, patch, delete]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [get, list, watch]
 - apiGroups: [keda.sh]
   resources: [scaledobjects]
   verbs: [get, create, patch, delete]
@@ -74,4 +90,16 @@ creates and patches the children, and deletes only optional ones it no longer wa
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+{{- end }}
+
+{{/*
+The namespaces watched, comma-separated; empty when cluster-wide. Default: the release's own.
+*/}}
+{{- define "pio.watchNamespaces" -}}
+{{- if and .Values.clusterWide .Values.watchNamespaces }}
+{{- fail "set either clusterWide: true or watchNamespaces, not both" }}
+{{- end }}
+{{- if not .Values.clusterWide }}
+{{- join "," (.Values.watchNamespaces | default (list .Release.Namespace)) }}
+{{- end }}
 {{- end }}
