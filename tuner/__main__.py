@@ -34,6 +34,18 @@ def _check_common(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error("--rate must be positive (requests/s)")
     if args.length_scale is not None and args.length_scale <= 0:
         parser.error("--length-scale must be positive")
+    if args.remeasure < 0:
+        parser.error("--remeasure must be 0 or more")
+    if args.confirm_rounds == 1 or args.confirm_rounds < 0:
+        parser.error("--confirm-rounds must be 0 (no confirmation) or at least 2: one round "
+                     "gives no interval")
+    if args.prometheus:
+        try:
+            httpx.get(args.prometheus.rstrip("/") + "/api/v1/query",
+                      params={"query": "1"}, timeout=5).raise_for_status()
+        except httpx.HTTPError as exc:
+            parser.error(f"--prometheus {args.prometheus} does not answer PromQL "
+                         f"({type(exc).__name__}: {exc}); start it or fix the URL")
 
 
 def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -72,8 +84,17 @@ def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             fixed[param.name] = param.choices[0]
     except SpaceError as exc:
         parser.error(str(exc))
+    from tuner.confirm import load_baseline
+    from tuner.promql import PrometheusReader
     from tuner.sweep import SweepConfig, run_sweep
     from tuner.trial import EngineLaunch
+
+    try:
+        baseline = load_baseline(args.baseline, fixed=fixed, searched=[p.name for p in space])
+    except ValueError as exc:
+        parser.error(str(exc))
+    prometheus = (PrometheusReader(args.prometheus, selector=args.prometheus_selector)
+                  if args.prometheus else None)
 
     model_tag = Path(args.model).name if args.model else "default"
     study_name = args.study_name or f"{args.workload}-{args.objective}-{model_tag}"
@@ -84,26 +105,44 @@ def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         extra += ["--cpu-memory-gib", str(cpu_gib)]
     launch = EngineLaunch(model=args.model, extra_flags=tuple(extra),
                           startup_timeout=args.startup_timeout,
+                          prometheus_targets_dir=(Path(args.prometheus_targets_dir)
+                                                  if args.prometheus_targets_dir else None),
                           **({"engine_cmd": args.engine_cmd} if args.engine_cmd else {}))
     config = SweepConfig(workload=args.workload, slos=slos,
                          primary_latency=workload.primary_latency, space=space, load=load,
                          launch=launch, storage=args.storage, study_name=study_name,
                          out_dir=out_dir, trials=args.trials or DEFAULT_TRIALS,
-                         objective=args.objective, remeasure=args.remeasure, seed=args.seed,
+                         objective=args.objective, remeasure=args.remeasure,
+                         confirm_rounds=args.confirm_rounds, baseline=baseline,
+                         min_gain=args.min_gain, prometheus=prometheus, seed=args.seed,
                          fixed=fixed, warmup_requests=args.warmup_requests)
+    from tuner.loadgen import LoadError
     try:
         study = run_sweep(config, show_progress=not args.no_progress)
     except ValueError as exc:  # e.g. the study exists with another objective
         parser.error(str(exc))
+    except LoadError as exc:  # the harness failed while confirming: resumable
+        print(f"load or metrics harness failed: {exc}\nre-run the same command to resume",
+              file=sys.stderr)
+        return 1
     return _print_results(study, out=Path(args.out) if args.out else out_dir / "best.yaml",
                           out_dir=out_dir)
 
 
 def _print_results(study, *, out: Path, out_dir: Path, top: int = 5) -> int:
-    from tuner.report import best_table, engine_patch, patch_yaml, save_plots, validate_patch
+    from tuner.plots import save_plots
+    from tuner.report import (best_table, confirmation_table, context, engine_patch,
+                              patch_yaml, result_line, validate_patch)
 
-    print(f"\nstudy {study.study_name!r}: best settings (mean over measurements)")
+    print(f"\nstudy {study.study_name!r}: {context(study)}")
+    print("\nsearch (one measurement per trial):")
     print(best_table(study, top=top))
+    table = confirmation_table(study)
+    if table:
+        print("\nconfirmation (baseline and candidates re-measured interleaved; gain = "
+              "goodput ratio, 95% t-interval on paired per-round log ratios):")
+        print(table)
+    print(f"\nresult: {result_line(study)}")
     text = patch_yaml(study)
     if text is None:
         print("no feasible trial: nothing to write", file=sys.stderr)

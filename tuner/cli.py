@@ -6,9 +6,13 @@ import argparse
 from loadtests.workloads import WORKLOAD_NAMES
 
 DEFAULT_STORAGE = "sqlite:///tuner-out/tuner.db"
-# Defaults sized for the embedded tiny model on 2 CPU cores: a sweep in a few minutes.
-DEFAULT_TRIALS = 6
-DEFAULT_DURATION = 12.0
+# Defaults sized for the embedded tiny model on 2 CPU cores: a sweep in about 4 minutes
+# (4 search trials, then baseline + 1 candidate over 3 interleaved rounds: 10 engines
+# of ~23 s each). Real tuning wants more: --trials 30 --remeasure 2 --confirm-rounds 5.
+DEFAULT_TRIALS = 4
+DEFAULT_DURATION = 10.0
+DEFAULT_REMEASURE = 1
+DEFAULT_CONFIRM_ROUNDS = 3
 # Without --model the engine serves its embedded tiny model on CPU: shorter prompts and
 # outputs, half the users and a small CPU memory budget, so a sweep takes minutes on
 # 2 cores. A CPU decode step takes ~0.1 s at a few sequences, so the SLOs are scaled x3
@@ -59,8 +63,28 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--length-scale", type=float, default=None,
                        help="multiply the workload's prompt/output lengths (default 1; "
                             "0.25 for the embedded tiny model)")
-    sweep.add_argument("--remeasure", type=int, default=2,
-                       help="re-measure the top K settings once more (0: off)")
+    sweep.add_argument("--remeasure", type=int, default=DEFAULT_REMEASURE, metavar="K",
+                       help="after the search, re-measure the best K settings against the "
+                            f"baseline, interleaved (default {DEFAULT_REMEASURE}; 0: search only,"
+                            " e.g. for parallel workers)")
+    sweep.add_argument("--confirm-rounds", type=int, default=DEFAULT_CONFIRM_ROUNDS, metavar="R",
+                       help="interleaved rounds of baseline + candidates (default "
+                            f"{DEFAULT_CONFIRM_ROUNDS}; at least 2; more narrows the intervals)")
+    sweep.add_argument("--baseline", default=None, metavar="FILE",
+                       help="YAML with the current spec.engine settings (default: the engine's"
+                            " defaults)")
+    sweep.add_argument("--min-gain", type=float, default=1.0,
+                       help="apply a candidate only when its gain's 95%% lower bound exceeds "
+                            "this (default 1)")
+    sweep.add_argument("--prometheus", default=None, metavar="URL",
+                       help="read server figures with PromQL from this Prometheus instead of "
+                            "scraping /metrics")
+    sweep.add_argument("--prometheus-selector", default='instance="{instance}"',
+                       help="label matchers selecting a trial's engine in Prometheus "
+                            "({instance} = the engine's HOST:PORT)")
+    sweep.add_argument("--prometheus-targets-dir", default=None, metavar="DIR",
+                       help="write each trial's engine as a file_sd target here (a folder "
+                            "the Prometheus watches)")
     sweep.add_argument("--seed", type=int, default=0)
     sweep.add_argument("--engine-cmd", default=None,
                        help="command that starts a server (default: python -m engine serve)")

@@ -1,19 +1,19 @@
 """Tuned vs defaults, and Optuna vs an exhaustive grid, on the embedded model (CPU).
 
-    python tuner/compare.py [--workloads chat summarize] [--duration 10] [--repeats 2]
+    python tuner/compare.py [--workloads chat summarize] [--duration 10] [--rounds 3]
 
 For each workload, over one small discrete space:
-1. the engine's defaults, measured --repeats times;
-2. an exhaustive grid (every point once; the best 2 re-measured), as vLLM's auto_tune does;
-3. Optuna (TPE) with a third of the grid's trials (best 2 re-measured).
-Prints a table: goodput of defaults, grid best, Optuna best, and the ratios the issue
-targets (tuned/defaults >= 1.3; Optuna/grid >= 0.95 with <= 1/3 of the trials).
+1. an exhaustive grid (every point once), as vLLM's auto_tune does;
+2. Optuna (TPE) with a third of the grid's trials;
+each followed by the sweep's confirmation: the engine's defaults (the baseline) and the
+sweep's best 2 settings re-measured interleaved for --rounds rounds (tuner.confirm).
+Prints a table: the defaults' goodput, each sweep's gain over them with its 95 %
+interval, the decision, and Optuna's confirmed goodput over the grid's.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 import sys
 from pathlib import Path
 
@@ -22,12 +22,12 @@ import optuna
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtests.workloads import get_workload  # noqa: E402
-from tuner import study as st  # noqa: E402
 from tuner.cli import TINY_PROFILE  # noqa: E402
 from tuner.loadgen import LoadSpec  # noqa: E402
 from tuner.space import build_space  # noqa: E402
 from tuner.sweep import SweepConfig, run_sweep  # noqa: E402
-from tuner.trial import EngineLaunch, Infeasible, run_trial  # noqa: E402
+from tuner.report import summary  # noqa: E402
+from tuner.trial import EngineLaunch  # noqa: E402
 
 GRID = ["block_size=16,64", "max_num_seqs=1,4,16,64", "max_num_batched_tokens=256,2048",
         "gpu_memory_utilization=0.9"]
@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=["chat", "summarize"])
     parser.add_argument("--duration", type=float, default=10.0)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved confirmation rounds (baseline + best 2)")
     parser.add_argument("--users", type=int, default=None,
                         help="closed-loop users (default: the workload's, halved as in the tiny profile)")
     parser.add_argument("--out-dir", default="tuner-out/compare")
@@ -54,14 +55,6 @@ def main(argv: list[str] | None = None) -> int:
                         users=args.users or max(1, round(spec.users * TINY_PROFILE["users_factor"])),
                         length_scale=TINY_PROFILE["length_scale"])
         out = Path(args.out_dir) / name
-        defaults = []
-        for i in range(args.repeats):
-            try:
-                defaults.append(run_trial([], launch, load, slos,
-                                          workdir=out / f"defaults-{i}")["goodput"])
-            except Infeasible as exc:
-                print(f"defaults infeasible: {exc.reason}", file=sys.stderr)
-                defaults.append(0.0)
         results = {}
         for label, sampler, trials in (
                 ("grid", optuna.samplers.GridSampler(
@@ -70,20 +63,29 @@ def main(argv: list[str] | None = None) -> int:
             config = SweepConfig(workload=name, slos=slos, primary_latency=spec.primary_latency,
                                  space=space, load=load, launch=launch,
                                  storage=f"sqlite:///{out}/compare.db", study_name=f"{name}-{label}",
-                                 out_dir=out / label, trials=trials, remeasure=2, sampler=sampler)
-            best = st.best_group(run_sweep(config))
-            results[label] = (best["goodput"] if best else 0.0, trials, best)
-        rows.append((name, statistics.fmean(defaults), results))
-    print(f"\n{'workload':<10} {'defaults':>9} {'grid best':>10} {'optuna best':>12} "
-          f"{'tuned/def':>10} {'optuna/grid':>12} {'trials':>11}")
-    for name, default, r in rows:
-        grid, optuna_ = r["grid"][0], r["optuna"][0]
-        print(f"{name:<10} {default:>9.3f} {grid:>10.3f} {optuna_:>12.3f} "
-              f"{optuna_ / default if default else float('inf'):>10.2f} "
-              f"{optuna_ / grid if grid else float('nan'):>12.2f} "
-              f"{r['optuna'][1]:>4}/{r['grid'][1]:<6}")
+                                 out_dir=out / label, trials=trials, remeasure=2,
+                                 confirm_rounds=args.rounds, sampler=sampler)
+            study = run_sweep(config)
+            results[label] = (summary(study), trials, study)
+        rows.append((name, results))
+    print(f"\n{'workload':<10} {'defaults':>9} {'sweep':>7} {'trials':>6} {'confirmed':>10} "
+          f"{'gain [95% CI]':>20}  decision")
+    for name, r in rows:
         for label in ("grid", "optuna"):
-            print(f"  {label} best: {r[label][2]['params'] if r[label][2] else None}")
+            s, trials, study = r[label]
+            record = study.user_attrs["confirmation"]
+            gains = [g for g in record["gains"].values() if g]
+            best = max(gains, key=lambda g: g["low"]) if gains else None
+            interval = (f"{best['ratio']:.2f} [{best['low']:.2f}, {best['high']:.2f}]"
+                        if best else "-")
+            print(f"{name:<10} {s['baseline_goodput']:>9.3f} {label:>7} {trials:>6} "
+                  f"{s['goodput']:>10.3f} {interval:>20}  {record['decision']['reason']}")
+        grid, opt = r["grid"][0]["goodput"], r["optuna"][0]["goodput"]
+        print(f"{'':<10} optuna/grid (confirmed goodput): "
+              f"{opt / grid if grid else float('nan'):.2f}; candidates: "
+              + "; ".join(f"{lbl} {r[lbl][2].user_attrs['confirmation']['arms'][1]['params']}"
+                          for lbl in ("grid", "optuna")
+                          if len(r[lbl][2].user_attrs["confirmation"]["arms"]) > 1))
     return 0
 
 

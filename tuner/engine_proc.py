@@ -1,8 +1,8 @@
 """Starting and stopping one engine server per trial (a subprocess, its own process group).
 
-A start that fails (the process exits, or /ready never answers 200 in time) raises
-EngineStartError with a one-line reason taken from the end of the engine's log, so the
-sweep can record the trial as infeasible and go on.
+A start that fails (the process exits, or /ready, else /health, never answers 200 in
+time) raises EngineStartError with a one-line reason taken from the end of the engine's
+log, so the sweep can record the trial as infeasible and go on.
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ class EngineProcess:
         self._proc: subprocess.Popen | None = None
 
     def start(self, *, timeout: float) -> None:
-        """Launch and wait for /ready == 200; EngineStartError otherwise (process stopped)."""
+        """Launch and wait for `ready()`; EngineStartError otherwise (process stopped)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             log.write(("$ " + shlex.join(self.command) + "\n").encode())
@@ -84,14 +84,22 @@ class EngineProcess:
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise EngineStartError(failure_reason(self.log_text(), self._proc.returncode))
-            try:
-                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
+            if self.ready():
+                return
             time.sleep(0.25)
         self.stop()
         raise EngineStartError(f"not ready after {timeout:.0f} s (see {self.log_path})")
+
+    def ready(self) -> bool:
+        """/ready == 200; for a server without /ready (404), /health == 200 (vLLM's and
+        this engine's readiness: 200 only once the model is loaded)."""
+        try:
+            code = httpx.get(self.url + "/ready", timeout=2).status_code
+            if code == 404:
+                code = httpx.get(self.url + "/health", timeout=2).status_code
+        except httpx.HTTPError:
+            return False
+        return code == 200
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None

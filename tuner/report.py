@@ -1,20 +1,21 @@
-"""Results: the best-trials table, the spec.engine YAML patch, and the plots.
+"""Results: what they hold for, the search and confirmation tables, the spec.engine
+YAML patch (plots: tuner.plots).
 
-`python -m tuner report` rebuilds all three from storage alone (the sweep stores its
-configuration on the study).
+`python -m tuner report` rebuilds all of it from storage alone (the sweep stores its
+configuration and the confirmation on the study).
 """
 from __future__ import annotations
 
-import warnings
+import statistics
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import optuna
 import yaml
-from optuna.trial import TrialState
 
 from tuner import study as st
+from tuner.confirm import mean_figures
 from tuner.space import to_engine_spec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +28,8 @@ _COLUMNS = (("goodput", "goodput/s", 2), ("throughput", "req/s", 2), ("ttft_p99"
 
 
 def best_table(study: optuna.Study, *, top: int = 5) -> str:
-    """A plain-text table of the best settings (mean over re-measurements)."""
+    """A plain-text table of the search's best settings (one measurement each, unless
+    the sampler proposed the same settings again)."""
     groups = st.grouped(study)[:top]
     if not groups:
         return "no feasible trial yet"
@@ -60,28 +62,115 @@ def _fmt(value: Any, digits: int) -> str:
     return str(value)
 
 
-def engine_patch(study: optuna.Study) -> dict | None:
-    """{"spec": {"engine": {...}}} for the winner (fixed settings included), or None."""
+def context(study: optuna.Study) -> str:
+    """One line: the workload, load, SLOs, model and device the results hold for."""
+    c = study.user_attrs.get("config", {})
+    load = (f"open loop at {c.get('rate')} req/s" if c.get("arrival") == "open"
+            else f"{c.get('users')} users (closed loop)")
+    slos = "; ".join(f"{kind} " + ", ".join(f"{n}<={v:g}s" for n, v in slo.items())
+                     for kind, slo in (c.get("slos") or {}).items())
+    devices = {t.user_attrs["device"] for t in study.get_trials(deepcopy=False)
+               if "device" in t.user_attrs}
+    arms = (study.user_attrs.get("confirmation") or {}).get("arms", [])
+    devices |= {f["device"] for a in arms for f in a["figures"] if "device" in f}
+    flags = " ".join(c.get("engine_flags") or []) or "none"
+    return (f"workload {c.get('workload')}, {load}, {c.get('duration')} s per measurement, "
+            f"length scale {c.get('length_scale', 1)}; SLOs {slos}; model "
+            f"{c.get('model') or 'embedded tiny model'}; device "
+            f"{', '.join(sorted(devices)) or 'unknown'}; extra engine flags {flags}; "
+            f"server figures from {c.get('metrics_source', '/metrics')}")
+
+
+def confirmation_table(study: optuna.Study) -> str | None:
+    """Baseline and candidates over the interleaved rounds, with gains and the decision."""
+    record = study.user_attrs.get("confirmation")
+    if not record or "decision" not in record:
+        return None
+    gains = record["gains"]
+    header = ["arm", "search trials", "settings", "rounds", "goodput/s (mean±sd)",
+              "gain [95% CI]", "ttft p99", "e2e p99", "failed"]
+    rows = []
+    for a in record["arms"]:
+        g, fig = gains.get(a["label"]), mean_figures(a)
+        values = a["goodput"]
+        sd = statistics.stdev(values) if len(values) > 1 else 0.0
+        gain = ("1 (reference)" if a["label"] == "baseline" else
+                "-" if g is None else f"{g['ratio']:.2f} [{g['low']:.2f}, {g['high']:.2f}]")
+        rows.append([a["label"], ",".join(map(str, a["trials"])) or a["source"],
+                     " ".join(f"{k}={v}" for k, v in a["params"].items()), str(len(values)),
+                     f"{statistics.fmean(values):.2f}±{sd:.2f}", gain,
+                     _fmt(fig.get("ttft_p99"), 3), _fmt(fig.get("e2e_p99"), 2),
+                     str(sum(1 for f in a["failed"] if f))])
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
+    return "\n".join([*lines, "decision: " + record["decision"]["reason"]])
+
+
+def summary(study: optuna.Study) -> dict | None:
+    """The result in a few figures: baseline and winner goodput, gain and interval, the
+    settings to apply and why; None before any confirmation or feasible trial."""
+    record = study.user_attrs.get("confirmation")
+    if record and "decision" in record:
+        arms = {a["label"]: a for a in record["arms"]}
+        winner = record["decision"]["winner"]
+        arm = arms[winner or "baseline"]
+        return {"confirmed": True, "label": winner or "baseline", "params": arm["params"],
+                "baseline_goodput": statistics.fmean(arms["baseline"]["goodput"]),
+                "goodput": statistics.fmean(arm["goodput"]), "rounds": len(arm["goodput"]),
+                "gain": record["gains"].get(winner) if winner else None,
+                "baseline_source": arms["baseline"]["source"],
+                "reason": record["decision"]["reason"], "trials": arm["trials"]}
     best = st.best_group(study)
     if best is None:
         return None
     fixed = study.user_attrs.get("config", {}).get("fixed", {})
-    return {"spec": {"engine": to_engine_spec({**fixed, **best["params"]})}}
+    return {"confirmed": False, "label": "search best", "params": {**fixed, **best["params"]},
+            "baseline_goodput": None, "goodput": best["goodput"],
+            "rounds": best["measurements"], "gain": None, "baseline_source": None,
+            "reason": "not confirmed against a baseline (--remeasure 0 or --confirm-rounds 0)",
+            "trials": best["trials"]}
+
+
+def result_line(study: optuna.Study) -> str:
+    s = summary(study)
+    if s is None:
+        return "no feasible trial"
+    if not s["confirmed"]:
+        return f"search best {s['goodput']:.2f} req/s (trials {s['trials']}): {s['reason']}"
+    base = f"baseline ({s['baseline_source']}) {s['baseline_goodput']:.2f} req/s"
+    if s["gain"] is None:
+        return f"{base}; {s['reason']}: keeping the baseline"
+    g = s["gain"]
+    return (f"{base}; winner {s['label']} (trials {s['trials']}) {s['goodput']:.2f} req/s; "
+            f"gain {g['ratio']:.2f}x, 95% interval [{g['low']:.2f}, {g['high']:.2f}] "
+            f"over {s['rounds']} interleaved rounds")
+
+
+def engine_patch(study: optuna.Study) -> dict | None:
+    """{"spec": {"engine": {...}}}: the confirmed winner, else the baseline when nothing
+    beat it, else (unconfirmed) the search's best; None without a feasible trial."""
+    s = summary(study)
+    return None if s is None else {"spec": {"engine": to_engine_spec(s["params"])}}
 
 
 def patch_yaml(study: optuna.Study) -> str | None:
     patch = engine_patch(study)
     if patch is None:
         return None
-    best = st.best_group(study)
-    config = study.user_attrs.get("config", {})
-    header = (f"# Best engine settings for workload {config.get('workload')!r} "
-              f"(study {study.study_name!r}, trials {best['trials']}):\n"
-              f"# goodput {best['goodput']:.3f} req/s over {best['measurements']} measurement(s)"
-              f" under SLOs {config.get('slos')}.\n"
-              "# A merge patch for a PagedInferenceService; apply with\n"
+    s = summary(study)
+    what = ("baseline settings kept" if s["confirmed"] and s["gain"] is None
+            else "best engine settings" if s["confirmed"] else "unconfirmed best settings")
+    header = (f"# {what[0].upper() + what[1:]} (study {study.study_name!r}).\n"
+              + "".join(f"# {line}\n" for line in _wrap(context(study)))
+              + "".join(f"# {line}\n" for line in _wrap(result_line(study)))
+              + "# A merge patch for a PagedInferenceService; apply with\n"
               "#   kubectl patch pis NAME --type merge --patch-file THIS_FILE\n")
     return header + yaml.safe_dump(patch, sort_keys=False)
+
+
+def _wrap(text: str, width: int = 96) -> list[str]:
+    import textwrap
+    return textwrap.wrap(text, width)
 
 
 def engine_schema(crd_path: Path = CRD_PATH) -> dict | None:
@@ -112,64 +201,3 @@ def validate_patch(patch: dict, *, crd_path: Path = CRD_PATH) -> bool:
     return True
 
 
-def save_plots(study: optuna.Study, out_dir: Path) -> list[Path]:
-    """Optimisation history, parameter importance and a Pareto front (throughput vs the
-    primary p99 latency) as PNG files; plots that need more trials are skipped."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from optuna.visualization import matplotlib as ovm
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    primary = study.user_attrs.get("config", {}).get("primary_latency", "e2e")
-    feasible = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if st.feasible(t)]
-    goodput = (lambda t: t.user_attrs.get("goodput", 0.0))
-    saved = []
-    plots = {"history": lambda: ovm.plot_optimization_history(
-                 study, target=goodput, target_name="goodput (req/s)"),
-             # PED-ANOVA ranks settings by how they reach LOW targets: negate goodput.
-             "importance": lambda: ovm.plot_param_importances(
-                 study, target=lambda t: -goodput(t), target_name="goodput"),
-             "pareto": lambda: _pareto(plt, feasible, primary)}
-    for name, draw in plots.items():
-        if name == "importance" and len({tuple(sorted(t.params.items())) for t in feasible}) < 2:
-            continue
-        if not feasible:
-            continue
-        try:
-            with warnings.catch_warnings():  # PED-ANOVA warns about any custom target
-                warnings.simplefilter("ignore", UserWarning)
-                axes = draw()
-        except (ValueError, RuntimeError, ZeroDivisionError) as exc:
-            print(f"plot {name} skipped: {exc}")
-            continue
-        path = out_dir / f"{name}.png"
-        axes.figure.savefig(path, dpi=100, bbox_inches="tight")
-        plt.close(axes.figure)
-        saved.append(path)
-    return saved
-
-
-def _pareto(plt, trials: list, primary: str):
-    """Throughput (up) vs p99 latency (left); the non-dominated trials joined."""
-    points = [(t.user_attrs.get(f"{primary}_p99"), t.user_attrs.get("throughput"), t.number)
-              for t in trials]
-    points = [p for p in points if p[0] is not None and p[1] is not None]
-    if not points:
-        raise ValueError(f"no trial has {primary}_p99")
-    front, best = [], -1.0
-    for lat, thr, n in sorted(points):
-        if thr > best:
-            front.append((lat, thr, n))
-            best = thr
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.scatter([p[0] for p in points], [p[1] for p in points], c="lightgray", label="trials")
-    ax.plot([p[0] for p in front], [p[1] for p in front], "o-", c="tab:red", label="Pareto front")
-    for lat, thr, n in front:
-        ax.annotate(str(n), (lat, thr), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    ax.set_xlabel(f"{primary} p99 (s, client)")
-    ax.set_ylabel("throughput (completed req/s)")
-    ax.set_title("Pareto front: throughput vs tail latency")
-    ax.legend()
-    return ax

@@ -201,3 +201,17 @@ def to_engine_spec(settings: dict[str, Any]) -> dict[str, Any]:
         _, key, kind = SETTINGS[name]
         out[key] = round(float(value), 4) if kind is float else kind(value)
     return out
+
+
+def from_engine_spec(spec: dict[str, Any], *, where: str = "spec.engine") -> dict[str, Any]:
+    """spec.engine's camelCase keys -> snake_case settings; SpaceError naming a key the
+    tuner does not know (keys it does not set, such as cpuThreads, are refused too: a
+    baseline the tuner cannot start its engine with would not be the baseline)."""
+    by_key = {key: name for name, (_, key, _) in SETTINGS.items()}
+    out: dict[str, Any] = {}
+    for key, value in spec.items():
+        if key not in by_key:
+            raise SpaceError(f"{where}: unknown engine setting {key!r}; known: "
+                             f"{', '.join(by_key)}")
+        out[by_key[key]] = _convert(by_key[key], value)
+    return out

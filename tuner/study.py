@@ -13,7 +13,9 @@ feasible one and steers away from them, and the sweep goes on.
 """
 from __future__ import annotations
 
+import random
 import statistics
+import time
 from pathlib import Path
 
 import optuna
@@ -22,14 +24,49 @@ from optuna.trial import FrozenTrial, TrialState
 INFEASIBLE_VALUES = {"goodput": (0.0,), "pareto": (0.0, 1e9)}
 
 
+class TrialSeededTPESampler(optuna.samplers.TPESampler):
+    """TPE whose random state is re-seeded from (seed, trial number) before each trial.
+
+    Workers sharing a study each start their sampler with the same --seed; seeded once,
+    they would propose the same startup points. Trial numbers are handed out by the
+    storage, one per trial across all workers, so seeding per trial gives every worker
+    (and every trial) its own stream, and a single worker's sweep stays reproducible.
+    """
+
+    def __init__(self, *, seed: int = 0, **kwargs) -> None:
+        super().__init__(seed=seed, **kwargs)
+        self._base_seed = seed
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        derived = (self._base_seed * 1_000_003 + trial.number) % (2 ** 32)
+        # TPESampler keeps two numpy RandomStates (its own and its startup RandomSampler's)
+        # behind LazyRandomState; re-seed both.
+        self._rng.rng.seed(derived)
+        self._random_sampler._rng.rng.seed(derived)
+        super().before_trial(study, trial)
+
+
 def make_storage(url: str) -> optuna.storages.BaseStorage:
-    """An RDB storage with heartbeats, so a trial of a crashed worker is retried."""
+    """An RDB storage with heartbeats, so a trial of a crashed worker is retried.
+
+    Workers started together on an empty database race to create Optuna's tables (one
+    gets a unique-violation on PostgreSQL's catalog); the loser retries, finding them made.
+    """
+    import sqlalchemy.exc
     if url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///"):])
         path.parent.mkdir(parents=True, exist_ok=True)
-    return optuna.storages.RDBStorage(
-        url, heartbeat_interval=30, grace_period=120,
-        heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(
+                url, heartbeat_interval=30, grace_period=120,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
+                    max_retry=1))
+        except sqlalchemy.exc.IntegrityError:  # ProgrammingError etc. are real errors
+            if attempt == 4:
+                raise
+            time.sleep(random.uniform(0.2, 1.0))
+    raise AssertionError("unreachable")
 
 
 def open_study(*, storage: str, study_name: str, objective: str, seed: int = 0,
@@ -37,8 +74,8 @@ def open_study(*, storage: str, study_name: str, objective: str, seed: int = 0,
                ) -> optuna.Study:
     """Create or resume a study; ValueError if it exists with the other objective."""
     directions = ["maximize"] if objective == "goodput" else ["maximize", "minimize"]
-    sampler = sampler or optuna.samplers.TPESampler(
-        seed=seed, n_startup_trials=n_startup_trials, multivariate=True)
+    sampler = sampler or TrialSeededTPESampler(
+        seed=seed, n_startup_trials=n_startup_trials, multivariate=True, constant_liar=True)
     pruner = (optuna.pruners.PercentilePruner(75.0, n_startup_trials=3, n_warmup_steps=1)
               if objective == "goodput" else optuna.pruners.NopPruner())
     study = optuna.create_study(storage=make_storage(storage), study_name=study_name,
@@ -50,14 +87,10 @@ def open_study(*, storage: str, study_name: str, objective: str, seed: int = 0,
     return study
 
 
-def is_remeasure(trial: FrozenTrial) -> bool:
-    return "remeasure_of" in trial.user_attrs
-
-
 def search_trials_done(study: optuna.Study) -> int:
-    """Finished search trials (re-measurements and running trials excluded)."""
+    """Finished search trials (running ones excluded)."""
     done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    return sum(1 for t in study.get_trials(deepcopy=False, states=done) if not is_remeasure(t))
+    return len(study.get_trials(deepcopy=False, states=done))
 
 
 def feasible(trial: FrozenTrial) -> bool:
@@ -92,17 +125,19 @@ def _mean_figures(trials: list[FrozenTrial]) -> dict[str, float]:
             for k in keys}
 
 
-def best_group(study: optuna.Study) -> dict | None:
-    """The winner. Goodput mode: best mean goodput over its measurements. Pareto mode:
-    among Pareto-optimal feasible trials, the settings with the best mean goodput."""
+def ranked_groups(study: optuna.Study) -> list[dict]:
+    """Settings groups, best search goodput first; in pareto mode the Pareto-optimal
+    feasible settings come first."""
     groups = grouped(study)
     if len(study.directions) > 1:
         front = {_key(t.params) for t in study.best_trials if feasible(t)}
-        groups = [g for g in groups if _key(g["params"]) in front] or groups
+        groups.sort(key=lambda g: _key(g["params"]) not in front)  # stable: goodput order kept
+    return groups
+
+
+def best_group(study: optuna.Study) -> dict | None:
+    """The search's best settings (goodput mode: best mean goodput; pareto mode: the
+    Pareto-optimal settings with the best goodput). Not the decision: that is the
+    confirmation's (tuner.confirm)."""
+    groups = ranked_groups(study)
     return groups[0] if groups else None
-
-
-def remeasure_candidates(study: optuna.Study, k: int) -> list[dict]:
-    """The top-k settings measured only once: they get a second measurement, so a lucky
-    single run cannot win on noise."""
-    return [g for g in grouped(study)[:k] if g["measurements"] < 2]

@@ -6,8 +6,9 @@ whose intermediate goodput is clearly behind (bottom quarter of earlier trials a
 point) are pruned. `--trials N` is the total number of search trials in the study, so
 re-running the same command resumes an interrupted sweep; several processes (machines,
 Kubernetes Jobs) pointed at one PostgreSQL --storage share the N trials.
-After the search, the top settings measured only once are measured again and the
-winner is the best mean.
+After the search, the baseline (current settings) and the best K settings are
+re-measured interleaved for R rounds and a setting replaces the baseline only when its
+gain's 95 % interval lies above 1 (tuner.confirm, tuner.stats).
 """
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ import optuna
 from tqdm import tqdm
 
 from tuner import study as st
+from tuner.confirm import Baseline, load_baseline, run_confirmation
 from tuner.loadgen import LoadError, LoadSpec
+from tuner.promql import PrometheusReader
 from tuner.space import Param, engine_flags
 from tuner.trial import EngineLaunch, Infeasible, run_trial
 
@@ -40,7 +43,11 @@ class SweepConfig:
     out_dir: Path
     trials: int = 8
     objective: str = "goodput"
-    remeasure: int = 2
+    remeasure: int = 1          # K: candidates re-measured against the baseline (0: none)
+    confirm_rounds: int = 3     # R: interleaved rounds of baseline + candidates
+    baseline: Baseline | None = None  # default: the engine's defaults (plus `fixed`)
+    min_gain: float = 1.0
+    prometheus: PrometheusReader | None = None  # None: scrape /metrics (the default)
     seed: int = 0
     fixed: dict = field(default_factory=dict)   # settings passed to every trial (--set)
     warmup_requests: int = 2
@@ -61,7 +68,7 @@ def trial_line(trial: optuna.trial.FrozenTrial, primary: str) -> str:
     if trial.state != optuna.trial.TrialState.COMPLETE:
         extra = f" at goodput {attrs['goodput']:.2f} req/s" if "goodput" in attrs else ""
         return f"{head} -> {trial.state.name.lower()}{extra}"
-    tag = f" (re-measure of {attrs['remeasure_of']})" if "remeasure_of" in attrs else ""
+    tag = ""
     p99 = attrs.get(f"{primary}_p99")
     p99_text = f", {primary} p99 {p99:.3f} s" if p99 is not None else ""
     return (f"{head} -> goodput {attrs.get('goodput', 0):.2f} req/s, throughput "
@@ -77,11 +84,8 @@ class Objective:
     def __call__(self, trial: optuna.Trial):
         c = self.config
         settings = {p.name: p.suggest(trial) for p in c.space}
-        remeasure_of = trial.user_attrs.get("remeasure_of")
-        seed = c.seed + (1 if remeasure_of is not None else 0)
-        load = dataclasses.replace(c.load, seed=seed)
         workdir = c.out_dir / "trials" / f"trial-{trial.number:04d}"
-        prune_on = c.objective == "goodput" and remeasure_of is None
+        prune_on = c.objective == "goodput"
         steps = iter(range(10_000))
         pruned = []
 
@@ -98,9 +102,10 @@ class Objective:
             merged = {**c.fixed, **settings}
             if merged.get("max_num_batched_tokens", 1 << 62) < merged.get("max_num_seqs", 0):
                 raise Infeasible("max_num_batched_tokens < max_num_seqs (the CRD rejects it)")
-            figures = run_trial(engine_flags(merged), c.launch, load, c.slos,
+            figures = run_trial(engine_flags(merged), c.launch, c.load, c.slos,
                                 workdir=workdir, warmup_requests=c.warmup_requests,
-                                on_progress=on_progress, progress_interval=c.progress_interval)
+                                on_progress=on_progress, progress_interval=c.progress_interval,
+                                prometheus=c.prometheus)
         except Infeasible as exc:
             trial.set_user_attr("infeasible", exc.reason)
             trial.set_constraint("engine_serves", 1.0)
@@ -128,11 +133,14 @@ def run_sweep(config: SweepConfig, *, show_progress: bool = True) -> optuna.Stud
                           objective=config.objective, seed=config.seed,
                           n_startup_trials=min(10, max(2, config.trials // 3)),
                           sampler=config.sampler)
+    load = config.load
     study.set_user_attr("config", {
         "workload": config.workload, "slos": config.slos, "objective": config.objective,
         "primary_latency": config.primary_latency, "fixed": config.fixed,
-        "model": config.launch.model, "duration": config.load.duration,
-        "users": config.load.users, "arrival": config.load.arrival, "rate": config.load.rate})
+        "model": config.launch.model, "duration": load.duration, "users": load.users,
+        "arrival": load.arrival, "rate": load.rate, "length_scale": load.length_scale,
+        "engine_flags": list(config.launch.extra_flags),
+        "metrics_source": config.prometheus.url if config.prometheus else "/metrics"})
     objective = Objective(config)
     done = st.search_trials_done(study)
     bar = tqdm(total=config.trials, initial=min(done, config.trials), unit="trial",
@@ -141,8 +149,7 @@ def run_sweep(config: SweepConfig, *, show_progress: bool = True) -> optuna.Stud
 
     def after(study_: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         bar.write(trial_line(trial, config.primary_latency), file=sys.stderr)
-        if not st.is_remeasure(trial):
-            bar.update(1)
+        bar.update(1)
         best = st.best_group(study_)
         if best is not None:
             bar.set_postfix(best_goodput=f"{best['goodput']:.2f}")
@@ -151,16 +158,24 @@ def run_sweep(config: SweepConfig, *, show_progress: bool = True) -> optuna.Stud
     try:
         while st.search_trials_done(study) < config.trials:
             study.optimize(objective, n_trials=1, catch=catch, callbacks=[after])
-        if config.objective == "goodput":
-            for _ in range(2):  # a re-measured winner may drop below a single-run one
-                candidates = st.remeasure_candidates(study, config.remeasure)
-                for group in candidates:
-                    study.enqueue_trial(group["params"],
-                                        user_attrs={"remeasure_of": group["trials"][0]})
-                if not candidates:
-                    break
-                bar.write(f"re-measuring {len(candidates)} of the best settings", file=sys.stderr)
-                study.optimize(objective, n_trials=len(candidates), catch=catch, callbacks=[after])
     finally:
         bar.close()
+    if config.remeasure > 0 and config.confirm_rounds > 0:
+        confirm(study, config)
     return study
+
+
+def confirm(study: optuna.Study, config: SweepConfig) -> dict:
+    """Re-measure the baseline and the best `remeasure` settings (tuner.confirm)."""
+    baseline = config.baseline or load_baseline(
+        None, fixed=config.fixed, searched=[p.name for p in config.space])
+
+    def measure(flags: list[str], seed: int, workdir: Path) -> dict:
+        return run_trial(flags, config.launch, dataclasses.replace(config.load, seed=seed),
+                         config.slos, workdir=workdir, warmup_requests=config.warmup_requests,
+                         prometheus=config.prometheus)
+
+    return run_confirmation(study, baseline=baseline, k=config.remeasure,
+                            rounds=config.confirm_rounds, seed=config.seed,
+                            floor=0.5 / config.load.duration, out_dir=config.out_dir,
+                            fixed=config.fixed, measure=measure, min_gain=config.min_gain)

@@ -10,6 +10,7 @@ Figures of a trial (all floats, stored as Optuna user attributes):
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ import httpx
 from tuner import metrics
 from tuner.engine_proc import DEFAULT_ENGINE_CMD, EngineProcess, EngineStartError, failure_reason
 from tuner.loadgen import LoadSpec, run_load
+from tuner.promql import PrometheusReader, write_target
 from tuner.scoring import load_samples, score
 
 
@@ -40,6 +42,16 @@ class EngineLaunch:
     extra_flags: tuple[str, ...] = ()
     startup_timeout: float = 300.0
     env: tuple[tuple[str, str], ...] = ()
+    prometheus_targets_dir: Path | None = None  # file_sd folder a Prometheus watches
+
+
+_DEVICE = re.compile(r"loaded and warmed in [\d.]+ ?s \(\d+ KV blocks, (.+)\)\s*$", re.M)
+
+
+def engine_device(log_text: str) -> str | None:
+    """'cpu, 2 torch threads' or 'cuda:0', from the engine's 'loaded' log line."""
+    found = _DEVICE.findall(log_text)
+    return found[-1].strip() if found else None
 
 
 def warm_up(url: str, *, requests: int, model: str | None = None) -> None:
@@ -59,12 +71,19 @@ def warm_up(url: str, *, requests: int, model: str | None = None) -> None:
 
 def measure(url: str, load: LoadSpec, slos: dict, *, workdir: Path, warmup_requests: int = 2,
             on_progress: Callable[[float, float], bool] | None = None,
-            progress_interval: float = 2.0) -> dict[str, float]:
+            progress_interval: float = 2.0,
+            prometheus: PrometheusReader | None = None) -> dict[str, float]:
     """Warm, scrape, run the load (polling gauges), scrape again; return the figures.
 
     `on_progress(elapsed_s, goodput_so_far)` may return True to stop early (pruning).
+    With `prometheus`, the server figures come from PromQL over the load window instead
+    (tuner.promql); the scrape path's quantiles are kept as `scrape_server_*` beside
+    them, a check that the query selected the right engine.
     """
     warm_up(url, requests=warmup_requests, model=load.model_name)
+    if prometheus is not None:
+        sel = prometheus.selector_for(url)
+        window_start = prometheus.wait_for_scrape(sel, after=time.time())
     try:
         before = metrics.scrape(url)
     except (httpx.HTTPError, ValueError):
@@ -82,20 +101,29 @@ def measure(url: str, load: LoadSpec, slos: dict, *, workdir: Path, warmup_reque
     with metrics.GaugePoller(url) as poller:
         run_load(load, url=url, workdir=workdir, on_progress=progress,
                  progress_interval=progress_interval)
+    load_end = time.time()
     figures = score(load_samples(samples_path), slos)
+    server: dict[str, float] = {}
     if before is not None:
         try:
-            figures.update(metrics.server_figures(before, metrics.scrape(url)))
+            server = metrics.server_figures(before, metrics.scrape(url))
         except (httpx.HTTPError, ValueError):
             pass
-    figures.update(poller.figures())
+    if prometheus is None:
+        figures.update(server)
+        figures.update(poller.figures())
+    else:
+        figures.update({f"scrape_{k}": v for k, v in server.items() if k.endswith(("0", "9"))})
+        figures.update(prometheus.figures(sel, window_start,
+                                          prometheus.wait_for_scrape(sel, after=load_end)))
     return figures
 
 
 def run_trial(settings_flags: list[str], launch: EngineLaunch, load: LoadSpec, slos: dict, *,
               workdir: Path, warmup_requests: int = 2,
               on_progress: Callable[[float, float], bool] | None = None,
-              progress_interval: float = 2.0) -> dict[str, float]:
+              progress_interval: float = 2.0,
+              prometheus: PrometheusReader | None = None) -> dict[str, float]:
     """Start an engine with the trial's flags, measure, stop it. Infeasible when it
     cannot start, fails its warm-up, or dies during the load."""
     engine = EngineProcess(flags=[*settings_flags, *launch.extra_flags], model=launch.model,
@@ -106,12 +134,20 @@ def run_trial(settings_flags: list[str], launch: EngineLaunch, load: LoadSpec, s
             engine.start(timeout=launch.startup_timeout)
         except EngineStartError as exc:
             raise Infeasible(exc.reason) from None
+        if launch.prometheus_targets_dir is not None:
+            write_target(launch.prometheus_targets_dir, f"tuner-{engine.port}", engine.url,
+                         {"job": "paged-tuner", "trial": workdir.name})
         figures = measure(engine.url, load, slos, workdir=workdir,
                           warmup_requests=warmup_requests, on_progress=on_progress,
-                          progress_interval=progress_interval)
+                          progress_interval=progress_interval, prometheus=prometheus)
         if not engine.alive():
             raise Infeasible("engine died during the load: "
                              + failure_reason(engine.log_text(), engine.returncode))
+        device = engine_device(engine.log_text())
+        if device:
+            figures["device"] = device
         return figures
     finally:
+        if launch.prometheus_targets_dir is not None:
+            write_target(launch.prometheus_targets_dir, f"tuner-{engine.port}", None)
         engine.stop()

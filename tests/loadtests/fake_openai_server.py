@@ -3,7 +3,9 @@
 Used by the load-test and tuner tests that check client-side timing (TTFT, inter-token
 gaps) against ground truth and run Locust end to end without the engine. The first
 token comes `ttft` seconds after the request, then one token every `itl` seconds; each
-request's reply has exactly `max_tokens` tokens. /metrics exposes a request counter.
+request's reply has exactly `max_tokens` tokens. /metrics exposes, under vLLM's names
+and buckets, a request counter, the TTFT / inter-token / end-to-end latency histograms
+(observed from the server's own timing) and the running-requests gauge.
 """
 from __future__ import annotations
 
@@ -11,7 +13,18 @@ import asyncio
 import json
 import threading
 
+import time
+
 from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# vLLM's bucket edges (engine/entrypoints/metrics.py), repeated so the fake imports no engine
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
 
 class FakeOpenAIServer:
@@ -22,6 +35,18 @@ class FakeOpenAIServer:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self.url = ""
+        self.registry = reg = CollectorRegistry()
+        lbl = ["model_name"]
+        self._success = Counter("vllm:request_success", "Finished requests.", lbl,
+                                registry=reg).labels("fake")
+        self._running = Gauge("vllm:num_requests_running", "Running requests.", lbl,
+                              registry=reg).labels("fake")
+        self._ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT.", lbl,
+                               buckets=TTFT_BUCKETS, registry=reg).labels("fake")
+        self._itl = Histogram("vllm:inter_token_latency_seconds", "ITL.", lbl,
+                              buckets=ITL_BUCKETS, registry=reg).labels("fake")
+        self._e2e = Histogram("vllm:e2e_request_latency_seconds", "E2E.", lbl,
+                              buckets=E2E_BUCKETS, registry=reg).labels("fake")
 
     def __enter__(self) -> "FakeOpenAIServer":
         self._thread.start()
@@ -55,33 +80,42 @@ class FakeOpenAIServer:
         return web.json_response({"object": "list", "data": [{"id": "fake-model"}]})
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=f"# TYPE vllm:request_success counter\n"
-                                 f"vllm:request_success_total{{model_name=\"fake\"}} "
-                                 f"{len(self.requests)}\n")
+        return web.Response(body=generate_latest(self.registry),
+                            content_type="text/plain", charset="utf-8")
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
+        self._success.inc()
         if self.fail_every and len(self.requests) % self.fail_every == 0:
             return web.json_response({"error": {"message": "injected failure"}}, status=500)
         chat = request.path.endswith("chat/completions")
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         n = int(body.get("max_tokens", 16))
+        self._running.inc()
         try:
             await self._stream(response, n, chat)
         except (ConnectionResetError, asyncio.CancelledError):
             pass  # the client went away (Locust stopping mid-request)
+        finally:
+            self._running.dec()
         return response
 
     async def _stream(self, response: web.StreamResponse, n: int, chat: bool) -> None:
         if chat:  # like vLLM: a role-only opening chunk, which is not a token
             role = {"index": 0, "delta": {"role": "assistant", "content": ""}}
             await response.write(b"data: " + json.dumps({"choices": [role]}).encode() + b"\n\n")
+        start = time.monotonic()
         await asyncio.sleep(self.ttft)
+        last = time.monotonic()
+        self._ttft.observe(last - start)
         for i in range(n):
             if i:
                 await asyncio.sleep(self.itl)
+                now = time.monotonic()
+                self._itl.observe(now - last)
+                last = now
             choice = {"index": 0, "delta": {"content": f"t{i} "}} if chat else \
                 {"index": 0, "text": f"t{i} "}
             await response.write(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
@@ -90,3 +124,4 @@ class FakeOpenAIServer:
                              + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
+        self._e2e.observe(time.monotonic() - start)

@@ -4,6 +4,7 @@ import pytest
 import yaml
 
 from tuner import study as st
+from tuner.confirm import Baseline, candidates
 from tuner.report import CRD_PATH, best_table, engine_patch, validate_patch
 
 CRD = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
@@ -54,11 +55,11 @@ def _study(records):
     return study
 
 
-def test_winner_is_the_best_mean_over_remeasurements_and_infeasible_never_wins():
+def test_search_best_is_the_best_mean_and_infeasible_never_wins():
     study = _study([({"max_num_seqs": 1}, 5.0, {}),                      # lucky once ...
-                    ({"max_num_seqs": 1}, 1.0, {"remeasure_of": 0}),     # ... mean 3.0
+                    ({"max_num_seqs": 1}, 1.0, {}),                      # ... mean 3.0
                     ({"max_num_seqs": 4}, 4.0, {}),
-                    ({"max_num_seqs": 4}, 3.6, {"remeasure_of": 2}),     # mean 3.8
+                    ({"max_num_seqs": 4}, 3.6, {}),                      # mean 3.8
                     ({"max_num_seqs": 8}, 9.0, {"infeasible": "out of memory"})])
     best = st.best_group(study)
     assert best["params"] == {"max_num_seqs": 4} and best["measurements"] == 2
@@ -66,6 +67,8 @@ def test_winner_is_the_best_mean_over_remeasurements_and_infeasible_never_wins()
     study.set_user_attr("config", {"fixed": {"block_size": 16}})
     assert engine_patch(study) == {"spec": {"engine": {"blockSize": 16, "maxNumSeqs": 4}}}
     assert "1 infeasible" in best_table(study)
-    # the top settings measured only once are the ones to measure again
-    extra = _study([({"max_num_seqs": 2}, 6.0, {}), ({"max_num_seqs": 16}, 2.0, {})])
-    assert [g["params"] for g in st.remeasure_candidates(extra, 1)] == [{"max_num_seqs": 2}]
+    # candidates for the confirmation: the best k, never the baseline itself
+    extra = _study([({"max_num_seqs": 2}, 6.0, {}), ({"max_num_seqs": 16}, 2.0, {}),
+                    ({"max_num_seqs": 8}, 9.0, {"infeasible": "out of memory"})])
+    baseline = Baseline({"max_num_seqs": 2, "block_size": 16}, (), "engine defaults")
+    assert [g["params"] for g in candidates(extra, 2, baseline)] == [{"max_num_seqs": 16}]

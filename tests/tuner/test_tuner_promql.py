@@ -1,0 +1,64 @@
+"""Both metric paths on one load: a real Prometheus (Debian's binary, 1 s scrapes, file_sd)
+scraping the fake engine's vLLM histograms, read with PromQL, against the default path
+(two /metrics scrapes, differenced). Quantiles must agree within a bucket."""
+import bisect
+import time
+
+import pytest
+
+from fake_openai_server import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, FakeOpenAIServer
+from paged_localcluster.prometheus import start_prometheus
+from tuner.loadgen import LoadSpec
+from tuner.promql import PrometheusError, PrometheusReader, write_target
+from tuner.trial import measure
+
+pytestmark = pytest.mark.timeout(180)
+BUCKETS = {"ttft": TTFT_BUCKETS, "itl": ITL_BUCKETS, "e2e": E2E_BUCKETS}
+
+
+def _bucket(edges, value):
+    """The histogram bucket (lower, upper] holding `value`."""
+    i = bisect.bisect_left(edges, value)
+    return (edges[i - 1] if i else 0.0, edges[i] if i < len(edges) else float("inf"))
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("prometheus")
+    proc = start_prometheus(workdir, scrape_interval="1s")
+    yield proc, workdir / "targets"
+    proc.stop()
+
+
+def test_promql_and_scrape_quantiles_agree_within_a_bucket(prometheus, tmp_path):
+    proc, targets = prometheus
+    reader = PrometheusReader(proc.url, timeout=30)
+    load = LoadSpec(workload="chat", duration=5, users=3, length_scale=0.1)
+    with FakeOpenAIServer(ttft=0.03, itl=0.02) as server:
+        write_target(targets, "fake-engine", server.url, {"job": "tuner-test"})
+        figures = measure(server.url, load, {"chat": {"ttft": 1.0}}, workdir=tmp_path,
+                          warmup_requests=2, prometheus=reader)
+        write_target(targets, "fake-engine", None)
+        served = len(server.requests)
+    compared = 0
+    for name, edges in BUCKETS.items():
+        for q in ("p50", "p90", "p99"):
+            promql, scraped = figures[f"server_{name}_{q}"], figures[f"scrape_server_{name}_{q}"]
+            lo, hi = _bucket(edges, scraped)
+            assert lo <= promql <= hi, (name, q, promql, scraped)
+            compared += 1
+    assert compared == 9
+    assert figures["server_e2e_p99"] > figures["server_e2e_p50"] > 0
+    # counters come from increase(): the window sits on scrapes, so barely extrapolated;
+    # the 2 warm-up requests came before the window
+    assert figures["server_requests"] == pytest.approx(served - 2, abs=1.5)
+    assert figures["num_requests_running_max"] >= 1  # gauges over the window
+
+
+def test_an_engine_prometheus_does_not_scrape_is_a_clear_error(prometheus):
+    proc, _ = prometheus
+    reader = PrometheusReader(proc.url, timeout=2)
+    with pytest.raises(PrometheusError, match="has not scraped .*is the engine among its targets"):
+        reader.wait_for_scrape(reader.selector_for("http://127.0.0.1:9"), after=time.time())
+    with pytest.raises(PrometheusError, match="failed"):
+        reader.query("sum(", at=time.time())
