@@ -6,7 +6,9 @@ import pytest
 from paged_localcluster.api.patch import json_patch, merge_patch, strategic_merge
 from paged_localcluster.api.selectors import field_selector, label_selector, match_labels
 from paged_localcluster.api.tables import jsonpath
-from paged_localcluster.kubelet.launch import rebind
+from paged_localcluster.api.kinds import BUILTIN
+from paged_localcluster.api.writes import ApiError, normalize
+from paged_localcluster.kubelet.launch import CannotRun, rebind, volumes
 
 POD_SPEC = {"containers": [{"name": "a", "image": "x:1", "env": [{"name": "A", "value": "1"}],
                             "ports": [{"containerPort": 80}]},
@@ -49,3 +51,37 @@ def test_printer_column_jsonpath_and_bind_rewrite() -> None:
     assert rebind(["m", "--host", "0.0.0.0", "--port", "8000"], "127.0.0.7") == [
         "m", "--host", "127.0.0.7", "--port", "8000"]
     assert rebind(["--host=0.0.0.0"], "127.0.0.7") == ["--host=127.0.0.7"]
+
+
+SECRETS = next(k for k in BUILTIN if k.plural == "secrets")
+
+
+def test_a_secret_stores_string_data_as_base64_data() -> None:
+    secret = {"metadata": {"name": "s"}, "data": {"a": "eA=="}, "stringData": {"b": "key"}}
+    normalize(SECRETS, secret)
+    assert secret == {"metadata": {"name": "s"}, "data": {"a": "eA==", "b": "a2V5"},
+                      "type": "Opaque"}
+    with pytest.raises(ApiError, match=r"data\['a'\] is not base64.*stringData"):
+        normalize(SECRETS, {"data": {"a": "not base64!"}})
+
+
+def test_secret_volume_items_and_modes(tmp_path) -> None:
+    objs = {("secrets", "k"): {"data": {"token": "czNjcmV0", "other": "eA=="}},
+            ("configmaps", "c"): {"data": {"x": "1"}}}
+    pod = {"metadata": {"namespace": "default"}, "spec": {"volumes": [
+        {"name": "key", "secret": {"secretName": "k", "defaultMode": 0o440,
+                                   "items": [{"key": "token", "path": "sub/api-key"}]}},
+        {"name": "cfg", "configMap": {"name": "c"}}]}}
+    lookup = lambda plural, ns, name: objs.get((plural, name))  # noqa: E731
+    out = volumes(pod, tmp_path / "pod", tmp_path, lookup)
+    assert sorted(p.name for p in out["key"].rglob("*")) == ["api-key", "sub"]
+    key = out["key"] / "sub" / "api-key"
+    assert key.read_text() == "s3cret" and key.stat().st_mode & 0o777 == 0o440
+    plain = out["cfg"] / "x"
+    assert plain.read_text() == "1" and plain.stat().st_mode & 0o777 == 0o644
+    pod["spec"]["volumes"][0]["secret"]["items"] = [{"key": "missing", "path": "k"}]
+    with pytest.raises(CannotRun, match="has no key 'missing'"):
+        volumes(pod, tmp_path / "pod", tmp_path, lookup)
+    pod["spec"]["volumes"][0]["secret"]["items"] = [{"key": "token", "path": "../../escape"}]
+    with pytest.raises(CannotRun, match="leaves the volume"):
+        volumes(pod, tmp_path / "pod", tmp_path, lookup)

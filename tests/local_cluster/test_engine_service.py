@@ -17,6 +17,8 @@ from cluster_harness import ROOT, LocalCluster, alive
 # one local cluster per module: keep the module on one xdist worker
 pytestmark = pytest.mark.xdist_group("local_cluster_engine")
 
+LOCAL_CLUSTER_ARGS = ["--no-postgres"]
+
 
 SELECTOR = "app.kubernetes.io/instance=tiny"
 
@@ -47,10 +49,27 @@ def promql(cluster: LocalCluster, query: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def tiny(local_cluster: LocalCluster) -> LocalCluster:
+    # `broken` (the Degraded case) starts beside tiny: its engine fails while tiny's loads
+    broken = (ROOT / "examples/service-cpu.yaml").read_text().replace(
+        "name: tiny", "name: broken").replace("builtin://default", "/models/missing")
+    local_cluster.kubectl("apply", "-f", "-", stdin=broken)
     local_cluster.kubectl("apply", "-f", str(ROOT / "examples/service-cpu.yaml"))
     local_cluster.kubectl("wait", "pis/tiny", "--for=condition=Ready", "--timeout=180s",
                           timeout=200)
     return local_cluster
+
+
+def test_an_engine_that_cannot_start_ends_degraded(tiny: LocalCluster) -> None:
+    tiny.kubectl("wait", "pis/broken", "--for=condition=Degraded", "--timeout=120s",
+                 timeout=130)
+    status = tiny.json("get", "pis", "broken")["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "EngineFailing"
+    assert "/models/missing" in degraded["message"]   # the engine's own last error
+    assert "exited with code" in degraded["message"]
+    tiny.kubectl("delete", "pis", "broken", "--timeout=60s", timeout=70)
+    tiny.wait_for(lambda: not tiny.pods("app.kubernetes.io/instance=broken"), 60,
+                  "the broken pod to go")
 
 
 def test_completion_through_the_service_address(tiny: LocalCluster) -> None:
@@ -108,15 +127,3 @@ def test_delete_leaves_nothing(tiny: LocalCluster) -> None:
     assert left == ""
     tiny.wait_for(lambda: not any(port_in_use(a) for a in addresses), 10, "the ports to close")
     assert "default/tiny" not in tiny.info["services"]
-
-
-def test_an_engine_that_cannot_start_ends_degraded(local_cluster: LocalCluster) -> None:
-    manifest = (ROOT / "examples/service-cpu.yaml").read_text().replace(
-        "name: tiny", "name: broken").replace("builtin://default", "/models/missing")
-    local_cluster.kubectl("apply", "-f", "-", stdin=manifest)
-    local_cluster.kubectl("wait", "pis/broken", "--for=condition=Degraded", "--timeout=120s",
-                          timeout=130)
-    status = local_cluster.json("get", "pis", "broken")["status"]
-    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
-    assert "/models/missing" in degraded["message"]   # the engine's own last error
-    local_cluster.kubectl("delete", "pis", "broken", "--timeout=60s", timeout=70)

@@ -151,3 +151,41 @@ def test_put_generate_name_selectors_and_errors(local_cluster: LocalCluster) -> 
     assert missing.returncode == 1 and "NotFound" in missing.stderr
     k("delete", "namespace", "other")
     assert "elsewhere" not in k("get", "cm", "-A").stdout
+
+
+CRASHER = """
+apiVersion: v1
+kind: Pod
+metadata: {name: crasher}
+spec:
+  containers:
+  - name: logs
+    image: none
+    terminationMessagePolicy: FallbackToLogsOnError
+    command: [python, -c, "import sys; print('model file /nope is missing'); sys.exit(3)"]
+  - name: file
+    image: none
+    command: [python, -c, "import sys; print('not in the message'); sys.exit(4)"]
+"""
+
+
+def test_exits_restart_with_last_state_and_the_log_tail(local_cluster: LocalCluster) -> None:
+    """What the operator reads to report an engine failing: lastState.terminated with the
+    exit code, and the log tail as its message only under FallbackToLogsOnError."""
+    cluster = local_cluster
+    cluster.kubectl("apply", "-f", "-", stdin=CRASHER)
+
+    def restarted() -> dict | None:
+        st = cluster.json("get", "pod", "crasher")["status"].get("containerStatuses") or []
+        done = {c["name"]: c for c in st if c.get("lastState", {}).get("terminated")}
+        return done if len(done) == 2 else None
+    statuses = cluster.wait_for(restarted, 30, "both containers to exit and restart")
+    logs, file = (statuses[n]["lastState"]["terminated"] for n in ("logs", "file"))
+    assert (logs["exitCode"], logs["reason"]) == (3, "Error")
+    assert "model file /nope is missing" in logs["message"]
+    assert file["exitCode"] == 4 and "message" not in file   # policy File: no log fallback
+    assert all(s["restartCount"] >= 1 for s in statuses.values())
+    cluster.wait_for(lambda: "/nope is missing" in cluster.kubectl(
+        "logs", "crasher", "-c", "logs", "--previous", check=False).stdout, 15,
+        "the previous run's log")
+    cluster.kubectl("delete", "pod", "crasher", "--timeout=30s")

@@ -3,6 +3,8 @@ status and scale subresources, PUT with optimistic concurrency, and the PATCH fl
 Errors are raised as ApiError with the HTTP status and reason a real server answers."""
 from __future__ import annotations
 
+import base64
+import binascii
 import copy
 import ipaddress
 import itertools
@@ -58,6 +60,27 @@ def defaults(kind: Kind, obj: dict[str, Any]) -> None:
         obj["status"] = crd_accepted_status(obj, now())
 
 
+def normalize(kind: Kind, obj: dict[str, Any]) -> None:
+    """What the API server does to every write of some kinds: a Secret's `stringData` is
+    merged into `data` (base64) and never stored; `data` must be base64."""
+    if kind.plural != "secrets" or kind.group:
+        return
+    data = obj.get("data") or {}
+    if not isinstance(data, dict) or not isinstance(obj.get("stringData") or {}, dict):
+        raise ApiError(400, "BadRequest", "a Secret's data and stringData must be maps")
+    for key, value in (obj.pop("stringData", None) or {}).items():
+        data[key] = base64.b64encode(str(value).encode()).decode()
+    for key, value in data.items():
+        try:
+            base64.b64decode(str(value), validate=True)
+        except (binascii.Error, ValueError):
+            raise ApiError(422, "Invalid", f"Secret data[{key!r}] is not base64: put "
+                           "plain text under stringData, or base64-encode it") from None
+    if data:
+        obj["data"] = data
+    obj.setdefault("type", "Opaque")
+
+
 def check_namespace(kind: Kind, url_ns: str | None, body: dict[str, Any]) -> None:
     body_ns = (body.get("metadata") or {}).get("namespace")
     if kind.namespaced and url_ns and body_ns and body_ns != url_ns:
@@ -71,6 +94,7 @@ def create(store: Store, kind: Kind, namespace: str | None, body: Any) -> dict[s
     check_namespace(kind, namespace, body)
     body = copy.deepcopy(body)
     defaults(kind, body)
+    normalize(kind, body)
     try:
         return store.create(kind, namespace, body)
     except FileExistsError as e:
@@ -141,6 +165,7 @@ def _finish(store: Store, kind: Kind, old: dict[str, Any], new: dict[str, Any],
     elif subresource is not None:
         raise ApiError(404, "NotFound", f"{kind.plural} has no subresource {subresource!r}")
     new.setdefault("metadata", {})
+    normalize(kind, new)
     stored = store.update(kind, new)
     return stored
 

@@ -68,6 +68,35 @@ def rebind(args: list[str], ip: str) -> list[str]:
     return out
 
 
+def _write_keys(vol: dict[str, Any], source: str, obj: dict[str, Any] | None,
+                path: Path) -> None:
+    """A configMap or secret volume as the kubelet writes it: every key as a file, or only
+    `items` (key -> relative path, per-item `mode`), files with `defaultMode` (0644)."""
+    ref = vol.get("name") or vol.get("secretName")
+    if obj is None:
+        if vol.get("optional"):
+            return
+        raise CannotRun(f'{source} "{ref}" not found')
+    files = {k: (base64.b64decode(v) if source == "secret" else v.encode())
+             for k, v in (obj.get("data") or {}).items()}
+    files.update({k: base64.b64decode(v) for k, v in (obj.get("binaryData") or {}).items()})
+    default_mode = int(vol.get("defaultMode", 0o644))
+    items = vol.get("items")
+    wanted = [(k, k, default_mode) for k in files] if items is None else \
+        [(i["key"], i["path"], int(i.get("mode", default_mode))) for i in items]
+    for key, rel, mode in wanted:
+        if key not in files:
+            if vol.get("optional"):
+                continue
+            raise CannotRun(f'{source} "{ref}" has no key {key!r}')
+        target = (path / rel).resolve()
+        if path.resolve() not in target.parents:
+            raise CannotRun(f"{source} volume item path {rel!r} leaves the volume")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(files[key])
+        target.chmod(mode | 0o400)   # the pod runs as this user: keep it readable
+
+
 def volumes(pod: dict[str, Any], pod_dir: Path, cluster_dir: Path,
             lookup: Lookup) -> dict[str, Path]:
     """Make each volume's folder; returns {volume name: folder}."""
@@ -81,19 +110,10 @@ def volumes(pod: dict[str, Any], pod_dir: Path, cluster_dir: Path,
             path = pod_dir / "volumes" / name
             shutil.rmtree(path, ignore_errors=True)
         path.mkdir(parents=True, exist_ok=True)
-        for source, plural, field in (("configMap", "configmaps", "data"),
-                                      ("secret", "secrets", "data")):
-            if source not in vol:
-                continue
-            ref = vol[source].get("name") or vol[source].get("secretName")
-            obj = lookup(plural, ns, ref)
-            if obj is None and not vol[source].get("optional"):
-                raise CannotRun(f'{source} "{ref}" not found')
-            for key, value in ((obj or {}).get(field) or {}).items():
-                data = base64.b64decode(value) if source == "secret" else value.encode()
-                (path / key).write_bytes(data)
-            for key, value in ((obj or {}).get("binaryData") or {}).items():
-                (path / key).write_bytes(base64.b64decode(value))
+        for source, plural in (("configMap", "configmaps"), ("secret", "secrets")):
+            if source in vol:
+                _write_keys(vol[source], source, lookup(plural, ns, vol[source].get(
+                    "name") or vol[source].get("secretName")), path)
         out[name] = path
     return out
 

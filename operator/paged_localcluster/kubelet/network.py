@@ -80,6 +80,7 @@ class Network:
         self.forwarders: dict[tuple[str, str], Forwarder] = {}
         self.targets_dir = cluster_dir / "prometheus" / "targets"
         self._written: str = ""
+        self._own_targets: set[str] = set()   # files others write there (the tuner's) stay
 
     async def sync(self) -> None:
         services = {(s["metadata"]["namespace"], s["metadata"]["name"]): s for s in
@@ -129,8 +130,9 @@ class Network:
                            v for key, v in (pod["metadata"].get("labels") or {}).items()}})
         self.targets_dir.mkdir(parents=True, exist_ok=True)
         for old in self.targets_dir.glob("*.json"):
-            if old.stem not in wanted:
+            if old.stem not in wanted and old.stem in self._own_targets:
                 old.unlink()
+        self._own_targets = set(wanted)
         for name, (targets, labels) in wanted.items():
             path = self.targets_dir / f"{name}.json"
             text = json.dumps([{"targets": targets, "labels": labels}])

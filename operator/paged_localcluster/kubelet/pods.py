@@ -171,8 +171,8 @@ class PodWorker:
         state = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
                  "startedAt": c.started_at, "finishedAt": now(),
                  "containerID": f"local://{c.popen.pid if c.popen else 0}"}
-        if code != 0:
-            state["message"] = log_tail(c.log)
+        if code != 0 and c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            state["message"] = log_tail(c.log)   # (policy File: nothing writes the file here)
         c.popen = None
         restart = policy == "Always" or (policy == "OnFailure" and code != 0)
         if not restart:
