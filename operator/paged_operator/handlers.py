@@ -140,7 +140,14 @@ async def reconcile_object(body: Mapping[str, Any], memo: Any, logger: Any) -> N
             raise kopf.TemporaryError(str(exc), delay=60) from exc
         await _write_status(api, body, status.from_deployment(
             spec, deployment, generation=generation, previous=previous,
-            pods=await engine_pods(api, spec.namespace, spec.name)))
+            pods=await engine_pods(api, spec.namespace, spec.name),
+            router=await router_deployment(api, spec)))
+
+
+async def router_deployment(api: KubeApi, spec: Any) -> dict[str, Any] | None:
+    if not spec.router.enabled:
+        return None
+    return await api.get(KINDS["Deployment"], spec.namespace, f"{spec.name}-router")
 
 
 async def engine_pods(api: KubeApi, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -208,16 +215,23 @@ async def _status_from_event(owner_name: str, namespace: str, memo: Any) -> None
         pods = await engine_pods(api, namespace, owner_name)
         await _write_status(api, owner, status.from_deployment(
             spec, deployment, generation=owner["metadata"].get("generation"),
-            previous=owner.get("status") or {}, pods=pods))
+            previous=owner.get("status") or {}, pods=pods,
+            router=await router_deployment(api, spec)))
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
 async def deployment_event(type: str | None, body: kopf.Body, memo: Any,
                            logger: kopf.Logger, **_: Any) -> None:
     owner_name = _owner(body)
-    if owner_name is None or body["metadata"]["name"] != owner_name:
-        return  # not an engine Deployment (the router's is named <owner>-router)
+    if owner_name is None:
+        return
     namespace = body["metadata"]["namespace"]
+    if body["metadata"]["name"] == f"{owner_name}-router":
+        if type != "DELETED":  # the router's readiness is part of the owner's Ready
+            await _status_from_event(owner_name, namespace, memo)
+        return
+    if body["metadata"]["name"] != owner_name:
+        return
     if type == "DELETED":
         api, _, _ = _shared(memo)
         owner = await api.get(PIS, namespace, owner_name)

@@ -94,8 +94,11 @@ def pod_failure(pods: Sequence[Mapping[str, Any]], container: str = "engine") ->
 
 def from_deployment(spec: ServiceSpec, deployment: Mapping[str, Any], *,
                     generation: int | None, previous: Mapping[str, Any],
-                    pods: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
-    """Status for a valid spec whose children were applied; `pods` are the engine's."""
+                    pods: Sequence[Mapping[str, Any]] = (),
+                    router: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Status for a valid spec whose children were applied; `pods` are the engine's,
+    `router` the router Deployment when spec.router is enabled (the Service then sends
+    every request through it, so the resource is not Ready before one router pod is)."""
     conditions = previous.get("conditions") or []
     dspec = deployment.get("spec", {})
     dstatus = deployment.get("status", {})
@@ -113,6 +116,10 @@ def from_deployment(spec: ServiceSpec, deployment: Mapping[str, Any], *,
 
     if desired == 0:
         ready_cond = (False, "ScaledToZero", "spec.replicas is 0")
+    elif ready >= desired and caught_up and spec.router.enabled \
+            and int((router or {}).get("status", {}).get("readyReplicas") or 0) < 1:
+        ready_cond = (False, "RouterNotReady", f"{counts}; no router pod ready yet (the "
+                      "Service sends requests through the router)")
     elif ready >= desired and caught_up:
         ready_cond = (True, "AllReplicasReady", counts)
     else:

@@ -172,3 +172,21 @@ async def test_restart_and_repeated_reconciles_change_nothing(cluster, operator)
     assert {r: cluster.count("POST", r) for r in child_resources} == posts
     assert {r: cluster.count("PATCH", r) for r in CHILDREN} == patches
     assert cluster.count("GET", DEPLOYMENTS) > 0  # it did look, and found nothing to do
+
+
+async def test_with_a_router_ready_waits_for_a_router_pod(cluster, operator):
+    await create(cluster, spec={**SPEC, "router": {"enabled": True}})
+    await eventually(lambda: (NAMESPACE, "qwen-router") in cluster.live(DEPLOYMENTS),
+                     message="router Deployment")
+    generation = deployment(cluster)["metadata"]["generation"]
+    ready = {"status": {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2,
+                        "availableReplicas": 2, "observedGeneration": generation}}
+    await call(cluster, "PATCH", api_path(DEPLOYMENTS, "qwen", subresource="status"), ready)
+    await eventually(lambda: condition(pis(cluster), "Ready").get("reason") == "RouterNotReady",
+                     message="Ready=False, RouterNotReady")
+    assert condition(pis(cluster), "Ready")["status"] == "False"
+    router_ready = {"status": {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}}
+    await call(cluster, "PATCH", api_path(DEPLOYMENTS, "qwen-router", subresource="status"),
+               router_ready)
+    await eventually(lambda: condition(pis(cluster), "Ready")["status"] == "True",
+                     message="Ready=True once a router pod is ready")
