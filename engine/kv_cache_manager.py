@@ -156,19 +156,21 @@ class KVCacheManager:
         reclaimed = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         return needed <= self.num_available - reclaimed
 
-    def admit(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> None:
-        """First allocation of a waiting sequence: reuse the cached prefix, add fresh blocks."""
+    def admit(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> int:
+        """First allocation of a waiting sequence: reuse the cached prefix, add fresh blocks.
+        Returns the number of tokens the cache already holds (the caller's computed count)."""
         assert not seq.block_table and seq.num_computed_tokens == 0
         assert self.can_admit(seq, hits, num_new_tokens)
         for block_id in hits:
             self._share(self.blocks[block_id])
         seq.block_table = list(hits)
-        seq.num_computed_tokens = len(hits) * self.block_size
+        num_cached = len(hits) * self.block_size
         if self.enable_prefix_caching:
             self.prefix_queries += seq.num_tokens
-            self.prefix_hits += seq.num_computed_tokens
-        needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(hits)
+            self.prefix_hits += num_cached
+        needed = self.blocks_for(num_cached + num_new_tokens) - len(hits)
         seq.block_table.extend(self._take().block_id for _ in range(needed))
+        return num_cached
 
     def _needs_cow(self, seq: Sequence) -> bool:
         """Will the next write land in a partially filled block that another sequence shares?"""

@@ -1,17 +1,32 @@
 """The step loop: scheduler → model runner → sampler → detokenizer → outputs."""
 from __future__ import annotations
 
+import functools
 import itertools
+import logging
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.config import EngineConfig, RuntimeInfo
-from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache_manager import KVCacheManager
-from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from engine.output_processor import OutputProcessor, RequestState
+from engine.outputs import RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+
+def _locked(method):
+    """One caller at a time: the engine is driven from one thread, but a test's leak check
+    (or a stats reader) may look from another and must see a step boundary."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self.lock:
+            return method(self, *args, **kwargs)
+    return wrapper
 
 
 @dataclass
@@ -35,23 +50,11 @@ class EngineStats:
     generation_tokens: int
 
 
-@dataclass
-class _Request:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    priority: int
-    metrics: RequestMetrics
-    seqs: list[Sequence] = field(default_factory=list)
-    detoks: dict[int, IncrementalDetokenizer] = field(default_factory=dict)
-
-
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         from transformers import AutoTokenizer
 
-        from engine.model_loader import resolve_model_path
+        from engine.model_loader import default_served_name, resolve_model_path
         from engine.model_runner import ModelRunner
         from engine.sampler import Sampler
 
@@ -77,8 +80,9 @@ class LLMEngine:
         eos = {eos} if isinstance(eos, int) else set(eos or [])
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
+        served = config.served_model_name or default_served_name(config.model, path)
         self.info = RuntimeInfo(
-            model_path=str(path), model_name=config.served_model_name or path.name,
+            model_path=str(path), model_name=served,
             max_model_len=max_model_len, num_blocks=num_blocks, block_size=config.block_size,
             eos_token_ids=frozenset(eos), vocab_size=self.runner.vocab_size,
             kv_bytes_per_block=self.runner.kv_bytes_per_block, device=str(self.runner.device),
@@ -90,10 +94,11 @@ class LLMEngine:
                                    policy=config.scheduling_policy)
         self.sampler = Sampler(eos_token_ids=self.info.eos_token_ids, seed=config.seed,
                                device=self.runner.device)
-        self._requests: dict[str, _Request] = {}
+        self.output = OutputProcessor(self.tokenizer, self.info, self.scheduler, self.sampler)
+        self._requests: dict[str, RequestState] = {}
         self._arrivals = itertools.count()
+        self.lock = threading.RLock()
         self.prompt_tokens_total = 0
-        self.generation_tokens_total = 0
 
     @classmethod
     def from_args(cls, **kwargs) -> "LLMEngine":
@@ -108,50 +113,49 @@ class LLMEngine:
         return self.info.num_blocks
 
     # ---- requests ---------------------------------------------------------------------------
+    @_locked
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, *,
                     priority: int = 0, cache_salt: str | None = None,
                     arrival_time: float | None = None) -> None:
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        vocab = self.info.vocab_size
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
         else:
             text, ids = None, list(prompt)
-            if any(not isinstance(t, int) or not 0 <= t < self.info.vocab_size for t in ids):
-                raise ValueError(f"prompt_token_ids must be integers in [0, {self.info.vocab_size})")
+            if any(type(t) is not int or not 0 <= t < vocab for t in ids):
+                raise ValueError(f"prompt_token_ids must be integers in [0, {vocab})")
         if not ids:
             raise ValueError("the prompt is empty; send at least one token")
+        bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"stop_token_ids must be in [0, {vocab}) (the vocabulary); "
+                             f"got {bad[:4]}")
         max_len = self.info.max_model_len
         if len(ids) >= max_len:
             raise ValueError(f"the prompt has {len(ids)} tokens but max_model_len is {max_len}; "
                              "shorten the prompt or raise max_model_len")
         if params.n > self.config.max_num_seqs:
             raise ValueError(f"n={params.n} exceeds max_num_seqs={self.config.max_num_seqs}")
-        req = _Request(request_id, text, ids, params, priority,
-                       RequestMetrics(arrival_time or time.monotonic()))
+        req = RequestState(request_id, text, ids, params, priority,
+                           RequestMetrics(arrival_time or time.monotonic()))
         seq = Sequence(request_id=request_id, token_ids=list(ids), num_prompt_tokens=len(ids),
                        params=params, priority=priority, arrival_order=next(self._arrivals),
                        cache_salt=cache_salt, logprobs=[] if params.logprobs is not None else None)
-        self._add_seq(req, seq)
+        self.output.add_seq(req, seq)
         self._requests[request_id] = req
         self.scheduler.add(seq)
         self.prompt_tokens_total += len(ids)
 
-    def _add_seq(self, req: _Request, seq: Sequence) -> None:
-        p = req.params
-        req.seqs.append(seq)
-        req.detoks[seq.index] = IncrementalDetokenizer(
-            self.tokenizer, skip_special_tokens=p.skip_special_tokens, stop=p.stop_list,
-            include_stop_str_in_output=p.include_stop_str_in_output)
-
+    @_locked
     def abort_request(self, request_id: str) -> None:
         req = self._requests.pop(request_id, None)
         if req is None:
             return
         for seq in req.seqs:
             if not seq.is_finished:
-                self.scheduler.finish(seq, "abort")
-                self.sampler.forget(seq)
+                self.output.retire(seq, "abort")
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
@@ -160,7 +164,15 @@ class LLMEngine:
         return len(self._requests)
 
     # ---- one step ---------------------------------------------------------------------------
+    @_locked
     def step(self) -> list[RequestOutput]:
+        """Schedule, run the model, sample, and process the outputs of one step.
+
+        A step that raises fails only the requests responsible: the step's work is redone
+        one request at a time (nothing is committed before the whole batch succeeded), and
+        the requests that still raise alone come out finished with `error` set. Device
+        faults (the accelerator itself is broken) still raise.
+        """
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
@@ -168,90 +180,105 @@ class LLMEngine:
         for seq in batch.seqs:
             m = self._requests[seq.request_id].metrics
             m.first_scheduled_time = m.first_scheduled_time or now
+        snapshot = self.sampler.snapshot(batch.seqs)
+        try:
+            done = [(batch, self._run(batch))]
+            failed: dict[str, Exception] = {}
+        except Exception as exc:  # noqa: BLE001 - isolated below, re-raised if global
+            self._raise_if_global(exc)
+            logger.warning("a step of %d sequences raised %r; retrying it request by request",
+                           len(batch.seqs), exc)
+            self.sampler.restore(snapshot)
+            done, failed = self._run_each_request(batch)
+        outputs = []
+        for sub, samples in done:
+            outputs += self._commit(sub, samples, failed)
+        now = time.monotonic()
+        for request_id, exc in failed.items():
+            outputs.append(self._fail(self._requests[request_id], exc, now))
+        return outputs
+
+    def _run(self, batch: ScheduledBatch) -> list[tuple[Sequence, Sequence | None, tuple]]:
+        """Model and sampler, without committing anything: (sample seq, its parent if it is a
+        new fork, (token, logprob, top logprobs)) for each sampled sequence."""
         logits, rows = self.runner.execute(batch)
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += n
-            self.kv.cache_full_blocks(seq, n)
-        sample_seqs, sample_rows = [], []
+        sample_seqs: list[Sequence] = []
+        parents: list[Sequence | None] = []
+        sample_rows: list[int] = []
         for row, i in enumerate(rows):
             seq = batch.seqs[i]
-            for s in self._fork_if_needed(seq):
-                sample_seqs.append(s)
-                sample_rows.append(row)
-        touched: dict[str, _Request] = {}
-        if sample_seqs:
-            result = self.sampler(logits[sample_rows], sample_seqs)
-            now = time.monotonic()
-            for j, seq in enumerate(sample_seqs):
-                req = self._requests[seq.request_id]
-                touched[req.request_id] = req
-                self._append_token(req, seq, result.token_ids[j], result.logprobs[j],
-                                   result.top_logprobs[j], now)
-        return [self._make_output(req) for req in touched.values()]
+            sample_seqs.append(seq)
+            parents.append(None)
+            sample_rows.append(row)
+            if seq.params.n > 1 and not seq.has_forked:  # the prompt ended: fork n samples
+                for index in range(1, seq.params.n):
+                    sample_seqs.append(seq.fork(index))
+                    parents.append(seq)
+                    sample_rows.append(row)
+        if not sample_seqs:
+            return []
+        r = self.sampler(logits[sample_rows], sample_seqs)
+        return [(s, parent, token) for s, parent, token in zip(
+            sample_seqs, parents, zip(r.token_ids, r.logprobs, r.top_logprobs))]
 
-    def _fork_if_needed(self, seq: Sequence) -> list[Sequence]:
-        """At the end of a prompt, an n > 1 request forks into n samples sharing its blocks."""
-        n = seq.params.n
-        if n == 1 or seq.has_forked:
-            return [seq]
-        seq.has_forked = True
-        req = self._requests[seq.request_id]
-        children = []
-        for index in range(1, n):
-            child = seq.fork(index)
-            self.kv.fork(seq, child)
-            self._add_seq(req, child)
-            self.scheduler.running.append(child)
-            children.append(child)
-        return [seq, *children]
+    def _run_each_request(self, batch: ScheduledBatch):
+        """The failed step again, one request's sequences at a time (in batch order, so a
+        copy-on-write copy still precedes the write into its source block)."""
+        groups: dict[str, list[int]] = {}
+        for i, seq in enumerate(batch.seqs):
+            groups.setdefault(seq.request_id, []).append(i)
+        done, failed = [], {}
+        for request_id, idx in groups.items():
+            seqs = [batch.seqs[i] for i in idx]
+            owned = {b for s in seqs for b in s.block_table}
+            sub = ScheduledBatch(seqs=seqs, num_new_tokens=[batch.num_new_tokens[i] for i in idx],
+                                 blocks_to_copy=[c for c in batch.blocks_to_copy if c[1] in owned])
+            try:
+                done.append((sub, self._run(sub)))
+            except Exception as exc:  # noqa: BLE001
+                self._raise_if_global(exc)
+                logger.exception("request %s failed its step", request_id)
+                failed[request_id] = exc
+        return done, failed
 
-    def _append_token(self, req: _Request, seq: Sequence, token: int, logprob: float,
-                      top: dict[int, float] | None, now: float) -> None:
-        m = req.metrics
-        m.first_token_time = m.first_token_time or now
-        m.last_token_time = now
-        seq.token_ids.append(token)
-        seq.cumulative_logprob += logprob
-        if seq.logprobs is not None:
-            seq.logprobs.append(top or {token: logprob})
-        self.generation_tokens_total += 1
-        p = seq.params
-        detok = req.detoks[seq.index]
-        reason = None
-        if token in p.stop_token_ids:  # the sampler banned these until min_tokens
-            reason, seq.stop_reason = "stop", token
-        elif not p.ignore_eos and token in self.info.eos_token_ids:
-            reason = "stop"
-        else:
-            stop_str = detok.add(token)
-            if stop_str is not None:
-                reason, seq.stop_reason = "stop", stop_str
-        if reason is None:
-            max_tokens = p.max_tokens or self.info.max_model_len
-            if seq.num_output_tokens >= max_tokens or seq.num_tokens >= self.info.max_model_len:
-                reason = "length"
-        if reason is not None:
-            detok.flush()
-            self.scheduler.finish(seq, reason)
-            self.sampler.forget(seq)
-            if all(s.is_finished for s in req.seqs) and len(req.seqs) == p.n:
-                m.finished_time = now
+    def _commit(self, batch: ScheduledBatch, samples, failed: dict[str, Exception]
+                ) -> list[RequestOutput]:
+        """Apply a successful run, one request at a time: a request whose output processing
+        raises is failed alone (its partial state goes with its blocks)."""
+        work: dict[str, list] = {}
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            work.setdefault(seq.request_id, [[], []])[0].append((seq, n))
+        for sample in samples:
+            work[sample[0].request_id][1].append(sample)
+        outputs = []
+        now = time.monotonic()
+        for request_id, (computed, sampled) in work.items():
+            req = self._requests[request_id]
+            try:
+                for seq, n in computed:
+                    self.scheduler.advance(seq, n)
+                for seq, parent, (token, logprob, top) in sampled:
+                    if parent is not None:
+                        self.scheduler.fork(parent, seq)
+                        self.output.add_seq(req, seq)
+                    self.output.append_token(req, seq, token, logprob, top, now)
+                if sampled:
+                    outputs.append(self.output.make_output(req))
+                    if req.metrics.finished_time is not None:
+                        del self._requests[request_id]
+            except Exception as exc:  # noqa: BLE001
+                self._raise_if_global(exc)
+                logger.exception("request %s failed processing its output", request_id)
+                failed[request_id] = exc
+        return outputs
 
-    def _make_output(self, req: _Request) -> RequestOutput:
-        outs = []
-        for seq in sorted(req.seqs, key=lambda s: s.index):
-            detok = req.detoks[seq.index]
-            outs.append(CompletionOutput(
-                index=seq.index, text=detok.text, token_ids=list(seq.output_token_ids),
-                cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
-                logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
-                finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))
-        finished = req.metrics.finished_time is not None
-        if finished:
-            del self._requests[req.request_id]
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished,
-                             req.metrics, num_cached_tokens=req.seqs[0].num_cached_tokens,
-                             priority=req.priority)
+    def _fail(self, req: RequestState, exc: Exception, now: float) -> RequestOutput:
+        self._requests.pop(req.request_id, None)
+        return self.output.fail(req, exc, now)
+
+    def _raise_if_global(self, exc: Exception) -> None:
+        if self.runner.is_device_fault(exc):
+            raise exc
 
     # ---- statistics -------------------------------------------------------------------------
     def get_stats(self) -> EngineStats:
@@ -267,8 +294,9 @@ class LLMEngine:
             prefix_cache_queries=kv.prefix_queries, prefix_cache_hits=kv.prefix_hits,
             num_preemptions=self.scheduler.num_preemptions, cow_copies=kv.cow_copies,
             evictions=kv.evictions, prompt_tokens=self.prompt_tokens_total,
-            generation_tokens=self.generation_tokens_total)
+            generation_tokens=self.output.generation_tokens_total)
 
+    @_locked
     def check_no_leaks(self) -> None:
         """All blocks free or cached and ref counts consistent (tests call this)."""
         self.kv.check_invariants(self.scheduler.live_sequences())

@@ -151,6 +151,16 @@ class ModelRunner:
                            self.head_dim, dtype=self.dtype, device=self.device)
         self.kv_caches = [(pool[0, i], pool[1, i]) for i in range(self.num_layers)]
 
+    @staticmethod
+    def is_device_fault(exc: BaseException) -> bool:
+        """Whether the accelerator itself failed (every later step would too), as opposed to
+        one request's work raising."""
+        accelerator_error = getattr(torch, "AcceleratorError", None)
+        if accelerator_error is not None and isinstance(exc, accelerator_error):
+            return True
+        message = str(exc)
+        return "CUDA error" in message or "device-side assert" in message
+
     # ---- one step -------------------------------------------------------------------------
     def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
         """Run one step. Returns logits [num_sampled, vocab] (fp32) and, for each row, the

@@ -11,7 +11,7 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float | None = None
     logprobs: list[dict[int, float]] | None = None
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: str | int | None = None
 
     def finished(self) -> bool:
@@ -38,3 +38,6 @@ class RequestOutput:
     num_cached_tokens: int = 0
     priority: int = 0
     extra: dict = field(default_factory=dict)
+    # Set (a short message) when the engine failed this request: it comes out once, finished,
+    # with its unfinished samples' finish_reason "error"; other requests carry on.
+    error: str | None = None

@@ -29,6 +29,19 @@ class Sampler:
     def forget(self, seq: Sequence) -> None:
         self._seq_generators.pop(seq.seq_id, None)
 
+    def snapshot(self, seqs: list[Sequence]) -> tuple[int, dict[int, torch.Tensor]]:
+        """The seeded streams of `seqs`, so that a failed step can be redone drawing the same."""
+        states = {s.seq_id: g.get_state() for s in seqs
+                  if (g := self._seq_generators.get(s.seq_id)) is not None}
+        return len(self._seq_generators), states
+
+    def restore(self, snapshot: tuple[int, dict[int, torch.Tensor]]) -> None:
+        num_before, states = snapshot
+        for seq_id in list(self._seq_generators)[num_before:]:  # made since (new forks)
+            del self._seq_generators[seq_id]
+        for seq_id, state in states.items():
+            self._seq_generators[seq_id].set_state(state)
+
     def _generator(self, seq: Sequence) -> torch.Generator:
         gen = self._seq_generators.get(seq.seq_id)
         if gen is None:  # sample i of a request seeded s draws like a request seeded s + i
@@ -105,21 +118,43 @@ class Sampler:
 
     @staticmethod
     def _truncate(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """Top-k, top-p and min-p, vectorised over rows with per-row settings."""
         vocab = logits.shape[1]
-        dev = logits.device
-        top_k = torch.tensor([s.params.top_k if s.params.top_k > 0 else vocab for s in seqs], device=dev)
-        top_p = torch.tensor([s.params.top_p for s in seqs], device=dev)
-        min_p = torch.tensor([s.params.min_p for s in seqs], device=dev)
-        if bool((top_k >= vocab).all() & (top_p >= 1).all() & (min_p <= 0).all()):
+        # top_k >= vocab (any size: the clamp happens before a tensor is made) means "off"
+        top_k = [s.params.top_k if 0 < s.params.top_k < vocab else vocab for s in seqs]
+        top_p = [s.params.top_p for s in seqs]
+        min_p = [s.params.min_p for s in seqs]
+        if all(k == vocab for k in top_k) and all(p >= 1 for p in top_p) and not any(min_p):
             return logits
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        ranks = torch.arange(vocab, device=dev).unsqueeze(0)
-        drop = ranks >= top_k.unsqueeze(1)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs
-        drop |= mass_before >= top_p.unsqueeze(1)
-        drop |= probs < (min_p * probs[:, :1])
-        drop[:, 0] = False  # the most likely token always survives
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+        dev = logits.device
+        return truncate(logits, torch.tensor(top_k, device=dev),
+                        torch.tensor(top_p, device=dev, dtype=torch.float64),
+                        torch.tensor(min_p, device=dev, dtype=logits.dtype))
+
+
+def truncate(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+             min_p: torch.Tensor) -> torch.Tensor:
+    """Top-k, then top-p, then min-p, each on the distribution the previous one left
+    (transformers' warper order, vLLM's masks); the most likely token always survives.
+
+    logits: [rows, vocab] (temperature already applied); top_k: int [rows] in [1, vocab]
+    (vocab: off); top_p: float64 [rows] in (0, 1] (1: off); min_p: [rows] in [0, 1] (0: off).
+    """
+    vocab = logits.shape[1]
+    # Ascending order, as transformers and vLLM sort: the cut-offs below scan from the tail.
+    sorted_logits, order = logits.sort(dim=-1)
+    # top-k by value: every token tied with the k-th largest stays
+    kth = sorted_logits.gather(1, (vocab - top_k).long().unsqueeze(1))
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    # top-p on the renormalised survivors: drop the tail whose mass is <= 1 - top_p
+    tail_mass = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    # 1 - top_p rounded once to the logits' dtype, as transformers' `1 - self.top_p` is
+    threshold = (1 - top_p).to(logits.dtype).unsqueeze(1)
+    drop = (tail_mass <= threshold) & (top_p < 1).unsqueeze(1)
+    drop[:, -1] = False
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    # min-p: below min_p times the most likely token's probability (scale-free, so the
+    # renormalisation after top-p does not change it; the top token never falls below it)
+    probs = sorted_logits.softmax(dim=-1)
+    drop = probs < min_p.unsqueeze(1) * probs[:, -1:]
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)

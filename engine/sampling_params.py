@@ -1,7 +1,34 @@
 """Per-request sampling settings, under vLLM's names."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+# What torch.Generator.manual_seed takes; sample i of a request uses seed + i, so
+# seed + n - 1 must stay inside it too.
+SEED_MIN, SEED_MAX = -2**63, 2**64 - 1
+_MIN_TEMPERATURE = 1e-2
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value, *, low: int | None = None, high: int | None = None) -> None:
+    if not _is_int(value):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be an integer {bounds}, got {value!r}")
+
+
+def _check_float(name: str, value, *, low: float | None = None,
+                 high: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be {bounds}, got {value!r}")
 
 
 @dataclass(kw_only=True)
@@ -26,31 +53,35 @@ class SamplingParams:
     stop_list: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        _check_int("n", self.n, low=1)
+        _check_float("temperature", self.temperature, low=0.0)
+        if 0.0 < self.temperature < _MIN_TEMPERATURE:  # as vLLM: 1/T would overflow the logits
+            self.temperature = _MIN_TEMPERATURE
+        _check_float("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k is None:
             self.top_k = -1
-        if not isinstance(self.top_k, int) or self.top_k < -1:
+        # any size: values >= the vocabulary mean "off" (the sampler clamps), as in vLLM
+        if not _is_int(self.top_k) or self.top_k < -1:
             raise ValueError(f"top_k must be -1 (disabled) or a positive integer, got {self.top_k!r}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens!r}")
+        _check_float("min_p", self.min_p, low=0.0, high=1.0)
+        if self.seed is not None:
+            _check_int("seed", self.seed, low=SEED_MIN, high=SEED_MAX)
+            if self.seed + self.n - 1 > SEED_MAX:  # sample i draws with seed + i
+                raise ValueError(f"seed + n - 1 must be <= {SEED_MAX} (sample i is seeded with "
+                                 f"seed + i); got seed={self.seed}, n={self.n}")
+        if self.max_tokens is not None:
+            _check_int("max_tokens", self.max_tokens, low=1)
+        _check_int("min_tokens", self.min_tokens, low=0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(
                 f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs!r}")
-        if not -2.0 <= self.presence_penalty <= 2.0:
-            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty!r}")
-        if not -2.0 <= self.frequency_penalty <= 2.0:
-            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty!r}")
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, low=0, high=20)
+        _check_float("presence_penalty", self.presence_penalty, low=-2.0, high=2.0)
+        _check_float("frequency_penalty", self.frequency_penalty, low=-2.0, high=2.0)
+        _check_float("repetition_penalty", self.repetition_penalty)
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
         if isinstance(self.stop, str):
@@ -60,6 +91,9 @@ class SamplingParams:
         if any(not isinstance(s, str) or not s for s in self.stop_list):
             raise ValueError("stop must be a non-empty string or a list of non-empty strings")
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be token ids (integers >= 0), "
+                             f"got {self.stop_token_ids!r}")
 
     @property
     def greedy(self) -> bool:

@@ -65,6 +65,22 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
+    def advance(self, seq: Sequence, num_new_tokens: int) -> None:
+        """The step computed `num_new_tokens` of seq: count them, offer its full blocks to
+        the prefix cache."""
+        seq.num_computed_tokens += num_new_tokens
+        self.kv.cache_full_blocks(seq, num_new_tokens)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """At the end of its prompt a request's sample 0 (`parent`) forks into a running
+        sibling sharing its blocks (after `advance` for the step that ended the prompt)."""
+        parent.has_forked = True
+        child.has_forked = True
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.status = SequenceStatus.RUNNING
+        self.kv.fork(parent, child)
+        self.running.append(child)
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.kv.free(seq)
@@ -113,7 +129,7 @@ class Scheduler:
             if not self.kv.can_admit(seq, hits, num_new):
                 break
             self.waiting.pop(0)
-            self.kv.admit(seq, hits, num_new)
+            seq.num_computed_tokens = self.kv.admit(seq, hits, num_new)
             if not seq.has_forked and seq.num_output_tokens == 0:
                 seq.num_cached_tokens = seq.num_computed_tokens
             seq.status = SequenceStatus.RUNNING

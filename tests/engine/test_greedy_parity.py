@@ -46,10 +46,12 @@ VARIANTS = {
     "bs1-noprefix": dict(block_size=1, enable_prefix_caching=False),
     "bs32": dict(block_size=32),
     "bs16-noprefix": dict(block_size=16, enable_prefix_caching=False),
-    "chunked": dict(block_size=16, max_num_batched_tokens=24),
-    "chunked-bs1": dict(block_size=1, max_num_batched_tokens=7),
+    # max_num_seqs <= max_num_batched_tokens: vLLM's rule, which EngineConfig enforces
+    "chunked": dict(block_size=16, max_num_batched_tokens=24, max_num_seqs=24),
+    "chunked-bs1": dict(block_size=1, max_num_batched_tokens=7, max_num_seqs=7),
     # one max-length sequence fits, 18 concurrent ones do not: forces preemption
-    "preempt": dict(block_size=16, num_gpu_blocks_override=16, max_num_batched_tokens=64),
+    "preempt": dict(block_size=16, num_gpu_blocks_override=16, max_num_batched_tokens=64,
+                    max_num_seqs=32),
     "preempt-noprefix": dict(block_size=16, num_gpu_blocks_override=16, enable_prefix_caching=False),
 }
 

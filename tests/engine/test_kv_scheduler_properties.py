@@ -64,18 +64,15 @@ class EngineModel(RuleBasedStateMachine):
         for seq in batch.preempted:
             assert seq.status is SequenceStatus.WAITING and not seq.block_table
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += n
-            self.kv.cache_full_blocks(seq, n)
+            self.sched.advance(seq, n)
         for seq in list(batch.seqs):
             if seq.num_computed_tokens != seq.num_tokens:
                 continue
             group = [seq]
             if seq.params.n > 1 and not seq.has_forked:
-                seq.has_forked = True
                 for index in range(1, seq.params.n):
                     child = seq.fork(index)
-                    self.kv.fork(seq, child)
-                    self.sched.running.append(child)
+                    self.sched.fork(seq, child)
                     self.requests[seq.request_id].append(child)
                     group.append(child)
             for s in group:

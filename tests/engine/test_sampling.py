@@ -131,3 +131,21 @@ def test_abort_mid_generation_frees_blocks(tiny_checkpoints):
     engine.abort_request("b")
     assert not engine.has_unfinished_requests()
     assert engine.get_stats().num_used_blocks == 0
+
+
+def test_batched_truncation_mixed_with_plain_rows(llm):
+    """Two or more rows with top-p/top-k/min-p in one step (once a crash), next to rows
+    that use none: greedy-equivalent settings still give the greedy tokens."""
+    greedy = _ids(llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)))
+    same = dict(max_tokens=8, ignore_eos=True)
+    outs = llm.generate(["Hello", "Hello", PROMPT, PROMPT, PROMPT, "world"], [
+        SamplingParams(temperature=0.8, top_p=0.9, **same),
+        SamplingParams(temperature=0.8, top_k=5, min_p=0.05, **same),
+        SamplingParams(temperature=1.3, top_k=1, **same),
+        SamplingParams(temperature=0, **same),
+        SamplingParams(temperature=1.0, top_p=1e-6, min_p=0.5, top_k=9223372036854775807, **same),
+        SamplingParams(temperature=1.0, presence_penalty=0.5, seed=1, **same)])
+    assert [len(o.outputs[0].token_ids) for o in outs] == [8] * 6
+    assert outs[2].outputs[0].token_ids == greedy
+    assert outs[3].outputs[0].token_ids == greedy
+    assert outs[4].outputs[0].token_ids == greedy
