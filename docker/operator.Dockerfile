@@ -1,4 +1,5 @@
-# The operator image: kopf, the kubernetes client and the paged_operator package (no torch).
+# The operator image: kopf, the kubernetes client, the paged_operator package and the
+# engine's settings table (no torch).
 # Build from the repository root:
 #   docker build -f docker/operator.Dockerfile -t pagedinference/operator:0.1.0 .
 FROM python:3.11-slim AS runtime
@@ -14,7 +15,10 @@ RUN pip install "kopf>=1.45,<2" "kubernetes>=33"
 
 WORKDIR /app
 COPY operator/paged_operator /app/paged_operator
-RUN python -m compileall -q /app/paged_operator
+# The engine's settings table (torch-free): spec.engine parsing and the flag mapping use it.
+# engine/__init__.py imports the engine lazily, so only these files are needed.
+COPY engine/__init__.py engine/settings.py engine/settings_k8s.py /app/engine/
+RUN python -m compileall -q /app/paged_operator /app/engine
 
 # The chart runs it as UID 1000 with a read-only root filesystem (/tmp is an emptyDir).
 RUN useradd --uid 1000 --user-group --no-create-home --home-dir /tmp operator

@@ -22,23 +22,17 @@ from typing import Any
 
 import yaml
 
-# setting -> (engine flag, spec.engine key, Python type)
-SETTINGS: dict[str, tuple[str, str, type]] = {
-    "block_size": ("--block-size", "blockSize", int),
-    "gpu_memory_utilization": ("--gpu-memory-utilization", "gpuMemoryUtilization", float),
-    "max_num_seqs": ("--max-num-seqs", "maxNumSeqs", int),
-    "max_num_batched_tokens": ("--max-num-batched-tokens", "maxNumBatchedTokens", int),
-    "max_model_len": ("--max-model-len", "maxModelLen", int),
-    "enable_prefix_caching": ("--enable-prefix-caching", "enablePrefixCaching", bool),
-}
+from engine import settings as engine_settings
 
-DEFAULT_SPACE = {
-    "block_size": "pow2:8..128",
-    "gpu_memory_utilization": "0.5..0.95:step=0.05",
-    "max_num_seqs": "1..64:log",
-    "max_num_batched_tokens": "256..8192:log",
-}
-WIDE_BLOCK_SIZES = "pow2:1..256"
+# setting -> (engine flag, spec.engine key, Python type): the settings a sweep may vary are
+# the spec.engine ones of the settings table (engine/settings.py), since a result is applied
+# to spec.engine; the default space is each one's `tune` range.
+SETTINGS: dict[str, tuple[str, str, type]] = {
+    s.name: (s.flag, s.field, s.type) for s in engine_settings.SPEC_SETTINGS}
+
+DEFAULT_SPACE = {s.name: s.tune for s in engine_settings.SPEC_SETTINGS if s.tune}
+_BLOCK = engine_settings.SETTINGS["block_size"]
+WIDE_BLOCK_SIZES = f"pow2:{int(_BLOCK.minimum)}..{int(_BLOCK.maximum)}"
 
 
 class SpaceError(ValueError):
@@ -104,7 +98,7 @@ def parse_param(name: str, spec: Any) -> Param | None:
     if isinstance(spec, (list, tuple)):
         if not spec:
             raise SpaceError(f"{name}: empty list of choices")
-        return Param(name, choices=tuple(_convert(name, v) for v in spec))
+        return Param(name, choices=_allowed(name, (_convert(name, v) for v in spec)))
     if isinstance(spec, dict):
         unknown = set(spec) - {"low", "high", "step", "log"}
         if unknown or "low" not in spec or "high" not in spec:
@@ -120,7 +114,7 @@ def parse_param(name: str, spec: Any) -> Param | None:
         values = tuple(2 ** k for k in range(0, 31) if low <= 2 ** k <= high)
         if not values:
             raise SpaceError(f"{name}: no power of two in {text[5:]}")
-        return Param(name, choices=values)
+        return Param(name, choices=_allowed(name, values))
     if ".." in text:
         body, *options = text.split(":")
         low, high = _bounds(name, body)
@@ -133,7 +127,19 @@ def parse_param(name: str, spec: Any) -> Param | None:
             else:
                 raise SpaceError(f"{name}: unknown range option {option!r} (use log or step=S)")
         return _range(name, low, high, step, log)
-    return Param(name, choices=tuple(_convert(name, v) for v in text.split(",") if v.strip()))
+    return Param(name, choices=_allowed(name, (_convert(name, v) for v in text.split(",")
+                                               if v.strip())))
+
+
+def _allowed(name: str, values: Any) -> tuple:
+    """Values the engine accepts (the settings table's rule), else SpaceError naming it."""
+    out = tuple(values)
+    for value in out:
+        try:
+            engine_settings.check(name, value)
+        except ValueError as exc:
+            raise SpaceError(str(exc)) from None
+    return out
 
 
 def _bounds(name: str, text: str) -> tuple[float, float]:
@@ -146,7 +152,10 @@ def _bounds(name: str, text: str) -> tuple[float, float]:
 def _range(name: str, low: Any, high: Any, step: Any, log: bool) -> Param:
     if SETTINGS[name][2] is bool:
         raise SpaceError(f"{name}: a boolean takes choices (true,false), not a range")
-    low, high = _convert(name, low), _convert(name, high)
+    if engine_settings.SETTINGS[name].power_of_two:
+        raise SpaceError(f"{name}: must be a power of two; give choices or pow2:LO..HI, "
+                         f"not a range")
+    low, high = _allowed(name, (_convert(name, low), _convert(name, high)))
     if low > high:
         raise SpaceError(f"{name}: empty range {low}..{high} (low > high)")
     if log and (low <= 0 or step is not None):

@@ -33,6 +33,7 @@ from engine.entrypoints.metrics import ServerMetrics
 from engine.entrypoints.middleware import ServerMiddleware
 from engine.entrypoints.protocol import (ChatCompletionRequest, CompletionRequest,
                                          DetokenizeRequest, TokenizeRequest)
+from engine.entrypoints.request_log import RequestLog
 from engine.entrypoints.serving import Serving
 from engine.entrypoints.tokenization import Tokenization
 
@@ -52,6 +53,8 @@ class ServerSettings:
     max_stream_backlog_tokens: int = 16384
     shutdown_grace_period: float = 30.0
     access_log_prompts: bool = False
+    request_log: str | None = None  # JSONL file of per-request lengths (request_log.py)
+    request_log_prefix_tokens: int = 32
 
 
 class ServerState:
@@ -122,6 +125,9 @@ def _load(state: ServerState, engine_factory: Callable[[], Any]) -> None:
                              enable_prefix_caching=cfg.enable_prefix_caching,
                              gpu_memory_utilization=cfg.gpu_memory_utilization)
     metrics.observe_stats(engine.get_stats())  # baseline: warm-up is not counted
+    if state.settings.request_log:
+        metrics.request_log = RequestLog(state.settings.request_log,
+                                         prefix_tokens=state.settings.request_log_prefix_tokens)
     state.tokenization = Tokenization(
         copy.deepcopy(engine.tokenizer), max_prompt_bytes=state.settings.max_prompt_bytes,
         vocab_size=min(engine.info.vocab_size, len(engine.tokenizer)))
@@ -171,6 +177,8 @@ def build_app(*, engine_factory: Callable[[], Any], settings: ServerSettings,
             await state.async_engine.shutdown()
         if state.tokenization is not None:
             state.tokenization.close()
+        if state.metrics is not None and state.metrics.request_log is not None:
+            state.metrics.request_log.close()
 
     app = FastAPI(title="paged-inference", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state

@@ -13,15 +13,15 @@ import socket
 import sys
 from typing import Any
 
+from engine import settings as engine_settings
 from engine.entrypoints.api_server import ServerSettings, build_app
 
 logger = logging.getLogger("engine.server")
 
-# Flags that map 1:1 onto LLMEngine.from_args keyword arguments (None: engine default).
-ENGINE_FLAGS = ("served_model_name", "block_size", "gpu_memory_utilization", "max_num_seqs",
-                "max_num_batched_tokens", "max_model_len", "enable_prefix_caching",
-                "num_gpu_blocks_override", "seed", "dtype", "cpu_memory_gib", "cpu_threads",
-                "scheduling_policy")
+# Flags that map 1:1 onto LLMEngine.from_args keyword arguments (None: engine default):
+# every setting of engine/settings.py that has a flag, MODEL/--model aside.
+ENGINE_FLAGS = tuple(s.name for s in engine_settings.TABLE
+                     if s.flag is not None and s.name != "model")
 
 
 def _positive_int(text: str) -> int:
@@ -38,29 +38,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", dest="model_flag", default=None, help="same as MODEL")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed)")
-    p.add_argument("--served-model-name", default=None,
-                   help="model id in the API and in metrics labels (default: directory name, or "
-                        "a built-in model's name)")
-    p.add_argument("--block-size", type=_positive_int, default=None)
-    p.add_argument("--gpu-memory-utilization", type=float, default=None,
-                   help="fraction of device memory for weights + KV cache; on CPU, a fraction "
-                        "of --cpu-memory-gib")
-    p.add_argument("--max-num-seqs", type=_positive_int, default=None)
-    p.add_argument("--max-num-batched-tokens", type=_positive_int, default=None)
-    p.add_argument("--max-model-len", type=_positive_int, default=None)
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                   default=None)
-    p.add_argument("--num-gpu-blocks-override", type=_positive_int, default=None)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--dtype", default=None, help="auto, float32, float16 or bfloat16")
-    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default=None,
-                   help="priority: requests' `priority` field orders the queue (lower first)")
-    p.add_argument("--cpu-memory-gib", type=float,
-                   default=_env_float("PAGED_CPU_MEMORY_GIB"),
-                   help="CPU 'device memory' in GiB (env PAGED_CPU_MEMORY_GIB)")
-    p.add_argument("--cpu-threads", type=_positive_int, default=_env_int("PAGED_CPU_THREADS"),
-                   help="on CPU, torch intra-op threads (default: one per core; env "
-                        "PAGED_CPU_THREADS); fewer when other busy processes share the cores")
+    # The engine's settings, from the table (flags, types, bounds, env defaults).
+    engine_settings.add_arguments(p, skip=("model",))
     p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and "
                         "/detokenize (env VLLM_API_KEY)")
@@ -86,31 +65,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds in-flight requests may run after SIGTERM before being aborted")
     p.add_argument("--access-log-prompts", action="store_true",
                    help="include prompt text in access-log lines (off: never logged)")
+    p.add_argument("--request-log", default=None, metavar="FILE",
+                   help="append one JSON line per request to FILE: arrival time, prompt and "
+                        "output token counts, finish reason and prefix hashes (no text); "
+                        "`python -m tuner trace FILE` turns it into a replayable trace")
+    p.add_argument("--request-log-prefix-tokens", type=_positive_int, default=32, metavar="N",
+                   help="the request log's prefix group is a hash of the first N prompt tokens "
+                        "(deeper hashes at 2N, 4N, ...)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
-
-
-def _env_float(name: str) -> float | None:
-    raw = os.environ.get(name)
-    if raw is None:
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        raise SystemExit(f"{name}={raw!r} is not a number") from None
-
-
-def _env_int(name: str) -> int | None:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SystemExit(f"{name}={raw!r} is not a whole number") from None
-    if value < 1:
-        raise SystemExit(f"{name}={raw!r} must be >= 1")
-    return value
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -120,6 +83,10 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     kwargs = {name: getattr(args, name) for name in ENGINE_FLAGS
               if getattr(args, name) is not None}
     kwargs["model"] = args.model or args.model_flag
+    try:  # cross-setting rules, unset flags taking the engine's defaults
+        engine_settings.check_rules(kwargs, lambda s: s.flag or s.name)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     return kwargs
 
 
@@ -136,7 +103,20 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
                           max_prompt_bytes=args.max_prompt_bytes,
                           max_stream_backlog_tokens=args.max_stream_backlog_tokens,
                           shutdown_grace_period=args.shutdown_grace_period,
-                          access_log_prompts=args.access_log_prompts)
+                          access_log_prompts=args.access_log_prompts,
+                          request_log=_request_log_path(args.request_log),
+                          request_log_prefix_tokens=args.request_log_prefix_tokens)
+
+
+def _request_log_path(path: str | None) -> str | None:
+    """--request-log, checked before the model loads: its folder must exist."""
+    if path is None:
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise SystemExit(f"--request-log {path}: {folder} is not a writable folder; create it "
+                         "or choose another path")
+    return path
 
 
 def _api_key(args: argparse.Namespace) -> str | None:

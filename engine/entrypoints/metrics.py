@@ -40,6 +40,8 @@ class _Tracked:
     """What the metrics remember about one live request between steps."""
     num_tokens: int = 0
     last_token_time: float | None = None
+    prompt_token_ids: list | None = None  # for the request log (aborts have no output)
+    arrival_time: float | None = None
 
 
 class ServerMetrics:
@@ -122,6 +124,7 @@ class ServerMetrics:
         self._max_backlog = 0
         self._last_totals: dict[str, int] = {}
         self._tracked: dict[str, _Tracked] = {}
+        self.request_log: Any = None  # request_log.RequestLog (--request-log), or None
 
     def set_cache_config(self, *, block_size: int, num_gpu_blocks: int,
                          enable_prefix_caching: bool, gpu_memory_utilization: float) -> None:
@@ -156,6 +159,8 @@ class ServerMetrics:
         """Per-request figures from one step's (cumulative) RequestOutput."""
         tracked = self._tracked.setdefault(out.request_id, _Tracked())
         m = out.metrics
+        if tracked.prompt_token_ids is None:
+            tracked.prompt_token_ids, tracked.arrival_time = out.prompt_token_ids, m.arrival_time
         num_tokens = sum(len(c.token_ids) for c in out.outputs)
         new_tokens = num_tokens - tracked.num_tokens
         if new_tokens > 0:
@@ -182,6 +187,10 @@ class ServerMetrics:
         self._request_success.labels(self.model_name, "abort").inc()
         self.request_generation_tokens.observe(tracked.num_tokens if tracked else 0)
         self._observe_params(params)
+        if self.request_log is not None and tracked and tracked.prompt_token_ids is not None:
+            self.request_log.record(arrival_monotonic=tracked.arrival_time,
+                                    prompt_token_ids=tracked.prompt_token_ids,
+                                    output_tokens=tracked.num_tokens, finish_reason="abort")
 
     def _finish(self, out: Any, params: Any, reason: str) -> None:
         tracked = self._tracked.pop(out.request_id, _Tracked())
@@ -198,6 +207,10 @@ class ServerMetrics:
         self.request_prompt_tokens.observe(len(out.prompt_token_ids))
         self.request_generation_tokens.observe(tracked.num_tokens)
         self._observe_params(params)
+        if self.request_log is not None:
+            self.request_log.record(arrival_monotonic=m.arrival_time,
+                                    prompt_token_ids=out.prompt_token_ids,
+                                    output_tokens=tracked.num_tokens, finish_reason=reason)
 
     def _observe_params(self, params: Any) -> None:
         self.request_params_n.observe(params.n)

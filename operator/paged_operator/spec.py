@@ -12,6 +12,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from engine import settings as engine_settings
+from engine import settings_k8s
+
 from .fields import (DNS_LABEL, DNS_SUBDOMAIN, PERCENT_OR_INT, InvalidSpecError,
                      get_field, positive, quantity, quantity_value)
 from .access import (NetworkPolicy, Router, SecretKeyRef, parse_api_key, parse_network_policy,
@@ -31,52 +34,38 @@ MAX_NAME_LENGTH = 52
 
 # Flags the operator sets itself; passing them through extraArgs would contradict spec
 # (or, for --api-key/--api-key-file, put a key in argv: use spec.apiKeySecretRef).
-MANAGED_FLAGS = (
-    "--model", "--host", "--port", "--served-model-name", "--block-size",
-    "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len",
-    "--enable-prefix-caching", "--no-enable-prefix-caching", "--api-key-file",
-)
+# From the settings table (engine/settings.py), as is the CRD's extraArgs rule.
+MANAGED_FLAGS = settings_k8s.managed_flags()
 PROMETHEUS_URL = re.compile(r"^https?://[^\s/?#@]+(/[^\s]*)?$")
 AUTOSCALING_METRICS = {
     # spec value -> engine metric name (vLLM's), read per pod through the metrics pipeline
     "queueDepth": "vllm:num_requests_waiting",
     "kvCacheUsage": "vllm:kv_cache_usage_perc",
 }
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class EngineSettings:
-    block_size: int = 16
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    max_model_len: int | None = None
-    enable_prefix_caching: bool = True
-    extra_args: tuple[str, ...] = ()
 
-    def applied(self) -> dict[str, Any]:
-        """The settings in spec.engine's camelCase form, unset ones left out."""
-        out: dict[str, Any] = {
-            "blockSize": self.block_size,
-            "gpuMemoryUtilization": self.gpu_memory_utilization,
-            "maxNumSeqs": self.max_num_seqs,
-            "maxNumBatchedTokens": self.max_num_batched_tokens,
-            "maxModelLen": self.max_model_len,
-            "enablePrefixCaching": self.enable_prefix_caching,
-            "extraArgs": list(self.extra_args),
-        }
-        return {k: v for k, v in out.items() if v is not None}
 
-    def flags(self) -> list[str]:
-        """vLLM-named CLI flags for `python -m engine serve`."""
-        flags = ["--block-size", str(self.block_size),
-                 "--gpu-memory-utilization", repr(float(self.gpu_memory_utilization))]
-        for flag, value in (("--max-num-seqs", self.max_num_seqs),
-                            ("--max-num-batched-tokens", self.max_num_batched_tokens),
-                            ("--max-model-len", self.max_model_len)):
-            if value is not None:
-                flags += [flag, str(value)]
-        flags.append("--enable-prefix-caching" if self.enable_prefix_caching
-                     else "--no-enable-prefix-caching")
-        return flags + list(self.extra_args)
+def _applied(self) -> dict[str, Any]:
+    """The settings in spec.engine's camelCase form, unset ones left out."""
+    out = {s.field: getattr(self, s.name) for s in engine_settings.SPEC_SETTINGS}
+    return {k: v for k, v in out.items() if v is not None} | {"extraArgs": list(self.extra_args)}
+
+
+def _flags(self) -> list[str]:
+    """vLLM-named CLI flags for `python -m engine serve`."""
+    values = {s.name: getattr(self, s.name) for s in engine_settings.SPEC_SETTINGS}
+    return engine_settings.flags_for(values) + list(self.extra_args)
+
+
+# One field per spec.engine setting of the table (default: the CRD's, else None for the
+# engine's own), plus extra_args; methods applied() and flags().
+EngineSettings = dataclasses.make_dataclass(
+    "EngineSettings",
+    [(s.name, s.type if s.crd_default else s.type | None,  # type: ignore[operator]
+      dataclasses.field(default=s.default if s.crd_default else None))
+     for s in engine_settings.SPEC_SETTINGS]
+    + [("extra_args", tuple[str, ...], dataclasses.field(default=()))],
+    namespace={"applied": _applied, "flags": _flags, "__module__": __name__}, frozen=True,
+    kw_only=True)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -141,21 +130,10 @@ def managed_flag(arg: str) -> str | None:
 
 
 def parse_engine(engine: Mapping[str, Any]) -> EngineSettings:
-    block_size = get_field(engine, "blockSize", "engine.", int, 16)
-    if not 1 <= block_size <= 256 or block_size & (block_size - 1):
-        raise InvalidSpecError(f"spec.engine.blockSize must be a power of two in 1..256, "
-                               f"got {block_size}")
-    util = float(get_field(engine, "gpuMemoryUtilization", "engine.", (int, float), 0.9))
-    if not 0.0 < util <= 1.0:
-        raise InvalidSpecError(f"spec.engine.gpuMemoryUtilization must be in (0, 1], got {util}")
-    seqs = positive(get_field(engine, "maxNumSeqs", "engine.", int), "engine.maxNumSeqs")
-    tokens = positive(get_field(engine, "maxNumBatchedTokens", "engine.", int),
-                       "engine.maxNumBatchedTokens")
-    model_len = positive(get_field(engine, "maxModelLen", "engine.", int), "engine.maxModelLen")
-    if seqs is not None and tokens is not None and tokens < seqs:
-        raise InvalidSpecError(f"spec.engine.maxNumBatchedTokens ({tokens}) must be >= "
-                               f"spec.engine.maxNumSeqs ({seqs}): every running sequence "
-                               "needs at least one token per step")
+    try:  # each setting against the table, then max_num_batched_tokens >= max_num_seqs
+        values = settings_k8s.from_spec(engine)
+    except ValueError as exc:
+        raise InvalidSpecError(str(exc)) from None
     extra = get_field(engine, "extraArgs", "engine.", list, [])
     for arg in extra:
         if not isinstance(arg, str):
@@ -164,12 +142,7 @@ def parse_engine(engine: Mapping[str, Any]) -> EngineSettings:
             raise InvalidSpecError(f"spec.engine.extraArgs must not set {arg.split('=')[0]} "
                                    f"({managed}): the operator sets it from spec.engine, "
                                    "spec.model or spec.apiKeySecretRef")
-    return EngineSettings(block_size=block_size, gpu_memory_utilization=util,
-                          max_num_seqs=seqs, max_num_batched_tokens=tokens,
-                          max_model_len=model_len,
-                          enable_prefix_caching=get_field(engine, "enablePrefixCaching", "engine.",
-                                                     bool, True),
-                          extra_args=tuple(extra))
+    return EngineSettings(**values, extra_args=tuple(extra))
 
 
 def parse_autoscaling(auto: Mapping[str, Any] | None) -> Autoscaling | None:

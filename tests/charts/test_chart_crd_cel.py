@@ -17,7 +17,8 @@ RULES = rules(SCHEMA)
 VALID = [
     {},
     {"engine__maxNumSeqs": 64, "engine__maxNumBatchedTokens": 64},
-    {"engine__maxNumBatchedTokens": 8},                   # the other side unset
+    {"engine__maxNumBatchedTokens": 256},                 # >= the engine's default 256 seqs
+    {"engine__maxNumSeqs": 2048},                         # <= the engine's default 2048 tokens
     {"engine__extraArgs": ["--seed", "7", "--max-num-partial-prefills=2", "--enforce-eager",
                            "--model-impl", "x", "--hostname-alias", "--portable"]},
     {"autoscaling": {"maxReplicas": 1}},                  # minReplicas defaults to 1
@@ -31,6 +32,10 @@ VALID = [
 # (changes, where the broken rule is declared)
 INVALID = [
     ({"engine__maxNumSeqs": 64, "engine__maxNumBatchedTokens": 32}, "spec.engine"),
+    # The other side unset takes the engine's default (256 seqs, 2048 tokens), as the engine
+    # would, so a spec the engine refuses at start-up is refused at admission.
+    ({"engine__maxNumBatchedTokens": 8}, "spec.engine"),
+    ({"engine__maxNumSeqs": 4096}, "spec.engine"),
     ({"engine__extraArgs": ["--block-size=8"]}, "spec.engine.extraArgs"),
     ({"engine__extraArgs": ["--hos", "0.0.0.0"]}, "spec.engine.extraArgs"),
     ({"engine__extraArgs": ["--por=1"]}, "spec.engine.extraArgs"),

@@ -59,7 +59,8 @@ def test_server_settings_and_bad_values(monkeypatch):
     with pytest.raises(SystemExit):
         parse("--cpu-threads", "0")
     monkeypatch.setenv("PAGED_CPU_THREADS", "many")
-    with pytest.raises(SystemExit, match="PAGED_CPU_THREADS='many' is not a whole number"):
+    with pytest.raises(SystemExit, match="PAGED_CPU_THREADS must be a whole number >= 1 "
+                                         r"\(or unset\), got 'many'"):
         parse()
     monkeypatch.delenv("PAGED_CPU_THREADS")
     with pytest.raises(SystemExit, match="disagree"):

@@ -1,0 +1,257 @@
+"""The engine's settings table: the one source for every place that names a setting.
+
+From `TABLE` derive: `EngineConfig`'s checks (engine/config.py), the `python -m engine serve`
+flags (engine/entrypoints/cli.py), the operator's spec.engine parsing and flag mapping and
+the CRD's spec.engine schema (engine/settings_k8s.py; scripts/gen_crd_engine.py writes the
+schema into the chart) and the tuner's search space (tuner/space.py). Like vLLM's
+`EngineArgs`, but extended to the CRD and the tuner. docs/INTERFACES.md: how to add one.
+
+Torch-free on purpose: the operator image ships engine/__init__.py, this and settings_k8s.py.
+Errors have one format wherever a value comes from: `<name> must be <rule>, got <value>`,
+where <name> is how that source spells the setting (block_size, --block-size,
+spec.engine.blockSize, PAGED_CPU_THREADS); argparse writes `argument --block-size: must ...`.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str                        # EngineConfig field and LLM(...) keyword
+    type: type                       # int, float, bool or str
+    default: Any
+    help: str
+    flag: str | None = None          # `python -m engine serve` flag (vLLM's); None: Python only
+    field: str | None = None         # camelCase key of PagedInferenceService spec.engine
+    optional: bool = False           # None is allowed (and means "decided at start-up")
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+    power_of_two: bool = False
+    choices: tuple[Any, ...] | None = None
+    env: str | None = None           # environment variable that supplies the default
+    managed: bool = False            # the operator sets the flag; extraArgs may not
+    crd_default: bool = False        # the CRD declares the default (always passed on)
+    tune: str | None = None          # the tuner's default range (tuner/space.py's grammar)
+
+    @property
+    def rule(self) -> str:
+        """What a valid value is, in words."""
+        lo, hi = _num(self.minimum), _num(self.maximum)
+        if self.power_of_two:
+            text = f"a power of two in {lo}..{hi}"
+        elif self.choices is not None:
+            text = "one of " + ", ".join(_show(c) for c in self.choices)
+        elif self.type is bool:
+            text = "true or false"
+        elif self.type is str:
+            text = "a string"
+        else:
+            noun = "a whole number" if self.type is int else "a number"
+            if self.minimum is not None and self.maximum is not None:
+                text = f"{noun} in {'(' if self.exclusive_minimum else '['}{lo}, {hi}]" \
+                    if self.type is float else f"{noun} in {lo}..{hi}"
+            elif self.minimum is not None:
+                text = f"{noun} {'>' if self.exclusive_minimum else '>='} {lo}"
+            else:
+                text = noun
+        return text + (" (or unset)" if self.optional else "")
+
+
+def _num(x: float | None) -> str:
+    return "" if x is None else str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _show(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@dataclass(frozen=True)
+class AtLeast:
+    """Cross-setting rule: `name` >= `other`, unset ones taking the engine's defaults."""
+    name: str
+    other: str
+    why: str
+
+
+TABLE: tuple[Setting, ...] = (
+    Setting("model", str, None, "local Hugging Face checkpoint directory, or builtin://NAME "
+            "(None: the embedded tiny model)", flag="--model", optional=True, managed=True),
+    Setting("served_model_name", str, None, "model id in the API and in metrics labels "
+            "(default: directory name, or a built-in model's name)",
+            flag="--served-model-name", optional=True, managed=True),
+    Setting("block_size", int, 16, "Tokens per KV-cache block", flag="--block-size",
+            field="blockSize", minimum=1, maximum=256, power_of_two=True, managed=True,
+            crd_default=True, tune="pow2:8..128"),
+    Setting("gpu_memory_utilization", float, 0.9, "Fraction of accelerator memory for "
+            "weights + KV cache; on CPU, a fraction of cpu_memory_gib",
+            flag="--gpu-memory-utilization", field="gpuMemoryUtilization", minimum=0,
+            exclusive_minimum=True, maximum=1, managed=True, crd_default=True,
+            tune="0.5..0.95:step=0.05"),
+    Setting("max_num_seqs", int, 256, "Most sequences running in one step",
+            flag="--max-num-seqs", field="maxNumSeqs", minimum=1, managed=True,
+            tune="1..64:log"),
+    Setting("max_num_batched_tokens", int, 2048, "Most tokens scheduled in one step",
+            flag="--max-num-batched-tokens", field="maxNumBatchedTokens", minimum=1,
+            managed=True, tune="256..8192:log"),
+    Setting("max_model_len", int, None, "Longest prompt + output in tokens (default: the "
+            "model's max_position_embeddings)", flag="--max-model-len", field="maxModelLen",
+            optional=True, minimum=2, managed=True),
+    Setting("enable_prefix_caching", bool, True, "Reuse the KV blocks of shared prefixes",
+            flag="--enable-prefix-caching", field="enablePrefixCaching", managed=True,
+            crd_default=True),
+    Setting("num_gpu_blocks_override", int, None, "Allocate this many KV blocks instead of "
+            "sizing the cache from memory", flag="--num-gpu-blocks-override", optional=True,
+            minimum=1),
+    Setting("seed", int, 0, "Seed of the engine's random state", flag="--seed"),
+    Setting("dtype", str, "auto", "Weights and activations dtype", flag="--dtype",
+            choices=("auto", "float32", "float16", "bfloat16", "half", "float")),
+    Setting("scheduling_policy", str, "fcfs", "priority: requests' `priority` field orders "
+            "the queue (lower first)", flag="--scheduling-policy", choices=("fcfs", "priority")),
+    Setting("device", str, "auto", "auto (CUDA when available), cpu or cuda[:N]"),
+    Setting("cpu_memory_gib", float, 2.0, "CPU 'device memory' in GiB", flag="--cpu-memory-gib",
+            minimum=0, exclusive_minimum=True, env="PAGED_CPU_MEMORY_GIB"),
+    Setting("cpu_threads", int, None, "On CPU, torch intra-op threads (default: one per "
+            "core); fewer when other busy processes share the cores", flag="--cpu-threads",
+            optional=True, minimum=1, env="PAGED_CPU_THREADS"),
+    Setting("attention_backend", str, None, "torch or triton (default: by device, or "
+            "$PAGED_ATTENTION_BACKEND)", optional=True, choices=("torch", "triton")),
+    Setting("disable_log_stats", bool, True, "Do not log engine statistics"),
+)
+SETTINGS: dict[str, Setting] = {s.name: s for s in TABLE}
+# The settings PagedInferenceService's spec.engine holds (and the tuner may vary).
+SPEC_SETTINGS: tuple[Setting, ...] = tuple(s for s in TABLE if s.field)
+RULES: tuple[AtLeast, ...] = (
+    AtLeast("max_num_batched_tokens", "max_num_seqs",
+            "every running sequence needs at least one token per step"),
+)
+
+def check(setting: Setting | str, value: Any, label: str | None = None) -> Any:
+    """`value` if valid for the setting (an int given for a float becomes a float), else
+    ValueError `<label> must be <rule>, got <value>` (label defaults to the setting's name)."""
+    s = SETTINGS[setting] if isinstance(setting, str) else setting
+    if value is None and s.optional:
+        return None
+    bad = ValueError(f"{s.name if label is None else label} must be {s.rule}, got {value!r}")
+    if isinstance(value, bool) and s.type is not bool:
+        raise bad
+    if s.type is float and isinstance(value, int):
+        value = float(value)
+    if s.type is str and isinstance(value, os.PathLike):
+        value = os.fspath(value)  # a model directory given as a Path
+    if not isinstance(value, s.type) or (s.type is float and not math.isfinite(value)):
+        raise bad
+    if s.choices is not None and value not in s.choices:
+        raise bad
+    if s.minimum is not None and (value <= s.minimum if s.exclusive_minimum
+                                  else value < s.minimum):
+        raise bad
+    if s.maximum is not None and value > s.maximum:
+        raise bad
+    if s.power_of_two and value & (value - 1):
+        raise bad
+    return value
+
+
+def parse_text(setting: Setting | str, text: str, label: str | None = None) -> Any:
+    """A command-line or environment string -> a checked value (same errors as check)."""
+    s = SETTINGS[setting] if isinstance(setting, str) else setting
+    value: Any = text
+    try:
+        if s.type is int:
+            value = int(text)
+        elif s.type is float:
+            value = float(text)
+        elif s.type is bool:
+            value = {"true": True, "1": True, "false": False, "0": False}[text.lower()]
+    except (ValueError, KeyError):
+        name = s.name if label is None else label
+        raise ValueError(f"{name} must be {s.rule}, got {text!r}") from None
+    return check(s, value, label)
+
+
+def check_rules(values: Mapping[str, Any], label: Callable[[Setting], str] | None = None,
+                ) -> None:
+    """The cross-setting rules on `values` (by name); missing or None: the default."""
+    name_of = label or (lambda s: s.name)
+    for rule in RULES:
+        a, b = SETTINGS[rule.name], SETTINGS[rule.other]
+        va, vb = (values.get(s.name) if values.get(s.name) is not None else s.default
+                  for s in (a, b))
+        if va < vb:
+            raise ValueError(f"{name_of(a)} ({va}) must be >= {name_of(b)} ({vb}): {rule.why}")
+
+
+def env_value(setting: Setting | str) -> Any:
+    """The setting's environment variable, checked; None when unset or empty."""
+    s = SETTINGS[setting] if isinstance(setting, str) else setting
+    raw = os.environ.get(s.env) if s.env else None
+    return None if raw is None or raw == "" else parse_text(s, raw, s.env)
+
+
+def env_default(name: str) -> Any:
+    """The default EngineConfig uses: the environment's value, else the table's."""
+    value = env_value(name)
+    return SETTINGS[name].default if value is None else value
+
+
+# --- command line -------------------------------------------------------------------------
+
+def _argparse_type(s: Setting) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            return parse_text(s, text, "")
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).lstrip()) from None  # argparse names the flag
+    convert.__name__ = s.type.__name__
+    return convert
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ("model",)
+                  ) -> tuple[str, ...]:
+    """One flag per setting that has one (unset: None, so the engine's default applies; an
+    env-backed default is read here). Returns the settings' names."""
+    names = []
+    for s in TABLE:
+        if s.flag is None or s.name in skip:
+            continue
+        names.append(s.name)
+        help_text = s.help if s.default is None else f"{s.help} (default: {_show(s.default)})"
+        if s.env:
+            help_text += f"; env {s.env}"
+        if s.type is bool:
+            parser.add_argument(s.flag, dest=s.name, action=argparse.BooleanOptionalAction,
+                                default=None, help=help_text)
+            continue
+        try:
+            default = env_value(s)
+        except ValueError as exc:
+            raise SystemExit(f"error: {exc}") from None
+        parser.add_argument(s.flag, dest=s.name, type=_argparse_type(s), default=default,
+                            help=help_text + f"; {s.rule}",
+                            metavar="{" + ",".join(s.choices) + "}" if s.choices
+                            else s.name.upper())
+    return tuple(names)
+
+
+def flags_for(values: Mapping[str, Any]) -> list[str]:
+    """Engine flags for settings by name (None: left out, the engine's default applies)."""
+    out: list[str] = []
+    for name, value in values.items():
+        s = SETTINGS[name]
+        if value is None:
+            continue
+        if s.flag is None:
+            raise ValueError(f"{name} has no command-line flag")
+        if s.type is bool:
+            out.append(s.flag if value else s.flag.replace("--", "--no-", 1))
+        else:
+            out += [s.flag, repr(float(value)) if s.type is float else str(value)]
+    return out
+

@@ -1,0 +1,99 @@
+"""The engine's settings table (engine/settings.py) as PagedInferenceService sees it:
+spec.engine's checks and flag mapping, the flags the operator reserves, the CRD's schema.
+
+Torch-free like the table: the operator image ships engine/__init__.py, settings.py and this.
+Errors name spec.engine.<field> in the table's one format (`... must be <rule>, got <value>`).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from engine.settings import (RULES, SETTINGS, SPEC_SETTINGS, TABLE, Setting, check,
+                             check_rules, flags_for)
+
+# Server flags the operator sets itself that are not engine settings: the model is passed
+# as MODEL, --host/--port are the pod's, and the API key comes from a mounted Secret.
+OPERATOR_SERVER_FLAGS = ("--model", "--host", "--port", "--api-key-file")
+
+
+def managed_flags() -> tuple[str, ...]:
+    """Flags extraArgs may not set: the operator sets them from spec.engine / spec.model."""
+    flags = list(OPERATOR_SERVER_FLAGS[:3])
+    for s in TABLE:
+        if s.managed and s.flag and s.flag not in flags:
+            flags.append(s.flag)
+            if s.type is bool:
+                flags.append(s.flag.replace("--", "--no-", 1))
+    return (*flags, *OPERATOR_SERVER_FLAGS[3:])
+
+
+def spec_label(s: Setting) -> str:
+    return f"spec.engine.{s.field}"
+
+
+def from_spec(engine: Mapping[str, Any]) -> dict[str, Any]:
+    """spec.engine's settings (camelCase) -> checked values by name; absent ones get the
+    CRD's default when it declares one, else None (the engine's default). ValueError names
+    spec.engine.<field>; the cross-setting rules apply with the engine's defaults."""
+    values: dict[str, Any] = {}
+    for s in SPEC_SETTINGS:
+        raw = engine.get(s.field)
+        if raw is None:
+            values[s.name] = s.default if s.crd_default else None
+        else:
+            values[s.name] = check(s, raw, spec_label(s))
+    check_rules(values, spec_label)
+    return values
+
+
+def spec_to_flags(engine: Mapping[str, Any]) -> list[str]:
+    """spec.engine (camelCase) -> the engine's flags, checked."""
+    return flags_for(from_spec(engine))
+
+
+def crd_engine_schema() -> dict[str, Any]:
+    """The CRD's spec.engine OpenAPI v3 schema (scripts/gen_crd_engine.py writes it)."""
+    props: dict[str, Any] = {}
+    for s in SPEC_SETTINGS:
+        node: dict[str, Any] = {"type": {int: "integer", float: "number", bool: "boolean",
+                                         str: "string"}[s.type],
+                                "description": f"{s.help}. Flag {s.flag}; {s.rule}."}
+        if s.power_of_two:
+            lo, hi = int(s.minimum or 1), int(s.maximum or 2**30)
+            node["enum"] = [2**k for k in range(31) if lo <= 2**k <= hi]
+        elif s.choices is not None:
+            node["enum"] = list(s.choices)
+        else:
+            if s.minimum is not None:
+                node["minimum"] = s.minimum
+                if s.exclusive_minimum:
+                    node["exclusiveMinimum"] = True
+            if s.maximum is not None:
+                node["maximum"] = s.maximum
+        if s.crd_default:
+            node["default"] = s.default
+        props[s.field] = node
+    flags = ", ".join(f"'{f}'" for f in managed_flags())
+    props["extraArgs"] = {
+        "type": "array", "maxItems": 64,
+        "description": "More engine flags, verbatim; not those spec.engine or spec.model set.",
+        "items": {"type": "string", "maxLength": 256},
+        # By canonical name, before any '=value', and any prefix of one (argparse would
+        # expand '--hos' to '--host'); find() is Kubernetes' regex library.
+        "x-kubernetes-validations": [{
+            "rule": f"self.all(a, !a.startsWith('--') || ![{flags}].exists(f, "
+                    "f.startsWith(a.find('^[^=]*'))))",
+            "message": "extraArgs must not set (or abbreviate) flags the operator sets from "
+                       "spec.engine, spec.model or spec.apiKeySecretRef"}]}
+    rules = []
+    for rule in RULES:
+        a, b = SETTINGS[rule.name], SETTINGS[rule.other]
+        side = [f"(has(self.{s.field}) ? self.{s.field} : {s.default})" for s in (a, b)]
+        rules.append({"rule": f"{side[0]} >= {side[1]}",
+                      "message": f"{a.field} must be >= {b.field} (unset: the engine's "
+                                 f"defaults, {a.default} and {b.default}): {rule.why}"})
+    return {"type": "object",
+            "description": "Engine settings under vLLM's flag names in camelCase (generated "
+                           "from engine/settings.py).",
+            "x-kubernetes-validations": rules, "properties": props}
