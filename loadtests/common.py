@@ -12,6 +12,10 @@ it can also be run by hand, with or without its web UI. Extra options:
                         the server's latency (requests in flight capped by --max-inflight)
   --length-scale F      multiply every prompt/output length of the workload by F
   --model-name NAME     the OpenAI "model" field (default: the first of /v1/models)
+  --users-total N       open loop in distributed mode: the -u of the whole run (workers
+                        get the master's custom options but not its -u)
+Distributed mode (--master / --worker): loadtests/distributed.py; the master alone writes
+the samples file, merged from every worker's samples.
 """
 from __future__ import annotations
 
@@ -23,13 +27,17 @@ import time
 import gevent
 import requests
 from gevent.pool import Group
-from locust import User, constant, events, task
+from locust import User, constant, events
 
+from loadtests import distributed
 from loadtests.client import Sample, stream_request
 from loadtests.workloads.base import WorkloadSpec
 
 _user_ids = itertools.count()
-_state: dict = {"file": None, "inflight": Group(), "model": None}
+# file: the samples file (single process, or the master); shipper: a distributed worker's
+# sink (loadtests/distributed.py); collector: the master's receiver of workers' lines.
+_state: dict = {"file": None, "inflight": Group(), "model": None, "shipper": None,
+                "collector": None}
 
 
 @events.init_command_line_parser.add_listener
@@ -41,16 +49,34 @@ def _add_options(parser) -> None:
     parser.add_argument("--max-inflight", type=int, default=512, help="open loop: cap")
     parser.add_argument("--length-scale", type=float, default=1.0)
     parser.add_argument("--model-name", default="", help="OpenAI model field")
+    parser.add_argument("--users-total", type=int, default=0,
+                        help="open loop: users over all workers (distributed mode; workers do "
+                             "not receive -u), default -u")
 
 
 def _write(record: str) -> None:
-    if _state["file"] is not None:
+    if _state["shipper"] is not None:
+        _state["shipper"].write(record)
+    elif _state["file"] is not None:
         _state["file"].write(record + "\n")
         _state["file"].flush()  # the tuner reads the file while the test runs
 
 
+@events.init.add_listener
+def _on_init(environment, **_) -> None:
+    role = distributed.role(environment)
+    if role == "master":
+        _state["collector"] = distributed.MasterCollector(environment, _write)
+    elif role == "worker":
+        distributed.install_worker(environment)
+
+
 @events.test_start.add_listener
 def _on_start(environment, **_) -> None:
+    if distributed.role(environment) == "worker":
+        if _state["shipper"] is None:
+            _state["shipper"] = distributed.WorkerShipper(environment)
+        return
     path = getattr(environment.parsed_options, "samples_file", "") if environment.parsed_options else ""
     if path and _state["file"] is None:
         _state["file"] = open(path, "a", encoding="utf-8")
@@ -60,7 +86,14 @@ def _on_start(environment, **_) -> None:
 @events.test_stop.add_listener
 def _on_stop(environment, **_) -> None:
     _state["inflight"].kill()  # open-loop requests still running record themselves
-    _write(json.dumps({"event": "stop", "t": time.time()}))
+    if _state["shipper"] is not None:  # a worker: its last lines go to the master
+        _state["shipper"].close()
+        _state["shipper"] = None
+        return
+    stopped_at = time.time()
+    if _state["collector"] is not None:  # the master: wait for the workers' last lines
+        stopped_at = _state["collector"].drain()
+    _write(json.dumps({"event": "stop", "t": stopped_at}))
     if _state["file"] is not None:
         _state["file"].close()
         _state["file"] = None
@@ -84,12 +117,14 @@ class StreamingUser(User):
     abstract = True
     workload: WorkloadSpec
     wait_time = constant(0)
+    tasks = [lambda user: user.drive()]  # late-bound, so a subclass's drive() is the task
 
     def on_start(self) -> None:
         opts = self.environment.parsed_options
         self.seed = opts.seed if opts is not None else 0
         self.scale = opts.length_scale if opts is not None else 1.0
-        self.user_id = next(_user_ids)
+        self.user_id = next(_user_ids) + distributed.USER_ID_STRIDE * distributed.worker_index(
+            self.environment)
         self.rng = random.Random(self.seed * 100_003 + self.user_id)
         self.http = requests.Session()
         self.http.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=1024))
@@ -115,8 +150,8 @@ class StreamingUser(User):
             exception=None if sample.ok else RuntimeError(sample.error))
         session.record_response(sample.text)
 
-    @task
     def drive(self) -> None:
+        """The user's task (subclasses override it: loadtests/trace.py)."""
         opts = self.environment.parsed_options
         if opts is not None and opts.arrival == "open":
             self._open_loop(opts)
@@ -132,7 +167,7 @@ class StreamingUser(User):
 
     def _open_loop(self, opts) -> None:
         """Poisson arrivals: exponential gaps on an absolute schedule (no drift)."""
-        rate = opts.rate / max(1, opts.num_users or 1)
+        rate = opts.rate / max(1, opts.users_total or opts.num_users or 1)
         arrivals = random.Random(self.seed * 7919 + self.user_id)
         idle: list = []  # multi-turn sessions waiting for their next turn
         next_t = time.monotonic()

@@ -13,6 +13,10 @@ from tuner.cli import DEFAULT_TRIALS, TINY_PROFILE, build_parser, parse_slos
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["tune"]:  # the PagedInferenceTuning Job's program (tuner/cluster.py)
+        from tuner import cluster
+        return cluster.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "bench":
@@ -20,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
         return bench_offline.main(args.rest) or 0
     if args.command == "report":
         return _report(parser, args)
+    if args.command == "trace":
+        from tuner import trace
+        return trace.main(args)
     return _sweep(parser, args)
 
 
@@ -49,12 +56,26 @@ def _check_common(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 
 def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from loadtests.workloads import get_workload
     from tuner.loadgen import LoadSpec
     from tuner.space import SpaceError, build_space, parse_param
 
+    from tuner import workload_source
+    from tuner.loadgen import LoadError
+
     _check_common(parser, args)
-    workload = get_workload(args.workload)
+    if args.load_workers < 1:
+        parser.error("--load-workers must be at least 1")
+    if args.capacity < 0:
+        parser.error("--capacity takes a number of probes >= 1")
+    tag = Path(args.model).name if args.model else "default"
+    try:  # --workload, --trace or --workload-from-prometheus (tuner/workload_source.py)
+        source = workload_source.resolve(args, out_dir=Path(args.out_dir or Path("tuner-out") / (
+            args.study_name or f"trace-{args.objective}-{tag}")))
+    except (ValueError, LoadError) as exc:
+        parser.error(str(exc))
+    args.workload, workload = source.name, source.spec
+    if source.document:
+        print(source.document)
     tiny = args.model is None and args.target_url is None and args.engine_cmd is None
     factor = TINY_PROFILE["slo_scale"] if tiny else 1.0
     defaults = {kind: {name: round(limit * factor, 9) for name, limit in slo.items()}
@@ -64,11 +85,14 @@ def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     users = max(1, round(workload.users * (TINY_PROFILE["users_factor"] if tiny else 1)))
-    scale = args.length_scale or (TINY_PROFILE["length_scale"] if tiny else 1.0)
+    scale = args.length_scale or (TINY_PROFILE["length_scale"] if tiny and source.trace is None
+                                  else 1.0)  # a trace's lengths are the service's own
     load = LoadSpec(workload=args.workload, duration=args.duration,
                     users=args.users or (1 if args.rate else users),
                     arrival="open" if args.rate else "closed", rate=args.rate or 1.0,
-                    seed=args.seed, length_scale=scale)
+                    seed=args.seed, length_scale=scale, workers=args.load_workers,
+                    trace=str(source.trace) if source.trace else None)
+    load = source.load(load)
     if args.target_url:
         return _bench_target(parser, args, load, slos)
     try:
@@ -125,8 +149,14 @@ def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(f"load or metrics harness failed: {exc}\nre-run the same command to resume",
               file=sys.stderr)
         return 1
-    return _print_results(study, out=Path(args.out) if args.out else out_dir / "best.yaml",
+    source.write_document(out_dir)
+    code = _print_results(study, out=Path(args.out) if args.out else out_dir / "best.yaml",
                           out_dir=out_dir)
+    if code == 0 and args.capacity:
+        from tuner.capacity import for_sweep
+        print(for_sweep(study, config, trace_rate=source.trace_rate,
+                        max_probes=args.capacity).line())
+    return code
 
 
 def _print_results(study, *, out: Path, out_dir: Path, top: int = 5) -> int:

@@ -28,7 +28,26 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     sweep = sub.add_parser("sweep", help="search engine settings (or benchmark --target-url)")
-    sweep.add_argument("--workload", required=True, choices=WORKLOAD_NAMES)
+    sweep.add_argument("--workload", default=None, choices=WORKLOAD_NAMES,
+                       help="a synthetic workload (or --trace / --workload-from-prometheus)")
+    sweep.add_argument("--trace", default=None, metavar="FILE",
+                       help="replay this trace (JSONL; `python -m tuner trace` makes one from "
+                            "the engine's --request-log) at its arrival times")
+    sweep.add_argument("--workload-from-prometheus", default=None, metavar="URL",
+                       help="fit prompt/output lengths and the arrival rate from the service's "
+                            "vllm:request_*_tokens histograms in this Prometheus")
+    sweep.add_argument("--window", default="24h",
+                       help="--workload-from-prometheus: the window to fit over (e.g. 24h)")
+    sweep.add_argument("--workload-selector", default="",
+                       help="--workload-from-prometheus: label matchers of the service's "
+                            "series, e.g. 'namespace=\"prod\",service=\"my-model\"'")
+    sweep.add_argument("--load-workers", type=int, default=1, metavar="N",
+                       help="run Locust distributed: a master and N worker processes whose "
+                            "samples the master merges (default 1: one process)")
+    sweep.add_argument("--capacity", type=int, nargs="?", const=8, default=0, metavar="PROBES",
+                       help="after the sweep, search the highest open-loop rate per replica "
+                            "that meets the SLOs with the winning settings, in at most PROBES "
+                            "loads of --duration (default 8; tuner/capacity.py)")
     sweep.add_argument("--trials", type=int, default=None,
                        help=f"total search trials in the study (default {DEFAULT_TRIALS}; "
                             "with --target-url: repeats, default 1)")
@@ -103,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", default=None)
     report.add_argument("--out-dir", default=None)
     report.add_argument("--top", type=int, default=5)
+
+    trace = sub.add_parser("trace", help="turn the engine's --request-log into a trace")
+    trace.add_argument("logs", nargs="+", metavar="LOG", help="request log(s), one per replica")
+    trace.add_argument("-o", "--out", required=True, help="trace file to write (JSONL)")
+    trace.add_argument("--min-group", type=int, default=2,
+                       help="requests sharing a prefix hash form a group from this many on")
 
     bench = sub.add_parser("bench", help="benchmarks (offline: throughput without HTTP)")
     bench.add_argument("kind", choices=("offline",))

@@ -8,12 +8,18 @@ gevent, which must not touch the tuner (threads, SQLAlchemy). The command is
          --samples-file <file> --seed S --arrival closed|open --rate R --length-scale F
 
 and the raw per-request samples come back through --samples-file (loadtests/common.py).
+The trace workload adds --trace-file F --trace-speed S. With `workers` > 1 Locust runs
+distributed: this command with --master --expect-workers N, plus N worker processes
+(`locust -f ... --worker --master-port P`) whose samples the master merges
+(loadtests/distributed.py); the master alone is stopped early (pruning), the workers
+follow it.
 """
 from __future__ import annotations
 
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,10 +45,20 @@ class LoadSpec:
     seed: int = 0
     length_scale: float = 1.0
     model_name: str | None = None
+    trace: str | None = None   # the trace workload's file (loadtests/workloads/trace.py)
+    trace_speed: float = 1.0   # its arrival times are divided by this
+    workers: int = 1           # > 1: Locust's distributed mode, N worker processes
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"load workers must be >= 1, got {self.workers}")
+        if (self.workload == "trace") != (self.trace is not None):
+            raise ValueError("the trace workload needs a trace file, and only it takes one")
 
 
 def locust_command(spec: LoadSpec, *, url: str, samples: Path, csv_prefix: Path) -> list[str]:
-    users = str(max(1, spec.users))
+    # a trace replays one share per process: at least one user per worker
+    users = str(max(1, spec.users, spec.workers if spec.trace else 1))
     command = [sys.executable, "-m", "locust", "-f", str(LOADTESTS / f"{spec.workload}.py"),
                "--headless", "-u", users, "-r", users, "-t", f"{math.ceil(spec.duration)}s",
                "--host", url, "--csv", str(csv_prefix), "--only-summary",
@@ -52,7 +68,23 @@ def locust_command(spec: LoadSpec, *, url: str, samples: Path, csv_prefix: Path)
                "--length-scale", str(spec.length_scale)]
     if spec.model_name:
         command += ["--model-name", spec.model_name]
+    if spec.trace is not None:
+        command += ["--trace-file", str(Path(spec.trace).resolve()),
+                    "--trace-speed", str(spec.trace_speed)]
     return command
+
+
+def distributed_commands(spec: LoadSpec, *, url: str, samples: Path, csv_prefix: Path,
+                         port: int) -> tuple[list[str], list[list[str]]]:
+    """The master's command and the workers' (Locust's own distributed mode)."""
+    master = [*locust_command(spec, url=url, samples=samples, csv_prefix=csv_prefix),
+              "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
+              "--expect-workers", str(spec.workers), "--expect-workers-max-wait", "60",
+              "--users-total", str(max(1, spec.users))]
+    worker = [sys.executable, "-m", "locust", "-f", master[4], "--worker",
+              "--master-host", "127.0.0.1", "--master-port", str(port),
+              "--loglevel", "WARNING"]
+    return master, [list(worker) for _ in range(spec.workers)]
 
 
 def run_load(spec: LoadSpec, *, url: str, workdir: Path,
@@ -69,31 +101,71 @@ def run_load(spec: LoadSpec, *, url: str, workdir: Path,
     samples.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    command = locust_command(spec, url=url, samples=samples, csv_prefix=workdir / "locust")
+    csv_prefix = workdir / "locust"
+    if spec.workers > 1:
+        command, worker_commands = distributed_commands(
+            spec, url=url, samples=samples, csv_prefix=csv_prefix, port=free_port())
+    else:
+        command, worker_commands = locust_command(
+            spec, url=url, samples=samples, csv_prefix=csv_prefix), []
+    workers: list[subprocess.Popen] = []
     start = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, cwd=workdir,
-                                start_new_session=True)
-        try:
-            while True:
-                try:
-                    proc.wait(timeout=progress_interval)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                elapsed = time.monotonic() - start
-                if elapsed > spec.duration + 120:
-                    raise LoadError(f"locust ran {elapsed:.0f} s for a {spec.duration} s load")
-                if on_progress is not None and on_progress(elapsed):
-                    os.killpg(proc.pid, signal.SIGTERM)  # locust stops users, writes "stop"
-                    proc.wait(timeout=30)
-                    break
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    try:
+        for i, worker_command in enumerate(worker_commands):
+            with open(workdir / f"locust-worker-{i}.log", "wb") as worker_log:
+                workers.append(subprocess.Popen(
+                    worker_command, stdout=worker_log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, env=env, cwd=workdir, start_new_session=True))
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, cwd=workdir,
+                                    start_new_session=True)
+            try:
+                _wait(proc, spec, start, on_progress, progress_interval)
+            finally:
+                _stop(proc, grace=0)
+        for worker in workers:  # the master's quit stops them; give them a moment
+            _stop(worker, grace=15)
+    finally:
+        for worker in workers:
+            _stop(worker, grace=0)
     if proc.returncode not in (0, -signal.SIGTERM) or not samples.exists():
         tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
         raise LoadError(f"locust exited with {proc.returncode}: " + " | ".join(tail))
     return samples
+
+
+def _wait(proc: subprocess.Popen, spec: LoadSpec, start: float,
+          on_progress: Callable[[float], bool] | None, progress_interval: float) -> None:
+    # A distributed master first waits (up to 60 s) for its workers to connect.
+    limit = spec.duration + 120 + (60 if spec.workers > 1 else 0)
+    while True:
+        try:
+            proc.wait(timeout=progress_interval)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        elapsed = time.monotonic() - start
+        if elapsed > limit:
+            raise LoadError(f"locust ran {elapsed:.0f} s for a {spec.duration} s load")
+        if on_progress is not None and on_progress(elapsed):
+            os.killpg(proc.pid, signal.SIGTERM)  # locust stops users, writes "stop"
+            proc.wait(timeout=30 + (30 if spec.workers > 1 else 0))
+            return
+
+
+def _stop(proc: subprocess.Popen, *, grace: float) -> None:
+    """Wait up to `grace` s for the process to end, then kill its process group."""
+    try:
+        proc.wait(timeout=grace) if grace else None
+    except subprocess.TimeoutExpired:
+        pass
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -5,13 +5,15 @@ import importlib
 
 from loadtests.workloads.base import Request, Session, WorkloadSpec
 
-WORKLOAD_NAMES = ("chat", "summarize", "code", "rag", "mixed")
+WORKLOAD_NAMES = ("chat", "summarize", "code", "rag", "mixed")  # the synthetic workloads
+TRACE_WORKLOAD = "trace"  # replays a trace file (loadtests/workloads/trace.py)
 
-__all__ = ["WORKLOAD_NAMES", "Request", "Session", "WorkloadSpec", "get_workload"]
+__all__ = ["TRACE_WORKLOAD", "WORKLOAD_NAMES", "Request", "Session", "WorkloadSpec",
+           "get_workload"]
 
 
 def get_workload(name: str) -> WorkloadSpec:
     """The spec of workload `name`; ValueError naming the choices when unknown."""
-    if name not in WORKLOAD_NAMES:
+    if name not in (*WORKLOAD_NAMES, TRACE_WORKLOAD):
         raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOAD_NAMES)}")
     return importlib.import_module(f"loadtests.workloads.{name}").WORKLOAD

@@ -6,6 +6,9 @@ token comes `ttft` seconds after the request, then one token every `itl` seconds
 request's reply has exactly `max_tokens` tokens. /metrics exposes, under vLLM's names
 and buckets, a request counter, the TTFT / inter-token / end-to-end latency histograms
 (observed from the server's own timing) and the running-requests gauge.
+With `max_running` > 0 at most that many requests stream at once and the rest queue
+(FIFO), like an engine's max_num_seqs: its capacity is max_running / (ttft + (n-1) itl)
+requests/s for n-token replies, a known knee for the capacity search.
 """
 from __future__ import annotations
 
@@ -29,8 +32,10 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 
 class FakeOpenAIServer:
     def __init__(self, *, ttft: float = 0.05, itl: float = 0.01, fail_every: int = 0,
-                 port: int = 0) -> None:
+                 port: int = 0, max_running: int = 0) -> None:
         self.ttft, self.itl, self.fail_every, self.port = ttft, itl, fail_every, port
+        self.max_running = max_running
+        self._slots: asyncio.Semaphore | None = None
         self.requests: list[dict] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -59,6 +64,8 @@ class FakeOpenAIServer:
         self._thread.join(10)
 
     async def _start(self) -> str:
+        if self.max_running > 0:
+            self._slots = asyncio.Semaphore(self.max_running)
         app = web.Application()
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._ok)
@@ -93,13 +100,18 @@ class FakeOpenAIServer:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         n = int(body.get("max_tokens", 16))
-        self._running.inc()
         try:
-            await self._stream(response, n, chat)
+            if self._slots is not None:
+                await self._slots.acquire()
+            self._running.inc()
+            try:
+                await self._stream(response, n, chat)
+            finally:
+                self._running.dec()
+                if self._slots is not None:
+                    self._slots.release()
         except (ConnectionResetError, asyncio.CancelledError):
             pass  # the client went away (Locust stopping mid-request)
-        finally:
-            self._running.dec()
         return response
 
     async def _stream(self, response: web.StreamResponse, n: int, chat: bool) -> None:

@@ -12,6 +12,8 @@ fresh engine, a fresh draw), so its goodput per setting is known up to known noi
 FAKE_ENGINE_LUCKY=N makes --max-num-seqs N run 4x faster on its first start only (one
 lucky measurement: better only by noise); FAKE_ENGINE_STATE names the folder where the
 starts are counted.
+FAKE_ENGINE_SLOTS=1 makes --max-num-seqs a cap on requests streaming at once (the rest
+queue): a known capacity of max_num_seqs / (ttft + (n-1) itl) requests/s.
 """
 import argparse
 import json
@@ -49,6 +51,7 @@ if lucky is not None and int(lucky) == args.max_num_seqs:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text("1")
         itl /= 4
-with FakeOpenAIServer(port=args.port, ttft=0.01, itl=itl):
+slots = args.max_num_seqs if os.environ.get("FAKE_ENGINE_SLOTS") == "1" else 0
+with FakeOpenAIServer(port=args.port, ttft=0.01, itl=itl, max_running=slots):
     print(f"ready (itl {itl:.4f} s)", flush=True)
     threading.Event().wait()

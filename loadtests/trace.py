@@ -1,0 +1,92 @@
+"""Locust entry point for the `trace` workload: replay a trace at its arrival times.
+
+Format, prompt construction and SLOs: loadtests/workloads/trace.py. Extra options:
+
+  --trace-file PATH   the trace (JSONL)
+  --trace-speed F     send request i at start + timestamp_i / F (2: twice the rate)
+
+Open loop by nature: each request is sent at its time whatever the server's latency
+(in flight capped by --max-inflight; one over the cap is recorded as dropped). One user
+per process replays the process's share: a single process sends every request; with N
+distributed workers, worker w sends requests i with i % N == w. Users beyond the first
+in a process stay idle.
+
+By hand: locust -f loadtests/trace.py --headless -u 1 -r 1 -t 60s --host URL
+         --trace-file trace.jsonl --samples-file samples.jsonl
+"""
+import random
+import time
+
+import gevent
+import requests
+from locust import events
+
+from loadtests import distributed
+from loadtests.common import StreamingUser, _state, _write
+from loadtests.client import Sample
+from loadtests.workloads.base import SingleShot
+from loadtests.workloads.base import words
+from loadtests.workloads.trace import FALLBACK_TOKENS, WORKLOAD, build_request, read_trace
+
+_replaying: set = set()  # processes' first user (one replay per process)
+
+
+@events.init_command_line_parser.add_listener
+def _add_trace_options(parser) -> None:
+    parser.add_argument("--trace-file", default="", help="trace to replay (JSONL)")
+    parser.add_argument("--trace-speed", type=float, default=1.0,
+                        help="replay speed: arrival times are divided by it")
+
+
+def _max_model_len(host: str) -> int | None:
+    try:
+        data = requests.get(host.rstrip("/") + "/v1/models", timeout=10).json()["data"]
+        value = data[0].get("max_model_len")
+        return int(value) if value else None
+    except (requests.RequestException, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def _vocab(host: str) -> tuple[int, ...]:
+    """Ids of ordinary words in the server's tokenizer (/tokenize), else the fallback."""
+    text = words(random.Random(0), 400)
+    try:
+        response = requests.post(host.rstrip("/") + "/tokenize", timeout=10,
+                                 json={"prompt": text, "add_special_tokens": False})
+        ids = tuple(sorted(set(response.json()["tokens"])))
+        return ids if len(ids) >= 20 else FALLBACK_TOKENS
+    except (requests.RequestException, ValueError, KeyError, TypeError):
+        return FALLBACK_TOKENS
+
+
+class TraceUser(StreamingUser):
+    workload = WORKLOAD
+
+    def drive(self) -> None:
+        if _replaying:  # another user of this process replays its share
+            gevent.sleep(3600)
+            return
+        _replaying.add(self.user_id)
+        opts = self.environment.parsed_options
+        if not opts.trace_file:
+            raise ValueError("the trace workload needs --trace-file")
+        if not opts.trace_speed > 0:
+            raise ValueError(f"--trace-speed must be positive, got {opts.trace_speed}")
+        trace = read_trace(opts.trace_file)
+        shards, shard = distributed.worker_count(self.environment), distributed.worker_index(
+            self.environment)
+        max_len, vocab = _max_model_len(self.host), _vocab(self.host)
+        t0, base = time.monotonic(), trace[0].timestamp
+        for index, req in enumerate(trace):
+            if index % shards != shard:
+                continue
+            request = build_request(req, index, seed=self.seed, scale=self.scale,
+                                    max_model_len=max_len, vocab=vocab)
+            gevent.sleep(max(0.0, t0 + (req.timestamp - base) / opts.trace_speed
+                             - time.monotonic()))
+            if len(_state["inflight"]) >= opts.max_inflight:
+                _write(Sample(kind=request.kind, start=time.time(),
+                              error="dropped: too many requests in flight").to_json())
+                continue
+            _state["inflight"].spawn(self._send, SingleShot(request), request)
+        gevent.sleep(3600)  # the trace is over; Locust's run time ends the test

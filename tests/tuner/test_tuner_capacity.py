@@ -1,0 +1,66 @@
+"""Capacity search: bracketing and bisection on the open-loop rate; on the fake engine whose
+replica takes a known load (2 requests at once, 0.19 s each: 10.5 req/s), the search
+finds that knee."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadtests.workloads.trace import TraceRequest, write_trace
+from tuner.capacity import measure_capacity, search_capacity
+from tuner.loadgen import LoadSpec
+from tuner.scoring import Samples
+from tuner.trial import EngineLaunch
+
+FAKE_ENGINE = f"{sys.executable} {Path(__file__).parent / 'fake_engine.py'}"
+
+
+def _samples(rate, knee, duration=10.0):
+    """A run at `rate`: every request good below the knee, a growing share bad above."""
+    records, n = [], int(rate * duration)
+    for i in range(n):
+        good = rate <= knee or i < n * knee / rate / 2
+        records.append({"kind": "k", "start": 100 + i / rate, "ok": good,
+                        "ttft": 0.1 if good else 9.0, "itl": []})
+    return Samples(records=records, start=100.0, stop=100.0 + duration)
+
+
+def test_search_brackets_then_bisects_to_the_knee():
+    probed = []
+
+    def probe(rate):
+        probed.append(rate)
+        return _samples(rate, knee=7.3)
+
+    result = search_capacity(probe, {"k": {"ttft": 1.0}}, start=2.0, rel_tol=0.1,
+                             max_probes=10)
+    assert result.rate <= 7.3 < result.upper and result.upper / result.rate <= 1.1
+    assert probed[:3] == [2.0, 4.0, 8.0]  # doubling until the first failure
+    assert [p["passed"] for p in result.probes] == [r <= 7.3 for r in probed]
+    # starting above the knee, it halves instead
+    down = search_capacity(lambda r: _samples(r, knee=3.0), {"k": {"ttft": 1.0}}, start=20.0)
+    assert down.rate <= 3.0 < down.upper and down.probes[0]["passed"] is False
+    with pytest.raises(ValueError, match="positive start rate"):
+        search_capacity(probe, {}, start=0)
+
+
+@pytest.mark.timeout(240)
+def test_capacity_on_the_fake_engine_finds_the_known_knee(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_ENGINE_SLOTS", "1")
+    monkeypatch.setenv("FAKE_ENGINE_ITL", json.dumps({"2": 0.02}))
+    # evenly spaced arrivals (10/s in the trace), 10 output tokens: each request holds one
+    # of 2 slots for 0.01 + 9 x 0.02 = 0.19 s, so the replica takes 2 / 0.19 = 10.5 req/s;
+    # below that no request waits, above it the queue grows without bound
+    trace = tmp_path / "even.jsonl"
+    write_trace(trace, [TraceRequest(timestamp=i / 10, prompt_tokens=8, output_tokens=10)
+                        for i in range(300)])
+    load = LoadSpec(workload="trace", trace=str(trace), duration=3, users=1, arrival="open")
+    launch = EngineLaunch(engine_cmd=FAKE_ENGINE, startup_timeout=30)
+    result = measure_capacity(["--max-num-seqs", "2"], launch, load,
+                              {"trace": {"ttft": 0.25}}, workdir=tmp_path / "cap", start=4.0,
+                              trace_rate=10.0, rel_tol=0.2, max_probes=6)
+    knee = 2 / 0.19
+    assert 0.7 * knee <= result.rate <= 1.1 * knee, result.probes
+    assert result.upper is not None and result.upper <= 1.6 * knee, result.probes
+    assert "req/s per replica" in result.line()
