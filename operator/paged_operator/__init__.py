@@ -4,6 +4,7 @@ Importing the package registers the kopf handlers, so `kopf run -m paged_operato
 works; `python -m paged_operator` adds the liveness endpoint and namespace options.
 """
 from . import handlers
+from . import tuning  # noqa: F401,E402  (PagedInferenceTuning handlers)
 from .spec import GROUP, KIND, PLURAL, VERSION, InvalidSpecError, ServiceSpec, parse_spec
 
 __all__ = ["GROUP", "KIND", "PLURAL", "VERSION", "InvalidSpecError", "ServiceSpec",

@@ -75,8 +75,9 @@ def test_rbac_is_minimal_and_has_no_wildcards():
             assert "*" not in rule[key], rule
     granted = {(g, r): set(rule["verbs"]) for rule in rules
                for g in rule["apiGroups"] for r in rule["resources"]}
+    # create/delete: the tuner Job's Role grants them for trial services (PagedInferenceTuning)
     assert granted[("serving.pagedinference.dev", "pagedinferenceservices")] == {
-        "get", "list", "watch", "patch"}
+        "get", "list", "watch", "patch", "create", "delete"}
     # delete: only the router's Deployment when spec.router is turned off (the engine's
     # goes with its owner, by garbage collection)
     assert granted[("apps", "deployments")] == {"get", "list", "watch", "create", "patch",

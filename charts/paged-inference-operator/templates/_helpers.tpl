@@ -50,7 +50,7 @@ holds).
 {{- define "pio.rules" -}}
 - apiGroups: [serving.pagedinference.dev]
   resources: [pagedinferenceservices]
-  verbs: [get, list, watch, patch]
+  verbs: [get, list, watch, patch, create, delete]
 - apiGroups: [serving.pagedinference.dev]
   resources: [pagedinferenceservices/status]
   verbs: [get, patch]
@@ -90,6 +90,7 @@ holds).
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+{{ include "pio.tuningRules" . }}
 {{- end }}
 
 {{/*

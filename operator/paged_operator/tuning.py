@@ -1,0 +1,113 @@
+"""kopf handlers for PagedInferenceTuning: the operator owns the tuner Job's life.
+
+- create/update/resume: unless suspended or finished, make the Job's ServiceAccount, Role,
+  RoleBinding and the Job (tuning_manifests), owned by the tuning resource; phase Pending
+  until the Job writes its own.
+- spec.suspend: delete the Job (its pod is stopped: the tuner deletes its trial service)
+  and every trial service of the tuning; phase Suspended. Unsuspending makes a new Job,
+  which resumes from status.history.
+- a failed pod is replaced by the Job itself (backoffLimit); a Job that gave up turns the
+  tuning Failed with the reason.
+- deleting the tuning resource: Kubernetes' garbage collector deletes the Job, its pod and
+  the trial services, all owned by it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from . import tuning_manifests as tm
+from .handlers import _shared
+from .kube import KINDS, Kind, KubeApi
+from .spec import GROUP, PLURAL, VERSION
+
+TUNING = Kind(tm.API_VERSION, tm.TUNING_PLURAL)
+PIS = Kind(tm.API_VERSION, PLURAL)
+JOB = Kind("batch/v1", "jobs", ("BatchV1Api", "job"))
+CHILD_KINDS = {"ServiceAccount": KINDS["ServiceAccount"], "Role": KINDS["Role"],
+               "RoleBinding": KINDS["RoleBinding"], "Job": JOB}
+TUNER_SELECTOR = {"app.kubernetes.io/managed-by": tm.MANAGED_BY,
+                  "app.kubernetes.io/component": "tuner"}
+FINAL = ("Succeeded", "Failed")
+
+
+@kopf.on.startup()
+async def watch_tuner_jobs(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.watching.label_selectors["batch", "v1", "jobs"] = ",".join(
+        f"{k}={v}" for k, v in TUNER_SELECTOR.items())
+
+
+def _owner(body: Any) -> dict[str, Any]:
+    return {"apiVersion": tm.API_VERSION, "kind": tm.TUNING_KIND,
+            "name": body["metadata"]["name"], "uid": body["metadata"]["uid"],
+            "controller": True, "blockOwnerDeletion": True}
+
+
+async def _status(api: KubeApi, namespace: str, name: str, fields: dict[str, Any]) -> None:
+    await api.patch(TUNING, namespace, name, {"status": fields}, subresource="status")
+
+
+async def _stop(api: KubeApi, namespace: str, name: str) -> None:
+    """Delete the Job with its pod (Background: the pod is not orphaned) and the trials."""
+    batch = api._api("BatchV1Api")
+    await api._call(batch.delete_namespaced_job, tm.tuner_name(name), namespace,
+                    propagation_policy="Background")
+    for trial in await api.list(PIS, namespace, labels={f"{GROUP}/tuning": name}):
+        await api.delete(PIS, namespace, trial["metadata"]["name"])
+
+
+@kopf.on.resume(GROUP, VERSION, tm.TUNING_PLURAL)
+@kopf.on.create(GROUP, VERSION, tm.TUNING_PLURAL)
+@kopf.on.update(GROUP, VERSION, tm.TUNING_PLURAL)
+async def reconcile_tuning(body: kopf.Body, memo: Any, logger: kopf.Logger, **_: Any) -> None:
+    api, _, config = _shared(memo)
+    meta, spec = body["metadata"], body.get("spec") or {}
+    namespace, name = meta["namespace"], meta["name"]
+    phase = (body.get("status") or {}).get("phase")
+    if spec.get("suspend"):
+        await _stop(api, namespace, name)
+        if phase not in FINAL:
+            await _status(api, namespace, name, {"phase": "Suspended"})
+        return
+    if phase in FINAL:
+        return  # the Job and its pod stay as the record of the run
+    if len(name) > 38:
+        await _status(api, namespace, name, {"phase": "Failed", "decision": {
+            "reason": "metadata.name must be at most 38 characters (trial services add "
+                      "suffixes to it)"}})
+        raise kopf.PermanentError("name too long")
+    image = config.engine_image
+    for child in tm.children(name, namespace, spec, image=image):
+        child["metadata"]["ownerReferences"] = [_owner(body)]
+        kind = CHILD_KINDS[child["kind"]]
+        if await api.create(kind, namespace, child) is None:
+            existing = await api.get(kind, namespace, child["metadata"]["name"])
+            if existing is None or existing["metadata"].get("deletionTimestamp"):
+                # the Job of a suspension is still going away: make the new one after it
+                raise kopf.TemporaryError(f"{child['kind']} {child['metadata']['name']} "
+                                          "is being deleted", delay=2)
+    if phase in (None, "", "Suspended"):
+        await _status(api, namespace, name, {"phase": "Pending", "job": tm.tuner_name(name)})
+    logger.info(f"tuner Job {tm.tuner_name(name)} in place")
+
+
+@kopf.on.event("batch", "v1", "jobs", labels=TUNER_SELECTOR)
+async def tuner_job_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    """A Job that gave up (backoffLimit exceeded) turns its tuning Failed."""
+    if type == "DELETED":
+        return
+    failed = next((c for c in (body.get("status") or {}).get("conditions") or []
+                   if c.get("type") == "Failed" and c.get("status") == "True"), None)
+    owner = next((r["name"] for r in body["metadata"].get("ownerReferences") or []
+                  if r.get("kind") == tm.TUNING_KIND), None)
+    if failed is None or owner is None:
+        return
+    api, _, _ = _shared(memo)
+    namespace = body["metadata"]["namespace"]
+    tuning = await api.get(TUNING, namespace, owner)
+    if tuning is None or (tuning.get("status") or {}).get("phase") in FINAL:
+        return
+    await _status(api, namespace, owner, {"phase": "Failed", "decision": {
+        "reason": f"the tuner Job failed {tm.BACKOFF_LIMIT + 1} times "
+                  f"({failed.get('reason', 'Failed')}): kubectl logs job/{body['metadata']['name']}"}})

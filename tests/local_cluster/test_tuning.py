@@ -1,0 +1,181 @@
+"""Closed-loop tuning in the local cluster: a PagedInferenceTuning applied with kubectl
+becomes the operator's tuner Job, whose trials are real PagedInferenceServices run by the
+process kubelet, measured with real Locust, decided with intervals, and applied.
+
+The engines are tests/local_cluster/fake_engine_pkg (the target's spec.env puts it first on
+PYTHONPATH, and trials copy the target's spec): with maxNumSeqs 4 its inter-token gap is
+5 ms, else 200 ms, over the 100 ms SLO (goodput 0: the gain over the target's maxNumSeqs 16
+is large whatever the machine's load); blockSize 8 "runs out of memory" at start;
+FAKE_ENGINE_SLOW_HOSTS makes the live service's own pods 50x slower (a gain that does not
+hold after the apply).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from cluster_harness import ROOT, LocalCluster, alive
+
+pytestmark = pytest.mark.xdist_group("local_cluster_tuning")
+
+FAKE_ENGINE = ROOT / "tests" / "local_cluster" / "fake_engine_pkg"
+TUNING = "serving.pagedinference.dev/tuning"
+
+
+def service(name: str, *, slow_hosts: str = "") -> dict:
+    env = [{"name": "PYTHONPATH", "value": str(FAKE_ENGINE)},
+           {"name": "FAKE_ENGINE_ITL", "value": json.dumps({"4": 0.005, "*": 0.2})}]
+    if slow_hosts:
+        env.append({"name": "FAKE_ENGINE_SLOW_HOSTS", "value": slow_hosts})
+    return {"apiVersion": "serving.pagedinference.dev/v1alpha1",
+            "kind": "PagedInferenceService", "metadata": {"name": name},
+            "spec": {"model": {"uri": "builtin://default", "servedName": "fake"},
+                     "replicas": 1, "engine": {"blockSize": 16, "maxNumSeqs": 16},
+                     "resources": {"gpus": 0, "cpu": "1", "memory": "1Gi",
+                                   "sharedMemory": "64Mi"},
+                     "rollout": {"startupTimeoutSeconds": 60}, "env": env}}
+
+
+def tuning(name: str, target: str, *, space: dict, trials: int, mode: str = "Manual",
+           min_gain: float = 1.1, duration: str = "3s", parallelism: int = 1) -> dict:
+    return {"apiVersion": "serving.pagedinference.dev/v1alpha1",
+            "kind": "PagedInferenceTuning", "metadata": {"name": name},
+            "spec": {"targetRef": {"name": target}, "workload": "chat", "trials": trials,
+                     "parallelism": parallelism, "trialDuration": duration, "users": 2,
+                     "lengthScale": 0.25, "warmupRequests": 1,
+                     "slo": {"ttftSeconds": 1.0, "itlSeconds": 0.1},
+                     "searchSpace": space, "confirm": {"rounds": 2},
+                     "startupTimeout": "60s", "apply": {"mode": mode, "minGain": min_gain}}}
+
+
+def apply(cluster: LocalCluster, *docs: dict) -> None:
+    cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
+
+
+def finished(cluster: LocalCluster, name: str, timeout: float = 150) -> dict:
+    def done() -> dict | None:
+        body = cluster.json("get", "pit", name)
+        return body if (body.get("status") or {}).get("phase") in ("Succeeded", "Failed") \
+            else None
+    body = cluster.wait_for(done, timeout, f"tuning {name} to finish")
+    assert body["status"]["phase"] == "Succeeded", body["status"]
+    return body
+
+
+def trial_services(cluster: LocalCluster, name: str) -> list[str]:
+    return [p["metadata"]["name"] for p in cluster.json("get", "pis", "-l",
+                                                         f"{TUNING}={name}")["items"]]
+
+
+def engine_of(cluster: LocalCluster, name: str) -> dict:
+    return cluster.json("get", "pis", name)["spec"]["engine"]
+
+
+@pytest.fixture(scope="module")
+def target(local_cluster: LocalCluster) -> LocalCluster:
+    apply(local_cluster, service("chat"))
+    local_cluster.kubectl("wait", "pis/chat", "--for=condition=Ready", "--timeout=90s",
+                          timeout=100)
+    return local_cluster
+
+
+def test_manual_tuning_searches_confirms_and_recommends(target: LocalCluster) -> None:
+    apply(target, tuning("manual", "chat", trials=4, parallelism=2,
+                         space={"maxNumSeqs": [4, 16], "blockSize": [8, 16]}))
+    status = finished(target, "manual")["status"]
+    # the search: all four combinations (a small all-choices space is exhaustive), the two
+    # with blockSize 8 infeasible with the engine's own message
+    assert status["trialsText"] == "4/4"
+    infeasible = [t for t in status["history"] if "infeasible" in t]
+    assert sorted(t["engine"]["blockSize"] for t in infeasible) == [8, 8]
+    assert all("CUDA out of memory" in t["infeasible"] for t in infeasible)
+    # the decision: maxNumSeqs 4 beats the target's 16, with an interval above 1.1
+    assert status["best"]["engine"] == {"blockSize": 16, "maxNumSeqs": 4}
+    assert status["gain"]["low"] > 1.1 and status["gain"]["low"] <= status["gain"]["ratio"]
+    assert status["baseline"]["engine"]["maxNumSeqs"] == 16
+    assert status["baseline"]["goodput"] == 0 < status["best"]["goodput"]
+    assert len(status["baseline"]["goodputInterval"]) == 2
+    assert status["decision"]["winner"] == "C1"
+    assert status["pareto"][0]["engine"]["maxNumSeqs"] == 4
+    # Manual: a recommendation, the target untouched
+    assert status["applied"] == "Manual"
+    patch = yaml.safe_load(target.json("get", "cm", "manual-recommendation")["data"]
+                           ["patch.yaml"])
+    assert patch == {"spec": {"engine": {"blockSize": 16, "maxNumSeqs": 4}}}
+    assert engine_of(target, "chat") == {"blockSize": 16, "maxNumSeqs": 16}
+    assert trial_services(target, "manual") == []
+    target.kubectl("wait", "job/manual-tuner", "--for=condition=Complete", "--timeout=30s",
+                   timeout=40)
+    role = target.json("get", "role", "manual-tuner")
+    assert {"pagedinferenceservices"} in [set(r["resources"]) for r in role["rules"]]
+    # printer columns (a list: the emulator serves Tables for lists only)
+    (printed,) = [row for row in target.kubectl("get", "pit").stdout.splitlines()
+                  if row.startswith("manual ")]
+    assert "4/4" in printed and "Manual" in printed and "Succeeded" in printed
+
+
+def test_unreachable_min_gain_changes_nothing_and_a_gain_that_does_not_hold_rolls_back(
+        target: LocalCluster) -> None:
+    """Two tunings at once, on two services (one Job each)."""
+    apply(target, service("slow", slow_hosts="slow-"))
+    target.kubectl("wait", "pis/slow", "--for=condition=Ready", "--timeout=90s", timeout=100)
+    apply(target, tuning("unreachable", "chat", trials=1, mode="Auto", min_gain=1000,
+                         space={"maxNumSeqs": [4]}),
+          tuning("regress", "slow", trials=1, mode="Auto", min_gain=1.2,
+                 space={"maxNumSeqs": [4]}))
+    status = finished(target, "unreachable")["status"]
+    assert status["applied"] == "No" and status["decision"].get("winner") is None
+    assert "minGain 1000" in status["decision"]["reason"]
+    assert status["gain"]["low"] > 1   # a real gain, just not the one asked for
+    assert engine_of(target, "chat") == {"blockSize": 16, "maxNumSeqs": 16}
+
+    status = finished(target, "regress")["status"]
+    assert status["applied"] == "RolledBack", status
+    assert status["verification"]["held"] is False
+    assert "rolled back" in status["decision"]["reason"]
+    live = target.json("get", "pis", "slow")
+    assert live["spec"]["engine"] == {"blockSize": 16, "maxNumSeqs": 16}
+    assert "serving.pagedinference.dev/previous-engine" not in \
+        (live["metadata"].get("annotations") or {})
+    target.kubectl("delete", "pis", "slow", "--wait=false")
+
+
+def test_auto_applies_the_winner_and_rolls_the_pods(target: LocalCluster) -> None:
+    before = {p["metadata"]["name"] for p in target.pods("app.kubernetes.io/instance=chat")}
+    apply(target, tuning("auto", "chat", trials=1, mode="Auto", min_gain=1.2,
+                         space={"maxNumSeqs": [4]}))
+    status = finished(target, "auto")["status"]
+    assert status["applied"] == "Yes", status
+    assert status["verification"]["held"] is True
+    live = target.json("get", "pis", "chat")
+    assert live["spec"]["engine"] == {"blockSize": 16, "maxNumSeqs": 4}
+    notes = live["metadata"]["annotations"]
+    assert json.loads(notes["serving.pagedinference.dev/previous-engine"]) == {
+        "blockSize": 16, "maxNumSeqs": 16}
+    assert notes["serving.pagedinference.dev/applied-by"] == "auto"
+    now = {p["metadata"]["name"] for p in target.pods("app.kubernetes.io/instance=chat")
+           if not p["metadata"].get("deletionTimestamp")}
+    assert now and not now & before   # the pod was rolled
+
+
+def test_deleting_mid_run_leaves_no_trial_and_no_process(target: LocalCluster) -> None:
+    apply(target, tuning("doomed", "chat", trials=3, duration="60s",
+                       space={"maxNumSeqs": [4, 8, 16]}))
+
+    def running_trial() -> list[dict]:
+        pods = [p for p in target.pods("app.kubernetes.io/instance=doomed-t0")
+                if (p.get("status") or {}).get("containerStatuses")]
+        return pods if pods and pods[0]["status"]["containerStatuses"][0].get("ready") else []
+    (trial_pod,) = target.wait_for(running_trial, 90, "a trial engine serving")
+    (job_pod,) = target.pods("app.kubernetes.io/instance=doomed,"
+                             "app.kubernetes.io/component=tuner")
+    pids = [int(p["status"]["containerStatuses"][0]["containerID"].removeprefix("local://"))
+            for p in (trial_pod, job_pod)]
+    assert all(alive(pid) for pid in pids)
+    target.kubectl("delete", "pit", "doomed", timeout=90)
+    target.wait_for(lambda: not trial_services(target, "doomed"), 60, "trials deleted")
+    target.wait_for(lambda: not any(alive(pid) for pid in pids), 60, "processes gone")
+    target.wait_for(lambda: not target.kubectl("get", "job", "doomed-tuner",
+                                               check=False).returncode == 0, 30, "Job gone")

@@ -1,0 +1,64 @@
+"""The PagedInferenceTuning spec at the tuner's boundary, and the status tables it writes."""
+from __future__ import annotations
+
+import pytest
+
+from tuner.cluster import pareto
+from tuner.cluster_spec import flags_to_engine, parse_duration, parse_tuning
+from tuner.space import engine_flags
+
+BASE = {"targetRef": {"name": "svc"}, "searchSpace": {"maxNumSeqs": [4, 8]}}
+
+
+def test_the_issue_example_parses_with_camel_case_mapped_to_settings() -> None:
+    spec = parse_tuning({**BASE, "workload": "summarize", "trials": 24, "parallelism": 2,
+                         "trialDuration": "2m", "users": 16,
+                         "slo": {"ttftSeconds": 1.0, "itlSeconds": 0.1},
+                         "searchSpace": {"blockSize": [16, 32, 64],
+                                         "maxNumSeqs": {"min": 8, "max": 512, "log": True}},
+                         "apply": {"mode": "Auto", "minGain": 1.1}})
+    assert spec.duration == 120 and spec.parallelism == 2 and spec.mode == "Auto"
+    assert dict(spec.slo) == {"ttft": 1.0, "tpot": 0.1}
+    block, seqs = spec.space
+    assert block.name == "block_size" and block.choices == (16, 32, 64)
+    assert (seqs.name, seqs.low, seqs.high, seqs.log) == ("max_num_seqs", 8, 512, True)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"targetRef": {}}, "spec.targetRef.name"),
+    ({"workload": "poetry"}, "spec.workload"),
+    ({"searchSpace": {"blocksize": [16]}}, "spec.searchSpace.blocksize"),
+    ({"searchSpace": {"maxNumSeqs": {"low": 1, "high": 4}}}, "spec.searchSpace.maxNumSeqs"),
+    ({"searchSpace": {}}, "spec.searchSpace"),
+    ({"trialDuration": "soon"}, "spec.trialDuration"),
+    ({"trials": 0}, "spec.trials"),
+    ({"apply": {"mode": "Sometimes"}}, "spec.apply.mode"),
+    ({"confirm": {"rounds": 1}}, "spec.rounds"),
+    ({"users": 4, "rate": 2.0}, "spec.users and spec.rate"),
+])
+def test_bad_specs_name_the_field_to_change(change: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        parse_tuning({**BASE, **change})
+
+
+def test_durations() -> None:
+    assert [parse_duration(v, "x") for v in (90, "90", "90s", "1.5m", "1h")] == \
+        [90, 90, 90, 90, 3600]
+
+
+def test_engine_flags_map_back_to_spec_engine() -> None:
+    settings = {"block_size": 32, "max_num_seqs": 8, "enable_prefix_caching": False,
+                "gpu_memory_utilization": 0.85, "max_num_batched_tokens": 2048}
+    assert flags_to_engine(engine_flags(settings)) == {
+        "blockSize": 32, "maxNumSeqs": 8, "enablePrefixCaching": False,
+        "gpuMemoryUtilization": 0.85, "maxNumBatchedTokens": 2048}
+    assert flags_to_engine(["--enable-prefix-caching"]) == {"enablePrefixCaching": True}
+
+
+def test_pareto_keeps_trials_no_other_beats_on_goodput_and_ttft() -> None:
+    history = [{"engine": {"maxNumSeqs": n}, "goodput": g, "ttftP99": t}
+               for n, g, t in ((4, 5.0, 0.5), (8, 6.0, 0.9), (16, 4.0, 0.95), (32, 6.0, 0.4))]
+    history.append({"engine": {"blockSize": 8}, "infeasible": "out of memory"})
+    assert [e["engine"]["maxNumSeqs"] for e in pareto(history)] == [32]
+    history.append({"engine": {"maxNumSeqs": 2}, "goodput": 3.0, "ttftP99": 0.1})
+    assert [e["engine"]["maxNumSeqs"] for e in pareto(history)] == [32, 2]

@@ -1,0 +1,272 @@
+"""`python -m tuner tune --cluster --name PIT`: the PagedInferenceTuning Job's program.
+
+Reads the tuning resource and its target PagedInferenceService, then
+1. search: each trial is a trial PagedInferenceService owned by the tuning resource (the
+   target's spec with the candidate spec.engine, one replica): wait for Ready (Degraded =
+   infeasible, with the engine's own message), drive the Locust workload at its ready
+   address, read figures (PromQL with spec.prometheus.url, else /metrics), delete it.
+   `parallelism` trials run at once. A small all-choices space is searched exhaustively.
+2. confirm: the target's current settings (the baseline) and the best candidates
+   re-measured interleaved on fresh trial services (tuner.confirm, tuner.stats): gains
+   with 95 % intervals and the decision.
+3. apply (tuner.cluster_apply): Manual writes the recommendation; Auto patches the
+   target, verifies and rolls back if the gain did not hold.
+Status is written after every step. Search results are kept in status.history, so a
+restarted Job (the operator restarts failed ones) resumes the study where it stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import os
+import signal
+import sys
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from loadtests.workloads import get_workload
+from tuner import study as st
+from tuner.cluster_apply import apply_decision, arm_goodput
+from tuner.cluster_kube import Cluster, current_namespace, load_client
+from tuner.cluster_spec import BY_KEY, TuningSpec, camel, flags_to_engine, parse_tuning
+from tuner.confirm import Baseline, run_confirmation
+from tuner.loadgen import LoadError, LoadSpec
+from tuner.promql import PrometheusReader
+from tuner.space import engine_flags, from_engine_spec
+from tuner.sweep import quiet_optuna
+from tuner.trial import Infeasible, measure
+
+FINAL = ("Succeeded", "Failed")
+
+
+def log(text: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
+
+
+class Tuning:
+    """One run of the loop for one tuning resource."""
+
+    def __init__(self, cluster: Cluster, body: dict, spec: TuningSpec, target: dict,
+                 out_dir: Path) -> None:
+        self.cluster, self.body, self.spec, self.target = cluster, body, spec, target
+        self.name = body["metadata"]["name"]
+        self.out_dir = out_dir
+        self.owner = cluster.owner_ref(body)
+        self.status: dict[str, Any] = dict(body.get("status") or {})
+        self.target_engine: dict = dict(target["spec"].get("engine") or {})
+        workload = get_workload(spec.workload)
+        overrides = dict(spec.slo)
+        self.slos = {kind: {**limits, **overrides} for kind, limits in workload.slos.items()}
+        self.load = LoadSpec(
+            workload=spec.workload, duration=spec.duration,
+            users=spec.users or (1 if spec.rate else workload.users),
+            arrival="open" if spec.rate else "closed", rate=spec.rate or 1.0, seed=spec.seed,
+            length_scale=spec.length_scale,
+            model_name=(target["spec"].get("model") or {}).get("servedName") or None)
+        self.prometheus = PrometheusReader(spec.prometheus_url) if spec.prometheus_url else None
+
+    def publish(self, **fields: Any) -> None:
+        self.status.update(fields)
+        self.cluster.write_status(fields)
+
+    # ---- one measurement on a trial service ----
+    def measure_engine(self, name: str, engine: dict, seed: int, workdir: Path) -> dict:
+        self.cluster.create_trial(name, self.target, {**self.target_engine, **engine},
+                                  self.owner)
+        try:
+            self.cluster.wait_ready(name, timeout=self.spec.startup_timeout)
+            url = self.cluster.endpoint_url(name)
+            log(f"{name}: ready at {url}, {self.spec.duration:g} s of {self.spec.workload}")
+            return measure(url, dataclasses.replace(self.load, seed=seed), self.slos,
+                           workdir=workdir, warmup_requests=self.spec.warmup_requests,
+                           prometheus=self.prometheus, progress_interval=0.5,
+                           on_progress=lambda *_: self.cluster.stopping.is_set())
+        finally:
+            self.cluster.delete_service(name, wait=True)
+
+    # ---- search ----
+    def grid(self) -> list[dict] | None:
+        """Every combination, when the space is all choices and `trials` covers it."""
+        if any(p.choices is None for p in self.spec.space):
+            return None
+        combos = [dict(zip([p.name for p in self.spec.space], values)) for values in
+                  itertools.product(*[p.choices for p in self.spec.space])]
+        return combos if len(combos) <= self.spec.trials else None
+
+    def search(self, study: optuna.Study) -> None:
+        history: list[dict] = list(self.status.get("history") or [])
+        if not study.trials:
+            for entry in history:   # a restarted Job: replay what was measured
+                self._replay(study, entry)
+        grid = self.grid()
+        total = len(grid) if grid is not None else self.spec.trials
+        if grid is not None:
+            seen = [entry["params"] for entry in history]
+            for combo in grid:
+                if combo not in seen:
+                    study.enqueue_trial(combo, skip_if_exists=True)
+        self.publish(phase="Searching", trialsTotal=total,
+                     trialsText=f"{st.search_trials_done(study)}/{total}")
+        while (done := st.search_trials_done(study)) < total:
+            asked = [study.ask() for _ in range(min(self.spec.parallelism, total - done))]
+            chosen = [{p.name: p.suggest(t) for p in self.spec.space} for t in asked]
+            with ThreadPoolExecutor(len(asked)) as pool:
+                results = list(pool.map(self._search_trial, asked, chosen))
+            for trial, params, (figures, reason) in zip(asked, chosen, results):
+                entry = {"trial": trial.number, "params": params, "engine": camel(params)}
+                if figures is not None:
+                    for key, value in figures.items():
+                        trial.set_user_attr(key, value)
+                    entry.update(goodput=round(figures["goodput"], 4),
+                                 ttftP99=round(figures.get("ttft_p99", 0.0), 4))
+                    study.tell(trial, figures["goodput"])
+                elif reason.startswith("infeasible: "):
+                    trial.set_user_attr("infeasible", reason[12:])
+                    entry["infeasible"] = reason[12:]
+                    study.tell(trial, 0.0)
+                else:
+                    entry["failed"] = reason
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                history.append(entry)
+            done = st.search_trials_done(study)
+            self.publish(history=history, trialsDone=done, trialsText=f"{done}/{total}",
+                         best=best_of(history), pareto=pareto(history))
+
+    def _search_trial(self, trial: optuna.Trial, params: dict) -> tuple[dict | None, str]:
+        workdir = self.out_dir / "trials" / f"trial-{trial.number:04d}"
+        try:
+            return self.measure_engine(f"{self.name}-t{trial.number}", camel(params),
+                                       self.spec.seed, workdir), ""
+        except Infeasible as exc:
+            log(f"trial {trial.number} {params}: infeasible: {exc.reason}")
+            return None, f"infeasible: {exc.reason}"
+        except LoadError as exc:
+            log(f"trial {trial.number} {params}: harness failed: {exc}")
+            return None, str(exc)
+
+    def _replay(self, study: optuna.Study, entry: dict) -> None:
+        study.enqueue_trial(entry["params"])
+        trial = study.ask()
+        for p in self.spec.space:
+            p.suggest(trial)
+        if "goodput" in entry:
+            trial.set_user_attr("goodput", entry["goodput"])
+            study.tell(trial, entry["goodput"])
+        elif "infeasible" in entry:
+            trial.set_user_attr("infeasible", entry["infeasible"])
+            study.tell(trial, 0.0)
+        else:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    # ---- confirm ----
+    def confirm(self, study: optuna.Study) -> dict:
+        known = {k: v for k, v in self.target_engine.items() if k in BY_KEY}
+        params = from_engine_spec(known, where=f"{self.spec.target} spec.engine")
+        baseline = Baseline(params, tuple(engine_flags(params)),
+                            f"{self.spec.target}'s spec.engine")
+        self.publish(phase="Confirming")
+
+        def measure_flags(flags: list[str], seed: int, workdir: Path) -> dict:
+            label = workdir.name.lower()
+            name = f"{self.name}-{workdir.parent.name.replace('round-', 'r')}-{label}"
+            return self.measure_engine(name, flags_to_engine(flags), seed, workdir)
+
+        return run_confirmation(study, baseline=baseline, k=self.spec.candidates,
+                                rounds=self.spec.confirm_rounds, seed=self.spec.seed,
+                                floor=0.5 / self.spec.duration, out_dir=self.out_dir,
+                                fixed={}, measure=measure_flags, log=log,
+                                min_gain=self.spec.min_gain)
+
+    def run(self, storage: str | None) -> None:
+        quiet_optuna()
+        # trials are asked and told here, not by Study.optimize: its heartbeat warning is noise
+        warnings.filterwarnings("ignore", message="Heartbeat of storage")
+        study = st.open_study(storage=storage or f"sqlite:///{self.out_dir}/study.db",
+                              study_name=f"{self.cluster.ns}-{self.name}", objective="goodput",
+                              seed=self.spec.seed,
+                              n_startup_trials=min(10, max(2, self.spec.trials // 3)))
+        self.search(study)
+        record = self.confirm(study)
+        base = record["arms"][0]
+        self.publish(baseline={"engine": self.target_engine, **arm_goodput(base)},
+                     confirmation=[{"label": a["label"], "engine": camel(a["params"]),
+                                    "goodputs": [round(g, 4) for g in a["goodput"]],
+                                    "failed": [f for f in a["failed"] if f]}
+                                   for a in record["arms"]])
+        apply_decision(self, record)
+
+
+def best_of(history: list[dict]) -> dict | None:
+    measured = [e for e in history if "goodput" in e]
+    if not measured:
+        return None
+    top = max(measured, key=lambda e: e["goodput"])
+    return {"engine": top["engine"], "goodput": top["goodput"], "source": "search"}
+
+
+def pareto(history: list[dict], size: int = 5) -> list[dict]:
+    """Search trials no other trial beats on both goodput (higher) and p99 TTFT (lower)."""
+    measured = [e for e in history if "goodput" in e]
+    front = [e for e in measured if not any(
+        o["goodput"] >= e["goodput"] and o["ttftP99"] <= e["ttftP99"]
+        and (o["goodput"], o["ttftP99"]) != (e["goodput"], e["ttftP99"]) for o in measured)]
+    front.sort(key=lambda e: -e["goodput"])
+    return [{"engine": e["engine"], "goodput": e["goodput"], "ttftP99": e["ttftP99"]}
+            for e in front[:size]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tuner tune", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cluster", action="store_true", required=True,
+                        help="tune in the cluster (the only mode so far)")
+    parser.add_argument("--name", required=True, help="the PagedInferenceTuning")
+    parser.add_argument("--namespace", default=None, help="default: the pod's own")
+    parser.add_argument("--out-dir", default="tuner-out", help="logs and raw samples")
+    parser.add_argument("--storage", default=None,
+                        help="Optuna RDB URL (default: SQLite in --out-dir, resumed from "
+                             "status.history); also $TUNER_STORAGE_URL")
+    args = parser.parse_args(argv)
+    cluster = Cluster(load_client(), args.namespace or current_namespace(), args.name)
+    body = cluster.get_tuning()
+    if body is None:
+        log(f"no PagedInferenceTuning {args.name} in namespace {cluster.ns}")
+        return 1
+    if (body.get("status") or {}).get("phase") in FINAL:
+        log(f"{args.name} is {body['status']['phase']} already: nothing to do")
+        return 0
+    try:
+        spec = parse_tuning(body.get("spec") or {})
+        target = cluster.get_service(spec.target)
+        if target is None:
+            raise ValueError(f"spec.targetRef.name: no PagedInferenceService {spec.target!r} "
+                             f"in namespace {cluster.ns}")
+    except ValueError as exc:   # a spec to fix: no retry would help, the Job succeeds
+        cluster.write_status({"phase": "Failed", "decision": {"reason": str(exc)}})
+        log(str(exc))
+        return 0
+    out_dir = Path(args.out_dir) / args.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def stop(*_: Any) -> None:
+        # The Job is being deleted (or the tuning suspended): the workers stop their load
+        # and delete their trial services; leftovers are deleted below.
+        cluster.stopping.set()
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        Tuning(cluster, body, spec, target, out_dir).run(
+            args.storage or os.environ.get("TUNER_STORAGE_URL") or None)
+    finally:
+        if cluster.stopping.is_set():
+            for name in cluster.trial_names():
+                cluster.delete_service(name)
+    return 0
+
