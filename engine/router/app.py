@@ -1,0 +1,127 @@
+"""The router's HTTP front: OpenAI-compatible routes forwarded to a replica, plus its own
+`/health` (ready while any backend is) and `/metrics` (the `paged_router_*` families)."""
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import JSONResponse, Response
+
+from engine.router.hashing import CharChunkHasher, TokenBlockHasher
+from engine.router.metrics import RouterMetrics
+from engine.router.policies import RouteRequest, make_policy
+from engine.router.pool import BackendPool
+from engine.router.proxy import Forwarder, error
+
+logger = logging.getLogger("engine.router")
+
+
+@dataclass
+class RouterConfig:
+    backends: list[str] = field(default_factory=list)
+    discover: str | None = None          # the engine Service whose EndpointSlices to watch
+    namespace: str | None = None
+    port_name: str | None = None
+    policy: str = "prefix"
+    load_factor: float = 0.25
+    chunk_chars: int = 128
+    max_chunks: int = 256
+    table_size: int = 200_000
+    tokenizer: str | None = None
+    hash_block_size: int = 16
+    health_interval: float = 1.0
+    connect_timeout: float = 2.0
+    api_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if bool(self.backends) == bool(self.discover):
+            raise ValueError("give exactly one of --backends URL[,URL...] or --discover SERVICE")
+
+
+def _authorized(request: Request, api_key: str | None) -> bool:
+    if api_key is None:
+        return True
+    auth = request.headers.get("authorization", "")
+    token = auth[7:] if auth.lower().startswith("bearer ") else ""
+    return hmac.compare_digest(token.encode(), api_key.encode())
+
+
+def build_app(config: RouterConfig) -> FastAPI:
+    metrics = RouterMetrics()
+    policy = make_policy(config.policy, load_factor=config.load_factor,
+                         table_size=config.table_size)
+    hasher = (TokenBlockHasher(config.tokenizer, config.hash_block_size, config.max_chunks)
+              if config.tokenizer else CharChunkHasher(config.chunk_chars, config.max_chunks))
+    pool = BackendPool(metrics, health_interval=config.health_interval,
+                       scrape=config.policy == "least-load")
+    pool.set_urls(config.backends)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        forwarder = app.state.forwarder = Forwarder(pool, policy, hasher, metrics,
+                                                    connect_timeout=config.connect_timeout)
+        watcher = None
+        if config.discover:
+            from engine.router.discovery import EndpointSliceWatcher
+
+            watcher = EndpointSliceWatcher(config.discover, pool, namespace=config.namespace,
+                                           port_name=config.port_name)
+            await watcher.start()
+        await pool.start()
+        try:
+            yield
+        finally:
+            await pool.stop()
+            if watcher is not None:
+                await watcher.stop()
+            await forwarder.aclose()
+
+    app = FastAPI(title="paged-inference router", lifespan=lifespan, docs_url=None,
+                  redoc_url=None, openapi_url=None)
+    app.state.pool, app.state.policy, app.state.metrics = pool, policy, metrics
+
+    def unauthorized() -> JSONResponse:
+        return error("missing or invalid API key: send 'Authorization: Bearer <key>'", 401,
+                     "invalid_api_key", **{"WWW-Authenticate": "Bearer"})
+
+    async def generate(request: Request) -> Response:
+        if not _authorized(request, config.api_key):
+            return unauthorized()
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return error("the request body must be a JSON object", 400, "invalid_json")
+        forwarder: Forwarder = app.state.forwarder
+        route = forwarder.route_request(body, request.headers)
+        return await forwarder.forward(request, "POST", request.url.path, raw, route)
+
+    app.add_api_route("/v1/completions", generate, methods=["POST"])
+    app.add_api_route("/v1/chat/completions", generate, methods=["POST"])
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        if not _authorized(request, config.api_key):
+            return unauthorized()
+        return await app.state.forwarder.forward(request, "GET", "/v1/models", b"",
+                                                 RouteRequest())
+
+    @app.get("/health")
+    async def health() -> Response:
+        n = len(pool.available())
+        body = {"healthy_backends": n, "backends": len(pool.all()), "policy": policy.name}
+        return JSONResponse(body, status_code=200 if n else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,112 @@
+"""`python -m engine router --port P --backends URL[,URL...] | --discover SERVICE`."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from engine.router.policies import POLICIES
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine router",
+                                description="prefix-cache-aware router over engine replicas")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--backends", help="comma-separated engine URLs, e.g. "
+                     "http://127.0.0.2:8000,http://127.0.0.3:8000")
+    src.add_argument("--discover", metavar="SERVICE",
+                     help="watch the EndpointSlices of this Kubernetes Service; ready pods "
+                          "join, others leave")
+    p.add_argument("--namespace", default=None,
+                   help="namespace of --discover (default: the pod's own, else 'default')")
+    p.add_argument("--port-name", default=None,
+                   help="EndpointSlice port to use (default: the first)")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed)")
+    p.add_argument("--policy", choices=POLICIES, default="prefix")
+    p.add_argument("--load-factor", type=float, default=0.25,
+                   help="prefix policy: skip a backend above (1+this) x mean in-flight")
+    p.add_argument("--chunk-chars", type=int, default=128,
+                   help="prefix policy: characters per hashed chunk")
+    p.add_argument("--max-chunks", type=int, default=256,
+                   help="prefix policy: chunks hashed per request at most")
+    p.add_argument("--table-size", type=int, default=200_000,
+                   help="prefix policy: chunk hashes remembered (LRU)")
+    p.add_argument("--tokenizer", default=None,
+                   help="prefix policy: hash token blocks with this tokenizer.json (or model "
+                        "directory) instead of characters")
+    p.add_argument("--hash-block-size", type=int, default=16,
+                   help="tokens per hashed block with --tokenizer (the engine's --block-size)")
+    p.add_argument("--health-interval", type=float, default=1.0,
+                   help="seconds between /health probes (and load scrapes) per backend")
+    p.add_argument("--connect-timeout", type=float, default=2.0)
+    p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* (env VLLM_API_KEY); "
+                        "the header is forwarded to the engines")
+    p.add_argument("--api-key-file", default=None,
+                   help="read the API key from this file (whitespace stripped), so it never "
+                        "appears in argv; overrides --api-key")
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    from engine.router.app import RouterConfig, build_app
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per probe otherwise
+    for name, value in (("--chunk-chars", args.chunk_chars), ("--max-chunks", args.max_chunks),
+                        ("--table-size", args.table_size),
+                        ("--hash-block-size", args.hash_block_size)):
+        if value < 1:
+            raise SystemExit(f"{name} must be >= 1, got {value}")
+    if args.health_interval <= 0 or args.connect_timeout <= 0:
+        raise SystemExit("--health-interval and --connect-timeout must be > 0")
+    if args.api_key_file:
+        try:
+            args.api_key = Path(args.api_key_file).read_text().strip()
+        except OSError as exc:
+            raise SystemExit(f"--api-key-file {args.api_key_file}: {exc.strerror}") from None
+        if not args.api_key:
+            raise SystemExit(f"--api-key-file {args.api_key_file} is empty")
+    try:
+        config = RouterConfig(
+            backends=[u for u in (args.backends or "").split(",") if u.strip()],
+            discover=args.discover, namespace=args.namespace, port_name=args.port_name,
+            policy=args.policy, load_factor=args.load_factor, chunk_chars=args.chunk_chars,
+            max_chunks=args.max_chunks, table_size=args.table_size, tokenizer=args.tokenizer,
+            hash_block_size=args.hash_block_size, health_interval=args.health_interval,
+            connect_timeout=args.connect_timeout, api_key=args.api_key or None)
+        app = build_app(config)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False,
+                                           lifespan="on", log_level=args.log_level,
+                                           timeout_graceful_shutdown=30))
+    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        raise SystemExit(f"cannot listen on {args.host}:{args.port}: {exc}; choose another "
+                         "--port") from None
+    sock.listen(2048)
+    host, port = sock.getsockname()[:2]
+    print(f"routing on http://{host}:{port} (policy {args.policy})", flush=True)
+    server.run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Backends from Kubernetes: the EndpointSlices of the engine Service.
+
+A thread lists the slices labelled `kubernetes.io/service-name=SERVICE`, then watches them
+(official `kubernetes` client, `watch.Watch`). After every event the whole backend set is
+recomputed from every slice known (level-triggered), so a missed event costs nothing once
+the next arrives; a failed or ended watch starts over with a fresh list. An endpoint is a
+backend while its `conditions.ready` is not false (the API's reading of an unset value).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from engine.router.pool import BackendPool
+
+logger = logging.getLogger("engine.router")
+SERVICE_LABEL = "kubernetes.io/service-name"
+NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def slice_urls(eps: Any, service: str, port_name: str | None) -> set[str]:
+    """Ready endpoint URLs of one V1EndpointSlice."""
+    if (eps.metadata.labels or {}).get(SERVICE_LABEL) != service:
+        return set()
+    ports = [p for p in eps.ports or [] if p.port and (port_name is None or p.name == port_name)]
+    if not ports:
+        return set()
+    port = ports[0].port
+    urls = set()
+    for endpoint in eps.endpoints or []:
+        ready = endpoint.conditions.ready if endpoint.conditions is not None else None
+        if ready is False or not endpoint.addresses:
+            continue
+        host = endpoint.addresses[0]
+        urls.add(f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}")
+    return urls
+
+
+class EndpointSliceWatcher:
+    def __init__(self, service: str, pool: BackendPool, *, namespace: str | None = None,
+                 port_name: str | None = None, retry_seconds: float = 1.0) -> None:
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        self.api = client.DiscoveryV1Api()
+        if namespace is None:  # the pod's own: the downward API's env, else the SA file
+            namespace = os.environ.get("POD_NAMESPACE") or (
+                NAMESPACE_FILE.read_text().strip() if NAMESPACE_FILE.exists() else "default")
+        self.service, self.namespace, self.port_name = service, namespace, port_name
+        self.pool, self.retry_seconds = pool, retry_seconds
+        self.slices: dict[str, set[str]] = {}
+        self._stop = threading.Event()
+        self._watch: Any = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.synced = threading.Event()  # set after the first list
+
+    def _publish(self) -> None:
+        urls = set().union(*self.slices.values()) if self.slices else set()
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self.pool.set_urls, sorted(urls))
+
+    def _run(self) -> None:
+        from kubernetes import watch
+
+        selector = f"{SERVICE_LABEL}={self.service}"
+        while not self._stop.is_set():
+            try:
+                listing = self.api.list_namespaced_endpoint_slice(
+                    self.namespace, label_selector=selector)
+                self.slices = {s.metadata.name: slice_urls(s, self.service, self.port_name)
+                               for s in listing.items}
+                self._publish()
+                self.synced.set()
+                self._watch = watch.Watch()
+                for event in self._watch.stream(
+                        self.api.list_namespaced_endpoint_slice, self.namespace,
+                        label_selector=selector,
+                        resource_version=listing.metadata.resource_version):
+                    if self._stop.is_set():
+                        return
+                    obj = event["object"]
+                    if event["type"] == "DELETED":
+                        self.slices.pop(obj.metadata.name, None)
+                    elif event["type"] in ("ADDED", "MODIFIED"):
+                        self.slices[obj.metadata.name] = slice_urls(obj, self.service,
+                                                                    self.port_name)
+                    else:
+                        continue
+                    self._publish()
+            except Exception as exc:  # the API server went away, 410 Gone, ...: relist
+                if self._stop.is_set():
+                    return
+                logger.warning("EndpointSlice watch for %s/%s failed (%s); relisting",
+                               self.namespace, self.service, exc)
+            self._stop.wait(self.retry_seconds)
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="endpointslice-watch",
+                                        daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._watch is not None:
+            self._watch.stop()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 5)

@@ -1,0 +1,108 @@
+"""Chained prefix hashes of a request, stable across processes and machines.
+
+Hash i covers chunks 0..i of the prompt (each chunk's digest folds in the one before),
+so two prompts share hash i exactly when they share their first i+1 chunks: the same
+chaining the engine's prefix cache applies to token blocks. By default the chunks are
+fixed runs of characters, which needs no model files; `TokenBlockHasher` hashes blocks of
+token ids instead, as the engine does, from a `tokenizers` tokenizer.json.
+Python's built-in `hash()` is salted per process; blake2b is not.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+DIGEST_BYTES = 8
+
+
+def digest(data: bytes, parent: int = 0) -> int:
+    h = hashlib.blake2b(data, digest_size=DIGEST_BYTES,
+                        key=parent.to_bytes(DIGEST_BYTES, "big") if parent else b"")
+    return int.from_bytes(h.digest(), "big")
+
+
+def chained(chunks: Iterable[bytes]) -> list[int]:
+    out: list[int] = []
+    parent = 0
+    for chunk in chunks:
+        parent = digest(chunk, parent)
+        out.append(parent)
+    return out
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts: keep the text ones, in order
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return "" if content is None else str(content)
+
+
+def request_text(body: dict[str, Any]) -> str:
+    """The text whose prefix decides routing: the prompt, or the chat messages in order."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return "".join(f"{m.get('role', '')}\n{_content_text(m.get('content'))}\x1e"
+                       for m in messages if isinstance(m, dict))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(t, int) for t in prompt):  # one prompt given as token ids
+            return ",".join(map(str, prompt))
+        prompt = prompt[0]  # a batch: route by its first prompt
+        if isinstance(prompt, list):
+            return ",".join(map(str, prompt))
+    return prompt if isinstance(prompt, str) else ""
+
+
+class CharChunkHasher:
+    """Hashes fixed-size character chunks; a trailing partial chunk counts only when the
+    whole text is shorter than one chunk (so short prompts still route by content)."""
+
+    def __init__(self, chunk_chars: int = 128, max_chunks: int = 256) -> None:
+        if chunk_chars < 1 or max_chunks < 1:
+            raise ValueError("chunk size and max chunks must be >= 1")
+        self.chunk_chars, self.max_chunks = chunk_chars, max_chunks
+
+    def hashes(self, text: str) -> list[int]:
+        data, step = text[: self.chunk_chars * self.max_chunks], self.chunk_chars
+        if len(data) < step:
+            return chained([data.encode()]) if data else []
+        return chained(data[i * step:(i + 1) * step].encode() for i in range(len(data) // step))
+
+
+class TokenBlockHasher:
+    """Hashes blocks of `block_size` token ids, as the engine's prefix cache does.
+
+    Loads a Hugging Face `tokenizer.json` with the `tokenizers` package, imported here
+    only (the default character mode needs no tokenizer at all).
+    """
+
+    def __init__(self, tokenizer_path: str, block_size: int = 16, max_chunks: int = 256) -> None:
+        from tokenizers import Tokenizer  # optional mode: imported lazily
+
+        path = Path(tokenizer_path)
+        if path.is_dir():
+            path = path / "tokenizer.json"
+        if not path.is_file():
+            raise ValueError(f"--tokenizer: no tokenizer.json at {tokenizer_path}; give a "
+                             "model directory or the file itself")
+        if block_size < 1:
+            raise ValueError("--hash-block-size must be >= 1")
+        self.tokenizer = Tokenizer.from_file(str(path))
+        self.block_size, self.max_chunks = block_size, max_chunks
+
+    def hashes(self, text: str) -> list[int]:
+        ids: Sequence[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
+        ids = ids[: self.block_size * self.max_chunks]
+        n = len(ids) // self.block_size
+        blocks = [ids[i * self.block_size:(i + 1) * self.block_size] for i in range(n)]
+        if not blocks and ids:
+            blocks = [ids]
+        return chained(b"".join(t.to_bytes(4, "little") for t in block) for block in blocks)
+
+
+def ring_point(key: str | bytes) -> int:
+    """A position on the consistent-hash ring."""
+    return digest(key.encode() if isinstance(key, str) else key)

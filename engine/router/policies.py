@@ -1,0 +1,160 @@
+"""Routing policies: small objects behind one interface.
+
+`choose(request, backends)` returns the backends in the order to try them (the first is
+the pick, the next is the retry target) and a label for the decision; `record(request,
+backend)` tells the policy where a request went once a backend accepted it. Policies see
+only healthy backends and read their in-flight counts and scraped load.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from engine.router.hashing import ring_point
+from engine.router.pool import Backend
+from engine.router.ring import HashRing
+
+POLICIES = ("prefix", "least-load", "round-robin")
+
+
+@dataclass
+class RouteRequest:
+    hashes: list[int] = field(default_factory=list)  # chained prefix hashes of the prompt
+    session: str | None = None                        # x-session-id header or `user`
+
+
+@dataclass
+class Choice:
+    order: list[Backend]
+    decision: str
+    hit_chunks: int = 0  # prefix policy: chunks the pick is believed to hold already
+
+
+class Policy:
+    name = ""
+
+    def choose(self, request: RouteRequest, backends: Sequence[Backend]) -> Choice:
+        raise NotImplementedError
+
+    def record(self, request: RouteRequest, backend: Backend) -> None:
+        """Called once a backend accepted the request (no-op for stateless policies)."""
+
+
+class RoundRobinPolicy(Policy):
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        self._counter = itertools.count()
+
+    def choose(self, request: RouteRequest, backends: Sequence[Backend]) -> Choice:
+        start = next(self._counter) % len(backends)
+        return Choice(list(backends[start:]) + list(backends[:start]), "round_robin")
+
+
+class LeastLoadPolicy(Policy):
+    """Fewest in-flight requests; ties by lower KV-cache usage, then fewer waiting
+    requests (both scraped from the backends), then in rotation."""
+
+    name = "least-load"
+
+    def __init__(self) -> None:
+        self._counter = itertools.count()
+
+    def choose(self, request: RouteRequest, backends: Sequence[Backend]) -> Choice:
+        turn, n = next(self._counter), len(backends)
+        ranked = sorted(enumerate(backends), key=lambda ib: (
+            ib[1].in_flight, ib[1].kv_cache_usage, ib[1].waiting, (ib[0] - turn) % n))
+        return Choice([b for _, b in ranked], "least_load")
+
+
+def load_bound(backends: Sequence[Backend], load_factor: float) -> int:
+    """The most in-flight requests a backend may hold after taking this one:
+    ceil((1+eps) * mean), the mean counting the new request (bounded-load hashing)."""
+    total = sum(b.in_flight for b in backends) + 1
+    return math.ceil(total / len(backends) * (1 + load_factor))
+
+
+class PrefixPolicy(Policy):
+    """Longest known prefix first, consistent hashing for new prefixes, bounded load.
+
+    The table maps each chained chunk hash to the backends it was sent to (first-seen
+    order, a few at most) and forgets least-recently-used hashes beyond `table_size`.
+    """
+
+    name = "prefix"
+    PER_HASH = 4
+
+    def __init__(self, *, load_factor: float = 0.25, table_size: int = 200_000,
+                 session_table_size: int = 100_000, ring_replicas: int = 100) -> None:
+        if load_factor < 0:
+            raise ValueError(f"--load-factor must be >= 0, got {load_factor}")
+        self.load_factor, self.table_size = load_factor, table_size
+        self.session_table_size = session_table_size
+        self.table: OrderedDict[int, list[str]] = OrderedDict()
+        self.sessions: OrderedDict[str, str] = OrderedDict()
+        self.ring = HashRing(replicas=ring_replicas)
+
+    def choose(self, request: RouteRequest, backends: Sequence[Backend]) -> Choice:
+        by_url = {b.url: b for b in backends}
+        self.ring.set_nodes(by_url)
+        bound = load_bound(backends, self.load_factor)
+
+        def fits(b: Backend) -> bool:
+            return b.in_flight + 1 <= bound
+
+        key = request.hashes[0] if request.hashes else ring_point(request.session or "")
+        ring_order = [by_url[u] for u in self.ring.walk(key)]
+
+        def first(pick: Backend, decision: str) -> Choice:
+            rest = [b for b in ring_order if b is not pick]
+            return Choice([pick, *rest], decision, self._held(request, pick.url))
+
+        pinned = by_url.get(self.sessions.get(request.session, "")) if request.session else None
+        if pinned is not None and fits(pinned):
+            return first(pinned, "session")
+        for h in reversed(request.hashes):  # the longest prefix some fitting backend holds
+            for url in self.table.get(h, ()):
+                b = by_url.get(url)
+                if b is not None and fits(b):
+                    return first(b, "prefix_hit")
+        for i, b in enumerate(ring_order):  # a new prefix: its place on the ring
+            if fits(b):
+                return first(b, "hash" if i == 0 else "overflow")
+        return first(ring_order[0], "hash")  # unreachable: some backend is at most the mean
+
+    def _held(self, request: RouteRequest, url: str) -> int:
+        for i in range(len(request.hashes) - 1, -1, -1):
+            if url in self.table.get(request.hashes[i], ()):
+                return i + 1
+        return 0
+
+    def record(self, request: RouteRequest, backend: Backend) -> None:
+        for h in request.hashes:
+            urls = self.table.get(h)
+            if urls is None:
+                self.table[h] = [backend.url]
+            else:
+                if backend.url not in urls:
+                    urls.append(backend.url)
+                    del urls[:-self.PER_HASH]
+                self.table.move_to_end(h)
+        while len(self.table) > self.table_size:
+            self.table.popitem(last=False)
+        if request.session:
+            self.sessions[request.session] = backend.url
+            self.sessions.move_to_end(request.session)
+            while len(self.sessions) > self.session_table_size:
+                self.sessions.popitem(last=False)
+
+
+def make_policy(name: str, *, load_factor: float = 0.25, table_size: int = 200_000) -> Policy:
+    if name == "prefix":
+        return PrefixPolicy(load_factor=load_factor, table_size=table_size)
+    if name == "least-load":
+        return LeastLoadPolicy()
+    if name == "round-robin":
+        return RoundRobinPolicy()
+    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")

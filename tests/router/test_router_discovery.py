@@ -1,0 +1,91 @@
+"""`--discover SERVICE`: the router follows the EndpointSlices of the engine Service, served
+by kmock's KubernetesEmulator over real HTTP to the official `kubernetes` client."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import kmock
+import pytest
+from router_fakes import FakeBackend
+from router_harness import RouterThread
+
+SLICES = "discovery.k8s.io/v1/endpointslices"
+NS = "llm"
+
+
+def endpoint_slice(name: str, service: str, endpoints: list[tuple[str, bool | None]],
+                   port: int) -> dict:
+    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": name, "namespace": NS,
+                         "labels": {"kubernetes.io/service-name": service}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [ip],
+                           **({} if ready is None else {"conditions": {"ready": ready}})}
+                          for ip, ready in endpoints]}
+
+
+async def until(predicate, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.asyncio
+async def test_pods_join_when_ready_and_leave_when_not(tmp_path, monkeypatch):
+    # every fake listens on the same port number on its own loopback address, as pods do
+    with FakeBackend("127.0.0.2") as a:
+        port = int(a.url.rsplit(":", 1)[1])
+        with FakeBackend("127.0.0.3", port=port) as b, FakeBackend("127.0.0.4", port=port) as c:
+            await _scenario(tmp_path, monkeypatch, port, a, b, c)
+
+
+async def _scenario(tmp_path, monkeypatch, port, a, b, c) -> None:
+    async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
+        emulator.resources[SLICES] = kmock.ResourceInfo(
+            kind="EndpointSlice", namespaced=True,
+            verbs={"get", "list", "watch", "create", "update", "patch", "delete"})
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
+            f"clusters: [{{name: t, cluster: {{server: '{server.url}'}}}}]\n"
+            "users: [{name: t, user: {token: t}}]\n"
+            "contexts: [{name: t, context: {cluster: t, user: t}}]\n")
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        api = server.client
+        base = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
+        # one pod ready, one starting; and a slice of another Service on the same pods
+        await api.post(base, json=endpoint_slice(
+            "engine-abc", "engine", [("127.0.0.2", True), ("127.0.0.3", False)], port))
+        await api.post(base, json=endpoint_slice(
+            "other-xyz", "other", [("127.0.0.4", True)], port))
+        router = RouterThread(discover="engine", namespace=NS, port_name="http")
+        await asyncio.to_thread(router.__enter__)
+        try:
+            def urls() -> list[str]:
+                return [x.url for x in router.pool.available()]
+
+            await until(lambda: urls() == [a.url])
+            r = await asyncio.to_thread(httpx.post, router.url + "/v1/completions",
+                                        json={"prompt": "hi"})
+            assert r.json()["served_by"] == a.url
+            # the second pod becomes ready; a new slice adds a third (ready unset = ready)
+            await api.patch(f"{base}/engine-abc", json=endpoint_slice(
+                "engine-abc", "engine", [("127.0.0.2", True), ("127.0.0.3", True)], port))
+            await api.post(base, json=endpoint_slice(
+                "engine-def", "engine", [("127.0.0.4", None)], port))
+            await until(lambda: urls() == [a.url, b.url, c.url])
+            # the first pod goes unready, then the second slice disappears
+            await api.patch(f"{base}/engine-abc", json=endpoint_slice(
+                "engine-abc", "engine", [("127.0.0.2", False), ("127.0.0.3", True)], port))
+            await until(lambda: urls() == [b.url, c.url])
+            await api.delete(f"{base}/engine-def")
+            await until(lambda: urls() == [b.url])
+            r = await asyncio.to_thread(httpx.post, router.url + "/v1/completions",
+                                        json={"prompt": "hi"})
+            assert r.json()["served_by"] == b.url
+        finally:
+            await asyncio.to_thread(router.__exit__)

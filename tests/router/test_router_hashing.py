@@ -1,0 +1,85 @@
+"""Prefix hashes: chained, stable across processes, order-sensitive; the hash ring."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from engine.router.hashing import CharChunkHasher, TokenBlockHasher, request_text
+from engine.router.ring import HashRing
+
+SYSTEM = "You are a helpful assistant for ACME. " * 20  # ~760 characters
+
+
+def test_hashes_are_the_same_in_another_process_with_another_hash_seed():
+    hasher = CharChunkHasher(chunk_chars=64)
+    here = hasher.hashes(SYSTEM + "question?")
+    code = ("import json; from engine.router.hashing import CharChunkHasher; "
+            f"print(json.dumps(CharChunkHasher(chunk_chars=64).hashes({SYSTEM + 'question?'!r})))")
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**os.environ, "PYTHONHASHSEED": seed}, check=True).stdout
+        assert json.loads(out) == here
+
+
+def test_hashes_are_chained_so_shared_prefixes_share_exactly_their_hashes():
+    hasher = CharChunkHasher(chunk_chars=64)
+    a = hasher.hashes(SYSTEM + "What is the refund policy for orders over 100 dollars, please?")
+    b = hasher.hashes(SYSTEM + "Where is my parcel? It was due last week and has not arrived!")
+    shared = len(SYSTEM) // 64
+    assert len(a) == len(b) == (len(SYSTEM) + 62) // 64
+    assert a[:shared] == b[:shared]
+    assert all(x != y for x, y in zip(a[shared:], b[shared:]))
+    # a chunk equal to an earlier one still hashes differently (the chain folds it in)
+    assert len(set(hasher.hashes("x" * 64 * 4))) == 4
+
+
+def test_short_prompts_get_one_hash_and_long_ones_are_capped():
+    hasher = CharChunkHasher(chunk_chars=64, max_chunks=3)
+    assert len(hasher.hashes("hi")) == 1
+    assert hasher.hashes("hi") != hasher.hashes("ho")
+    assert hasher.hashes("") == []
+    assert len(hasher.hashes("y" * 10_000)) == 3
+
+
+def test_chat_messages_hash_in_order_with_their_roles():
+    m1 = {"role": "system", "content": SYSTEM}
+    m2 = {"role": "user", "content": [{"type": "text", "text": "hello"}]}
+    assert request_text({"messages": [m1, m2]}).startswith("system\n" + SYSTEM)
+    assert request_text({"messages": [m1, m2]}) != request_text({"messages": [m2, m1]})
+    assert request_text({"messages": [{"role": "user", "content": "a"}]}) != \
+        request_text({"messages": [{"role": "assistant", "content": "a"}]})
+    assert request_text({"prompt": "abc"}) == "abc"
+    assert request_text({"prompt": ["first", "second"]}) == "first"
+    assert request_text({"prompt": [1, 2, 3]}) == "1,2,3"
+    assert request_text({}) == ""
+
+
+def test_token_block_mode_hashes_whole_blocks_of_token_ids(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate("[UNK] the cat sat on a mat dog ran".split())}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    hasher = TokenBlockHasher(str(tmp_path), block_size=2)
+    a = hasher.hashes("the cat sat on a mat")       # 6 tokens: 3 blocks
+    b = hasher.hashes("the cat sat on the dog ran")  # 7 tokens: 3 full blocks
+    assert len(a) == len(b) == 3 and a[:2] == b[:2] and a[2] != b[2]
+    # spacing differs, tokens do not: same hashes (the point of token mode)
+    assert hasher.hashes("the   cat sat") [:1] == a[:1]
+
+
+def test_ring_moves_only_the_removed_nodes_keys():
+    nodes = [f"http://127.0.0.{i}:8000" for i in range(2, 6)]
+    ring = HashRing(nodes)
+    keys = list(range(0, 1 << 64, (1 << 64) // 400))
+    before = {k: ring.walk(k)[0] for k in keys}
+    owners = set(before.values())
+    assert owners == set(nodes)  # every node owns some keys
+    ring.set_nodes(nodes[:-1])
+    after = {k: ring.walk(k)[0] for k in keys}
+    moved = [k for k in keys if before[k] != after[k]]
+    assert moved and all(before[k] == nodes[-1] for k in moved)
+    assert sorted(ring.walk(keys[7])) == sorted(nodes[:-1])  # the walk visits each once
