@@ -1,4 +1,5 @@
-"""Starting and stopping one engine server per trial (a subprocess, its own process group).
+"""Starting and stopping one engine server per trial (a subprocess, its own process group,
+killed by the kernel if the tuner dies: tuner.lifeline).
 
 A start that fails (the process exits, or /ready, else /health, never answers 200 in
 time) raises EngineStartError with a one-line reason taken from the end of the engine's
@@ -17,6 +18,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from tuner.lifeline import die_with_parent
 
 DEFAULT_ENGINE_CMD = f"{shlex.quote(sys.executable)} -m engine serve"
 _OOM = re.compile(r"out of memory|OutOfMemoryError|MemoryError|cannot allocate|no memory left|"
@@ -77,7 +80,8 @@ class EngineProcess:
             try:
                 self._proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL, env=self._env,
-                                              start_new_session=True)
+                                              start_new_session=True,
+                                              preexec_fn=die_with_parent())
             except OSError as exc:
                 raise EngineStartError(f"cannot run {self.command[0]}: {exc}") from None
         deadline = time.monotonic() + timeout

@@ -12,7 +12,8 @@ The trace workload adds --trace-file F --trace-speed S. With `workers` > 1 Locus
 distributed: this command with --master --expect-workers N, plus N worker processes
 (`locust -f ... --worker --master-port P`) whose samples the master merges
 (loadtests/distributed.py); the master alone is stopped early (pruning), the workers
-follow it.
+follow it. Every Locust process is in its own session and dies with the tuner
+(tuner.lifeline).
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from tuner.lifeline import die_with_parent
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOADTESTS = REPO_ROOT / "loadtests"
@@ -115,11 +118,12 @@ def run_load(spec: LoadSpec, *, url: str, workdir: Path,
             with open(workdir / f"locust-worker-{i}.log", "wb") as worker_log:
                 workers.append(subprocess.Popen(
                     worker_command, stdout=worker_log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, env=env, cwd=workdir, start_new_session=True))
+                    stdin=subprocess.DEVNULL, env=env, cwd=workdir, start_new_session=True,
+                    preexec_fn=die_with_parent()))
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=env, cwd=workdir,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=die_with_parent())
             try:
                 _wait(proc, spec, start, on_progress, progress_interval)
             finally:

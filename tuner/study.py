@@ -13,6 +13,7 @@ feasible one and steers away from them, and the sweep goes on.
 """
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import time
@@ -46,9 +47,28 @@ class TrialSeededTPESampler(optuna.samplers.TPESampler):
         super().before_trial(study, trial)
 
 
+STALE_GRACE_ENV = "TUNER_STALE_TRIAL_GRACE_S"
+
+
+def stale_grace() -> float:
+    """Seconds without a heartbeat after which a running trial is stale (its worker died):
+    120, or $TUNER_STALE_TRIAL_GRACE_S (tests use a few seconds)."""
+    text = os.environ.get(STALE_GRACE_ENV, "120")
+    try:
+        grace = float(text)
+    except ValueError:
+        grace = 0.0
+    if not grace >= 2:
+        raise ValueError(f"{STALE_GRACE_ENV}={text!r}: give a number of seconds >= 2")
+    return grace
+
+
 def make_storage(url: str) -> optuna.storages.BaseStorage:
     """An RDB storage with heartbeats, so a trial of a crashed worker is retried.
 
+    A trial whose worker stopped beating for `stale_grace()` seconds is failed by the next
+    `study.optimize` of any worker, and one copy of it is queued (same settings); the copy
+    replaces it in the trial count (`search_trials_done`).
     Workers started together on an empty database race to create Optuna's tables (one
     gets a unique-violation on PostgreSQL's catalog); the loser retries, finding them made.
     """
@@ -56,10 +76,12 @@ def make_storage(url: str) -> optuna.storages.BaseStorage:
     if url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///"):])
         path.parent.mkdir(parents=True, exist_ok=True)
+    grace = stale_grace()
     for attempt in range(5):
         try:
             return optuna.storages.RDBStorage(
-                url, heartbeat_interval=30, grace_period=120,
+                url, heartbeat_interval=max(1, min(30, int(grace // 4))),
+                grace_period=int(grace),
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
                     max_retry=1))
         except sqlalchemy.exc.IntegrityError:  # ProgrammingError etc. are real errors
@@ -88,9 +110,12 @@ def open_study(*, storage: str, study_name: str, objective: str, seed: int = 0,
 
 
 def search_trials_done(study: optuna.Study) -> int:
-    """Finished search trials (running ones excluded)."""
-    done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    return len(study.get_trials(deepcopy=False, states=done))
+    """Finished search trials (running ones excluded). A stale trial failed and queued
+    again (make_storage) counts once: its copy counts, the failed original does not."""
+    trials = study.get_trials(deepcopy=False)
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
+    return sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+               or (t.state == TrialState.FAIL and t.number not in retried))
 
 
 def feasible(trial: FrozenTrial) -> bool:

@@ -21,7 +21,7 @@ from typing import Any
 import kopf
 
 from . import manifests, status
-from .kube import KINDS, Kind, KubeApi, connection_info, load_configuration
+from .kube import KINDS, ApiError, Kind, KubeApi, connection_info, load_configuration
 from .reconcile import ChildError, Discovery, contains, reconcile_children
 from .spec import DEFAULT_IMAGE, GROUP, KIND, PLURAL, VERSION, InvalidSpecError, parse_spec
 
@@ -118,6 +118,17 @@ async def _write_status(api: KubeApi, body: Mapping[str, Any], new: dict[str, An
 
 
 async def reconcile_object(body: Mapping[str, Any], memo: Any, logger: Any) -> None:
+    """One reconcile. An API call that fails outside the children loop (discovery, the
+    status write, reading pods: a 5xx, a timeout) is a TemporaryError too, as inside it:
+    the handler retries soon and the resync daemon goes on (not kopf's 60 s backoff for
+    an unknown error, which also stops the daemon for that long)."""
+    try:
+        await _reconcile_object(body, memo, logger)
+    except ApiError as exc:
+        raise kopf.TemporaryError(str(exc), delay=10) from exc
+
+
+async def _reconcile_object(body: Mapping[str, Any], memo: Any, logger: Any) -> None:
     api, discovery, config = _shared(memo)
     meta = body["metadata"]
     generation = meta.get("generation")

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -65,8 +66,22 @@ KINDS: dict[str, Kind] = {
 }
 
 
+def request_timeout() -> float:
+    """Seconds one API call may take: 30, or $PAGED_OPERATOR_API_TIMEOUT_SECONDS."""
+    raw = os.environ.get("PAGED_OPERATOR_API_TIMEOUT_SECONDS")
+    try:
+        value = float(raw) if raw else 30.0
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ValueError(f"PAGED_OPERATOR_API_TIMEOUT_SECONDS must be a number of seconds > 0, "
+                         f"got {raw!r}")
+    return value
+
+
 class ApiError(Exception):
-    """A non-success answer from the API server; `status` is the HTTP code."""
+    """A non-success answer from the API server; `status` is the HTTP code (0: no answer,
+    the call timed out or the connection failed)."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
@@ -136,9 +151,11 @@ class KubeApi:
                     ) -> dict[str, Any] | None:
         """Run one client call on the pool; the raw JSON answer, or None for 404/409."""
         call = functools.partial(method, *args, _preload_content=False,
-                                 _request_timeout=30, **kwargs)
+                                 _request_timeout=request_timeout(), **kwargs)
         try:
             response = await asyncio.get_running_loop().run_in_executor(self._executor, call)
+        except urllib3.exceptions.HTTPError as exc:  # timed out, connection refused/reset
+            raise ApiError(0, f"{method.__name__}: {exc}") from None
         except ApiException as exc:
             if exc.status in (404, 409):
                 return None
