@@ -6,12 +6,10 @@ loaded through the same path as any other local checkpoint.
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 
-DEFAULT_MODEL_NAME = "paged-tiny-llama"
-_FORMAT_VERSION = "1"
+from engine.builtin_models import BUILTIN_MODELS, ensure_builtin, model_cache_root
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -32,9 +30,7 @@ _WORDS = (
 
 
 def default_model_dir() -> Path:
-    root = os.environ.get("PAGED_MODEL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "paged-inference")
-    return Path(root) / f"{DEFAULT_MODEL_NAME}-v{_FORMAT_VERSION}"
+    return model_cache_root() / BUILTIN_MODELS["default"].cache_dir_name
 
 
 def _corpus(seed: int, lines: int = 4000) -> list[str]:
@@ -102,16 +98,5 @@ def build_checkpoint(path: Path, *, architecture: str = "llama", hidden_size: in
 
 
 def ensure_default_model() -> Path:
-    """Build the default checkpoint on first use; later runs reuse it."""
-    path = default_model_dir()
-    if (path / "model.safetensors").exists() and (path / ".complete").exists():
-        return path
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    build_checkpoint(tmp)
-    (tmp / ".complete").write_text("ok")
-    try:
-        os.replace(tmp, path)  # atomic when several processes race to build it
-    except OSError:
-        import shutil
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    """Build the default checkpoint on first use (`builtin://default`); later runs reuse it."""
+    return ensure_builtin("builtin://default")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from engine.builtin_models import ensure_builtin, is_builtin, lookup
 from engine.default_model import ensure_default_model
 
 _WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
@@ -11,17 +12,22 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenize
 
 
 def resolve_model_path(model: str | None) -> Path:
-    """None: the embedded default. A directory: checked as is. Otherwise a hub id, which
-    is downloaded into HF_HOME (a production path; tests never reach a hub)."""
+    """None: the embedded default. `builtin://NAME`: a built-in model, built into the model
+    cache on first use. A directory: checked as is. Otherwise a hub id, which is downloaded
+    into HF_HOME (a production path; tests never reach a hub)."""
     if model is None:
         return ensure_default_model()
+    if is_builtin(model):
+        path = ensure_builtin(model)
+        check_checkpoint_dir(path)
+        return path
     path = Path(model).expanduser()
     if path.is_dir():
         check_checkpoint_dir(path)
         return path
     if model.startswith((".", "/", "~")) or os.sep in model.strip("/").split("/", 1)[-1]:
         raise ValueError(f"model directory {model!r} does not exist; pass an existing "
-                         "Hugging Face checkpoint directory or a hub id")
+                         "Hugging Face checkpoint directory, a hub id or builtin://NAME")
     try:
         from huggingface_hub import snapshot_download
         local = Path(snapshot_download(model, allow_patterns=[
@@ -32,6 +38,14 @@ def resolve_model_path(model: str | None) -> Path:
                          "directory with --model / model=") from exc
     check_checkpoint_dir(local)
     return local
+
+
+def default_served_name(model: str | None, path: Path) -> str:
+    """The model id in the API when --served-model-name is not given: a built-in model's
+    name (not its cache directory), else the checkpoint directory's name."""
+    if is_builtin(model):
+        return lookup(model).name
+    return path.name
 
 
 def check_checkpoint_dir(path: Path) -> None:

@@ -1,26 +1,49 @@
 """`python -m tuner bench offline`: this engine vs transformers in the same KV memory.
 
-One seeded workload (ShareGPT-like log-normal prompt and output lengths) on a ~23M
-parameter Llama-shaped checkpoint built in-process; three peers run it in one process:
+One seeded workload, the same for every peer, on one device in one dtype (both printed):
 
   paged        this engine (continuous batching over the block pool)
-  generate     transformers `generate` on static batches; each batch preallocates
-               contiguous KV for max_model_len tokens per sequence, so the batch size is
-               the KV memory divided by one max-length sequence
+  generate     transformers `generate` on static batches, each with a `StaticCache` of
+               max_model_len tokens per sequence (contiguous preallocation), so the batch
+               size is the KV memory divided by one max-length sequence
   cb           transformers' own continuous batching (`generate_batch` manager), paged,
                given the same number of KV blocks of the same size
+  ceiling      the limit: the same model's batched decode (contiguous cache) for a static
+               batch of the engine's peak concurrency at the workload's mean context;
+               "paged ÷ peer" on this row is the engine's fraction of what the model code
+               can do on this machine (it counts no prefill, so it is an upper bound)
 
-Every request generates exactly its sampled output length (EOS ignored), so all peers do
-the same useful work; tokens/s counts prompt-excluded generated tokens, warm-up excluded.
+Output lengths are fixed before timing, so every peer does the same useful work:
+  --output-lengths sampled  log-normal (ShareGPT-like) lengths, EOS ignored: for the random
+                            weight models (the default bench model, builtin://default);
+  --output-lengths eos      real lengths: the engine generates each chat prompt greedily to
+                            its EOS (capped at --max-output); every peer then generates that
+                            many tokens (EOS ignored), i.e. the same tokens, since greedy
+                            decoding is deterministic. The default for any other --model.
+
+Each peer runs --repeats times, interleaved (paged, generate, cb, ceiling, paged, ...), and
+the table shows medians with min-max. Tokens/s counts generated tokens, warm-up excluded.
+On CPU it also shows tokens per CPU-second of this process (all its threads): on a machine
+shared with other work the wall clock says how much CPU the process got, the CPU clock how
+much work each peer needs; run with --threads 1 there.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import random
 import statistics
-import time
 from pathlib import Path
+
+from tuner import bench_peers
+
+PEERS = ("paged", "generate", "cb", "ceiling")
+_TOPICS = ("the ocean", "a volcano", "photosynthesis", "the moon", "bees", "a compiler",
+           "the Roman empire", "rain", "chess", "a bicycle", "coffee", "the internet")
+_ASKS = ("What is {t}? Answer in one sentence.", "Write a short poem about {t}.",
+         "Explain {t} to a child.", "List three facts about {t}.",
+         "Summarize the notes above in two sentences.", "Give one tip related to {t}.")
 
 
 def sharegpt_like(num: int, seed: int, *, prompt_median: int, output_median: int,
@@ -35,168 +58,179 @@ def sharegpt_like(num: int, seed: int, *, prompt_median: int, output_median: int
     return pairs
 
 
+def chat_prompts(tokenizer, num: int, seed: int, *, prompt_median: int,
+                 max_prompt: int) -> list[list[int]]:
+    """Chat-templated questions after notes of log-normal length (words of loadtests')."""
+    from loadtests.workloads.base import words
+
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(num):
+        notes = int(min(max_prompt * 0.6, max(0, rng.lognormvariate(math.log(prompt_median),
+                                                                     0.9) * 0.6)))
+        ask = rng.choice(_ASKS).format(t=rng.choice(_TOPICS))
+        text = (f"Notes: {words(rng, notes)}\n\n{ask}" if notes >= 8 else ask)
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                            add_generation_prompt=True, tokenize=True,
+                                            return_dict=True)["input_ids"]
+        prompts.append(list(ids)[:max_prompt])
+    return prompts
+
+
 def build_bench_model(root: Path) -> Path:
+    """The default bench model: a ~23M-parameter random-weight Llama (built once)."""
+    from engine.builtin_models import build_once
     from engine.default_model import build_checkpoint
 
-    path = root / "bench-llama-23m-v1"
-    if not (path / "model.safetensors").exists():
-        build_checkpoint(path, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4,
-                         intermediate_size=1376, max_position_embeddings=2048, seed=0)
-    return path
+    return build_once(root / "bench-llama-23m-v1", lambda tmp: build_checkpoint(
+        tmp, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4,
+        intermediate_size=1376, max_position_embeddings=2048, seed=0))
 
 
-def run_paged(path: Path, requests: list[tuple[list[int], int]], num_blocks: int,
-              block_size: int, max_model_len: int, max_num_seqs: int) -> dict:
-    from engine import LLM, SamplingParams
-
-    llm = LLM(model=str(path), block_size=block_size, num_gpu_blocks_override=num_blocks,
-              max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-              max_num_batched_tokens=2048, enable_prefix_caching=False)
-    engine = llm.llm_engine
-    llm.generate({"prompt_token_ids": requests[0][0]}, SamplingParams(max_tokens=4))  # warm-up
-    for i, (ids, out_len) in enumerate(requests):
-        engine.add_request(f"r{i}", ids, SamplingParams(temperature=0, max_tokens=out_len,
-                                                        ignore_eos=True))
-    peak_used, util_at_peak, max_running, utils = 0, 0.0, 0, []
-    start = time.perf_counter()
-    while engine.has_unfinished_requests():
-        engine.step()
-        kv = engine.kv.stats()
-        live = sum(s.num_computed_tokens for s in engine.scheduler.running)
-        slots = kv.num_used * block_size
-        if slots:
-            utils.append(live / slots)
-        if kv.num_used >= peak_used and slots:
-            peak_used, util_at_peak = kv.num_used, live / slots
-        max_running = max(max_running, len(engine.scheduler.running))
-    elapsed = time.perf_counter() - start
-    generated = engine.get_stats().generation_tokens - 4
-    return dict(tok_s=generated / elapsed, seconds=elapsed, util=util_at_peak,
-                mean_util=statistics.fmean(utils), concurrency=max_running,
-                preemptions=engine.get_stats().num_preemptions)
-
-
-def run_static_generate(path: Path, requests: list[tuple[list[int], int]], batch_size: int,
-                        max_model_len: int) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    pad = model.generation_config.pad_token_id or 0
-
-    def run_batch(batch):
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in batch])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
-        new = max(o for _, o in batch)
-        with torch.no_grad():
-            model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                           do_sample=False, pad_token_id=pad)
-        # contiguous preallocation: every row reserves max_model_len slots
-        live = sum(len(p) + o for p, o in batch)
-        return live / (len(batch) * max_model_len)
-
-    run_batch(requests[:2])  # warm-up
-    start = time.perf_counter()
-    utils = [run_batch(requests[i:i + batch_size]) for i in range(0, len(requests), batch_size)]
-    elapsed = time.perf_counter() - start
-    useful = sum(o for _, o in requests)
-    return dict(tok_s=useful / elapsed, seconds=elapsed, util=max(utils),
-                mean_util=statistics.fmean(utils), concurrency=batch_size, preemptions=0)
-
-
-def run_transformers_cb(path: Path, requests: list[tuple[list[int], int]], num_blocks: int,
-                        block_size: int) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                 attn_implementation="sdpa").eval()
-    gen = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=0, max_new_tokens=16)
-    cbc = ContinuousBatchingConfig(page_size=block_size, num_blocks=num_blocks,
-                                   max_batch_tokens=2048, use_cuda_graph=False)
-    useful = sum(o for _, o in requests)
-    with model.continuous_batching_context_manager(
-            generation_config=gen, continuous_batching_config=cbc, block=True, timeout=5) as mgr:
-        mgr.add_request(requests[0][0], max_new_tokens=4)  # warm-up
-        while not (r := mgr.get_result(timeout=1)) or not r.is_finished():
-            pass
-        start = time.perf_counter()
-        for ids, out_len in requests:
-            mgr.add_request(ids, max_new_tokens=out_len)
-        done, generated = 0, 0
-        while done < len(requests):
-            result = mgr.get_result(timeout=1)
-            if result is not None and result.is_finished():
-                done += 1
-                generated += len(result.generated_tokens)
-            elif result is None and not mgr.is_running():
-                raise RuntimeError("transformers' continuous batching manager stopped")
-        elapsed = time.perf_counter() - start
-    if generated != useful:  # count only what it really produced, and say so
-        print(f"# transformers generate_batch produced {generated} of {useful} requested tokens")
-    return dict(tok_s=generated / elapsed, seconds=elapsed, util=float("nan"),
-                mean_util=float("nan"), concurrency=None, preemptions=None)
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tuner bench offline", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("which", nargs="?", default="offline", choices=["offline"])
+    p.add_argument("--model", default=None, help="checkpoint dir or builtin://NAME (default: "
+                   "the ~23M random-weight bench model, built once)")
+    p.add_argument("--output-lengths", choices=["sampled", "eos"], default=None,
+                   help="sampled (default for random-weight models) or eos (otherwise)")
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prompt-median", type=int, default=96)
+    p.add_argument("--output-median", type=int, default=64, help="sampled lengths only")
+    p.add_argument("--max-output", type=int, default=256, help="cap of eos lengths")
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--static-batch", type=int, default=16,
+                   help="contiguous batch size; the KV memory is this many max-length sequences")
+    p.add_argument("--repeats", type=int, default=3, help="runs per peer, interleaved")
+    p.add_argument("--peers", default=",".join(PEERS), help="subset of " + ",".join(PEERS))
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads for every peer (default: torch's)")
+    p.add_argument("--model-dir", default=None, help="where to build the bench checkpoint")
+    p.add_argument("--json", default=None, help="also write every run as JSON here")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tuner bench offline", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("which", nargs="?", default="offline", choices=["offline"],
-                        help="the benchmark to run")
-    parser.add_argument("--num-requests", type=int, default=256)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--prompt-median", type=int, default=96)
-    parser.add_argument("--output-median", type=int, default=64)
-    parser.add_argument("--max-model-len", type=int, default=1024)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--static-batch", type=int, default=16,
-                        help="contiguous batch size; the KV memory is this many max-length sequences")
-    parser.add_argument("--peers", default="paged,generate,cb",
-                        help="comma-separated subset of paged,generate,cb")
-    parser.add_argument("--model-dir", default=None, help="where to build the bench checkpoint")
+    parser = _parser()
     args = parser.parse_args(argv)
-    if args.num_requests < 1:
-        parser.error("--num-requests must be >= 1")
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    if args.num_requests < 1 or args.repeats < 1:
+        parser.error("--num-requests and --repeats must be >= 1")
+    if not peers or set(peers) - set(PEERS):
+        parser.error(f"--peers takes a comma-separated subset of {','.join(PEERS)}")
     import torch
-    from engine.default_model import default_model_dir
+    from transformers import AutoTokenizer
 
-    root = Path(args.model_dir) if args.model_dir else default_model_dir().parent
-    path = build_bench_model(root)
-    rng = random.Random(args.seed)
-    max_prompt = args.max_model_len // 2
-    shapes = sharegpt_like(args.num_requests, args.seed, prompt_median=args.prompt_median,
-                           output_median=args.output_median, max_prompt=max_prompt,
-                           max_output=args.max_model_len - max_prompt)
-    vocab = 600
-    requests = [([rng.randrange(3, vocab) for _ in range(p)], o) for p, o in shapes]
+    from engine.builtin_models import model_cache_root
+    from engine.model_loader import resolve_model_path
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = args.device if args.device != "auto" else (
+        "cuda" if torch.cuda.is_available() else "cpu")
+    random_weights = args.model in (None, "builtin://default")
+    mode = args.output_lengths or ("sampled" if random_weights else "eos")
+    path = (resolve_model_path(args.model) if args.model else
+            build_bench_model(Path(args.model_dir) if args.model_dir else model_cache_root()))
     kv_tokens = args.static_batch * args.max_model_len  # the same KV memory for every peer
     num_blocks = kv_tokens // args.block_size
-    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
-    print(f"# {len(requests)} requests, prompt median {statistics.median(p for p, _ in shapes):.0f} "
-          f"tokens, output median {statistics.median(o for _, o in shapes):.0f}; KV memory "
-          f"{kv_tokens} token slots; torch {torch.__version__}, {torch.get_num_threads()} threads")
-    results = {}
-    if "paged" in peers:
-        results["paged (this engine)"] = run_paged(path, requests, num_blocks, args.block_size,
-                                                   args.max_model_len, max_num_seqs=256)
-    if "generate" in peers:
-        results["transformers generate, static"] = run_static_generate(
-            path, requests, args.static_batch, args.max_model_len)
-    if "cb" in peers:
-        try:
-            results["transformers generate_batch"] = run_transformers_cb(
-                path, requests, num_blocks, args.block_size)
-        except Exception as exc:  # a peer failing is reported, not fatal to the table
-            print(f"# transformers generate_batch failed: {type(exc).__name__}: {exc}")
-    base = results.get("paged (this engine)", {}).get("tok_s")
-    print("| peer | tokens/s | seconds | paged ÷ peer | KV slot util. at peak | mean util. | max concurrent seqs |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, r in results.items():
-        ratio = f"{base / r['tok_s']:.2f}x" if base else "-"
-        util = "-" if r["util"] != r["util"] else f"{100 * r['util']:.1f}%"
-        mean = "-" if r["mean_util"] != r["mean_util"] else f"{100 * r['mean_util']:.1f}%"
-        print(f"| {name} | {r['tok_s']:.1f} | {r['seconds']:.1f} | {ratio} | {util} | {mean} | "
-              f"{r['concurrency'] if r['concurrency'] is not None else '-'} |")
+    common = dict(device=device, dtype=args.dtype)
+    paged = bench_peers.PagedPeer(path, num_blocks=num_blocks, block_size=args.block_size,
+                                  max_model_len=args.max_model_len, max_num_seqs=256, **common)
+    max_prompt = args.max_model_len // 2
+    if mode == "sampled":
+        shapes = sharegpt_like(args.num_requests, args.seed, prompt_median=args.prompt_median,
+                               output_median=args.output_median, max_prompt=max_prompt,
+                               max_output=args.max_model_len - max_prompt)
+        rng = random.Random(args.seed)
+        requests = [([rng.randrange(3, 600) for _ in range(p)], o) for p, o in shapes]
+    else:
+        prompts = chat_prompts(AutoTokenizer.from_pretrained(path), args.num_requests,
+                               args.seed, prompt_median=args.prompt_median,
+                               max_prompt=max_prompt)
+        cap = min(args.max_output, args.max_model_len - max_prompt)
+        requests = list(zip(prompts, paged.eos_lengths(prompts, cap)))
+    runners: dict[str, object] = {}
+    for key in peers:
+        if key == "paged":
+            runners[key] = paged
+        elif key == "generate":
+            runners[key] = bench_peers.StaticGeneratePeer(
+                path, batch_size=args.static_batch, max_model_len=args.max_model_len, **common)
+        elif key == "cb":
+            runners[key] = bench_peers.ContinuousBatchingPeer(
+                path, num_blocks=num_blocks, block_size=args.block_size, **common)
+        else:
+            runners[key] = bench_peers.DecodeCeilingPeer(path, **common)
+    # the ceiling's static batch: the engine's peak concurrency (from its first run below)
+    context = round(statistics.fmean(len(p) + o / 2 for p, o in requests))
+    if "ceiling" in runners:
+        runners["ceiling"].configure(args.static_batch, context)
+    requested = sum(o for _, o in requests)
+    print(f"# model {args.model or path.name} ({path}); output lengths: {mode}; device "
+          f"{device}, dtype {args.dtype}; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")
+    print(f"# {len(requests)} requests, prompt median "
+          f"{statistics.median(len(p) for p, _ in requests):.0f} tokens, output median "
+          f"{statistics.median(o for _, o in requests):.0f} (total {requested}), mean context "
+          f"{context}; KV memory {kv_tokens} token slots; {args.repeats} interleaved repeats")
+    runs: dict[str, list[dict]] = {k: [] for k in runners}
+    for _ in range(args.repeats):
+        for key, runner in runners.items():
+            try:
+                runs[key].append(runner.run(requests))
+                if key == "paged" and len(runs[key]) == 1 and "ceiling" in runners:
+                    runners["ceiling"].configure(runs[key][0]["concurrency"], context)
+            except Exception as exc:  # a failing peer is reported, not fatal to the table
+                print(f"# {runner.name} failed: {type(exc).__name__}: {exc}")
+    for key, key_runs in runs.items():
+        for r in key_runs:
+            r["requested"] = requested if key != "ceiling" else r["generated"]
+            r["tok_s"] = r["generated"] / r["seconds"]
+            r["tok_cpu_s"] = r["generated"] / max(r["cpu_seconds"], 1e-9)
+            if r["generated"] != r["requested"]:
+                print(f"# {runners[key].name} produced {r['generated']} of {requested} tokens")
+    print_table(runners, runs, requests)
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "device": device, "dtype": args.dtype, "model": str(path), "output_lengths": mode,
+            "requested_tokens": requested,
+            "peers": {k: {"name": runners[k].name, "device": str(runners[k].device),
+                          "dtype": str(runners[k].dtype), "runs": v} for k, v in runs.items()}},
+            indent=2, default=str))
     return 0
+
+
+def _fmt_pct(x) -> str:
+    return "-" if x is None or x != x else f"{100 * x:.1f}%"
+
+
+def print_table(runners: dict, runs: dict[str, list[dict]], requests) -> None:
+    base = statistics.median(r["tok_s"] for r in runs["paged"]) if runs.get("paged") else None
+    cpu_base = (statistics.median(r["tok_cpu_s"] for r in runs["paged"])
+                if runs.get("paged") else None)
+    print("| peer | device, dtype | tokens/s median (min-max) | seconds | paged ÷ peer "
+          "| tokens per CPU-s | paged ÷ peer (CPU) | KV slots | KV util. at peak | mean util. "
+          "| max concurrent seqs |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for key, key_runs in runs.items():
+        if not key_runs:
+            continue
+        runner, last = runners[key], key_runs[-1]
+        tok = sorted(r["tok_s"] for r in key_runs)
+        med = statistics.median(tok)
+        secs = statistics.median(r["seconds"] for r in key_runs)
+        ratio = f"{base / med:.2f}x" if base else "-"
+        cpu_med = statistics.median(r["tok_cpu_s"] for r in key_runs)
+        cpu_ratio = f"{cpu_base / cpu_med:.2f}x" if cpu_base else "-"
+        slots = last["kv_slots"] if last["kv_slots"] is not None else "-"
+        conc = last["concurrency"] if last["concurrency"] is not None else "-"
+        print(f"| {runner.name} | {runner.device}, {runner.dtype} | {med:.1f} "
+              f"({tok[0]:.1f}-{tok[-1]:.1f}) | {secs:.1f} | {ratio} | {cpu_med:.1f} | "
+              f"{cpu_ratio} | {slots} | "
+              f"{_fmt_pct(last['util'])} | {_fmt_pct(last['mean_util'])} | {conc} |")

@@ -1,4 +1,4 @@
-"""Bad arguments give a clear message and exit code 2; `bench offline` is dispatched."""
+"""Bad arguments give a clear message and exit code 2; `bench offline` runs for real."""
 import subprocess
 import sys
 
@@ -57,12 +57,32 @@ def test_real_command_line_exit_code():
     assert result.returncode == 2 and "invalid choice" in result.stderr
 
 
-def test_bench_offline_is_dispatched_to_tuner_bench_offline(monkeypatch):
-    import types
-    seen = []
-    module = types.ModuleType("tuner.bench_offline")
-    module.main = lambda argv: seen.append(argv) or 0
-    monkeypatch.setitem(sys.modules, "tuner.bench_offline", module)
-    monkeypatch.setattr("tuner.bench_offline", module, raising=False)
-    assert main(["bench", "offline", "--num-prompts", "4"]) == 0
-    assert seen == [["--num-prompts", "4"]]
+def test_bench_offline_smoke_every_peer_does_the_requested_work(tmp_path, capsys):
+    """A real, tiny `bench offline` through the tuner's CLI: every peer, three interleaved
+    runs each, on one device and dtype; each counts exactly the tokens that were requested."""
+    import json
+
+    out = tmp_path / "bench.json"
+    assert main(["bench", "offline", "--model", "builtin://default", "--num-requests", "6",
+                 "--max-model-len", "64", "--prompt-median", "12", "--output-median", "6",
+                 "--static-batch", "2", "--repeats", "3", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    peers = result["peers"]
+    assert set(peers) == {"paged", "generate", "cb", "ceiling"}
+    assert {(p["device"], p["dtype"]) for p in peers.values()} == {("cpu", "float32")}
+    for key in ("paged", "generate", "cb"):
+        runs = peers[key]["runs"]
+        assert len(runs) == 3
+        assert [r["generated"] for r in runs] == [result["requested_tokens"]] * 3, key
+    # contiguous preallocation, read back from the StaticCache: batch x max_model_len slots
+    assert {r["kv_slots"] for r in peers["generate"]["runs"]} == {2 * 64}
+    assert {r["kv_slots"] for r in peers["paged"]["runs"]} == {2 * 64}
+    # the ceiling decodes a static batch as large as the engine's peak concurrency
+    concurrency = peers["paged"]["runs"][0]["concurrency"]
+    assert concurrency > 2 and {r["concurrency"] for r in peers["ceiling"]["runs"]} == {
+        concurrency}
+    for name in ("paged (this engine)", "transformers generate, StaticCache",
+                 "transformers generate_batch", "ceiling: transformers batched decode"):
+        assert f"| {name} | cpu, float32 |" in table
+
