@@ -48,7 +48,8 @@ class EndpointSliceWatcher:
         try:
             config.load_incluster_config()
         except config.ConfigException:
-            config.load_kube_config()
+            # $KUBECONFIG read now: the client reads it once, when kubernetes.config imports
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
         self.api = client.DiscoveryV1Api()
         if namespace is None:  # the pod's own: the downward API's env, else the SA file
             namespace = os.environ.get("POD_NAMESPACE") or (

@@ -8,6 +8,7 @@ from paged_localcluster.api.selectors import field_selector, label_selector, mat
 from paged_localcluster.api.tables import jsonpath
 from paged_localcluster.api.kinds import BUILTIN
 from paged_localcluster.api.writes import ApiError, normalize
+from paged_localcluster.kubelet import launch as launch_mod
 from paged_localcluster.kubelet.launch import CannotRun, rebind, volumes
 
 POD_SPEC = {"containers": [{"name": "a", "image": "x:1", "env": [{"name": "A", "value": "1"}],
@@ -51,6 +52,23 @@ def test_printer_column_jsonpath_and_bind_rewrite() -> None:
     assert rebind(["m", "--host", "0.0.0.0", "--port", "8000"], "127.0.0.7") == [
         "m", "--host", "127.0.0.7", "--port", "8000"]
     assert rebind(["--host=0.0.0.0"], "127.0.0.7") == ["--host=127.0.0.7"]
+
+
+def test_mount_paths_are_rewritten_but_not_paths_into_the_image(tmp_path, monkeypatch) -> None:
+    """A pod's /tmp emptyDir shadows /tmp, but not a checkout or a Python living under /tmp
+    (a CI clone in /tmp/ci ran the real engine instead of the fake on PYTHONPATH)."""
+    monkeypatch.setattr(launch_mod, "IMAGE_ROOTS", ("/tmp/ci", "/tmp/venv"))
+    mounts = [("/tmp", tmp_path / "vol"), ("/etc/cfg", tmp_path / "cfg")]
+    rewrite = launch_mod._rewrite
+    assert rewrite("/tmp/out.json", mounts) == f"{tmp_path}/vol/out.json"
+    assert rewrite("/tmp", mounts) == f"{tmp_path}/vol"
+    assert rewrite("--out=/tmp/x", mounts) == f"--out={tmp_path}/vol/x"
+    assert rewrite("--config=/etc/cfg/a.yaml", mounts) == f"--config={tmp_path}/cfg/a.yaml"
+    assert rewrite("/tmp/ci/tests/fake", mounts) == "/tmp/ci/tests/fake"
+    assert rewrite("/tmp/venv/bin/python", mounts) == "/tmp/venv/bin/python"
+    assert rewrite("--model=/tmp/ci/m", mounts) == "--model=/tmp/ci/m"
+    assert rewrite("/tmp/cix/y", mounts) == f"{tmp_path}/vol/cix/y"   # a prefix, not a parent
+    assert rewrite("/etc/cfgx", mounts) == "/etc/cfgx"
 
 
 SECRETS = next(k for k in BUILTIN if k.plural == "secrets")

@@ -7,7 +7,9 @@
   pod IP (manifests.py passes `--host 0.0.0.0 --port 8000`; every pod keeps port 8000).
 - Volumes are folders under the pod's directory (emptyDir, configMap/secret contents written
   out) or under DIR/volumes (a persistentVolumeClaim, e.g. the model cache, kept across pods);
-  an argument or env value under a mount path is rewritten to the folder (/dev/shm is kept).
+  an argument or env value under a mount path is rewritten to the folder (/dev/shm is kept),
+  except paths into the "image" (this checkout and this Python installation): a checkout
+  under /tmp stays visible to a pod that mounts an emptyDir at /tmp.
 """
 from __future__ import annotations
 
@@ -23,6 +25,10 @@ from typing import Any, Callable
 ENTRYPOINTS = {"engine": ["python", "-m", "engine", "serve"],
                "operator": ["python", "-m", "paged_operator"]}
 KEEP_MOUNTS = ("/dev/shm",)
+# What every pod's "image" holds, never shadowed by a volume mounted above it
+IMAGE_ROOTS = tuple(sorted({os.path.abspath(p) for p in (
+    sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable),
+    Path(__file__).resolve().parents[3])}))
 Lookup = Callable[[str, str, str], dict[str, Any] | None]   # (plural, namespace, name) -> obj
 
 
@@ -118,12 +124,21 @@ def volumes(pod: dict[str, Any], pod_dir: Path, cluster_dir: Path,
     return out
 
 
+def _in_image(path: str) -> bool:
+    path = os.path.abspath(path)
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in IMAGE_ROOTS)
+
+
 def _rewrite(value: str, mounts: list[tuple[str, Path]]) -> str:
     for mount, path in mounts:
-        if value == mount or value.startswith(mount.rstrip("/") + "/"):
-            return str(path) + value[len(mount.rstrip("/")):]
-        # inside a flag: --config=/etc/x
-        value = re.sub(rf"(?<==){re.escape(mount.rstrip('/'))}(?=/|$)", str(path), value)
+        mount = mount.rstrip("/") or "/"
+        if (value == mount or value.startswith(mount + "/")) and not _in_image(value):
+            return str(path) + value[len(mount):]
+
+        def inside(match: re.Match) -> str:   # inside a flag: --config=/etc/x
+            whole = match.group(1) + match.group(2)
+            return whole if _in_image(whole) else str(path) + match.group(2)
+        value = re.sub(rf"(?<==)({re.escape(mount)})((?:/\S*)?)$", inside, value)
     return value
 
 
