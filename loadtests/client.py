@@ -53,12 +53,18 @@ def _chunk_token(event: dict) -> str | None:
 
 
 def stream_request(session: requests.Session, base_url: str, path: str, body: dict, *,
-                   kind: str, model: str | None, timeout: float = 600.0) -> Sample:
+                   kind: str, model: str | None, timeout: float = 600.0,
+                   ignore_eos: bool = True) -> Sample:
     """POST `body` with stream=True to `base_url + path`, timing each SSE chunk.
 
+    `ignore_eos` (the default) sends `ignore_eos: true`, so a reply is exactly `max_tokens`
+    long (the workload's length, whatever the model); False sends no such field, so the
+    model's EOS ends the reply and `max_tokens` is only a cap.
     Never raises for HTTP or protocol errors: they come back as `Sample(ok=False)`.
     """
-    payload = dict(body, stream=True, stream_options={"include_usage": True}, ignore_eos=True)
+    payload = dict(body, stream=True, stream_options={"include_usage": True})
+    if ignore_eos:
+        payload["ignore_eos"] = True
     if model:
         payload["model"] = model
     sample = Sample(kind=kind, start=time.time())

@@ -12,8 +12,13 @@ it can also be run by hand, with or without its web UI. Extra options:
                         the server's latency (requests in flight capped by --max-inflight)
   --length-scale F      multiply every prompt/output length of the workload by F
   --model-name NAME     the OpenAI "model" field (default: the first of /v1/models)
+  --real-eos            let the model's EOS end replies (max_tokens is a cap); without it
+                        every request sends ignore_eos, so replies are the workload's
+                        lengths exactly (the trace workload always sends it)
   --users-total N       open loop in distributed mode: the -u of the whole run (workers
                         get the master's custom options but not its -u)
+Environment: PAGED_API_KEY, when set, is sent as `Authorization: Bearer KEY` (an engine
+started with --api-key).
 Distributed mode (--master / --worker): loadtests/distributed.py; the master alone writes
 the samples file, merged from every worker's samples.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
 import time
 
@@ -49,6 +55,8 @@ def _add_options(parser) -> None:
     parser.add_argument("--max-inflight", type=int, default=512, help="open loop: cap")
     parser.add_argument("--length-scale", type=float, default=1.0)
     parser.add_argument("--model-name", default="", help="OpenAI model field")
+    parser.add_argument("--real-eos", action="store_true",
+                        help="no ignore_eos: the model's EOS ends replies (max_tokens caps)")
     parser.add_argument("--users-total", type=int, default=0,
                         help="open loop: users over all workers (distributed mode; workers do "
                              "not receive -u), default -u")
@@ -99,12 +107,20 @@ def _on_stop(environment, **_) -> None:
         _state["file"] = None
 
 
+def auth_headers() -> dict[str, str]:
+    """`Authorization: Bearer $PAGED_API_KEY` for a server started with --api-key (the
+    in-cluster tuner sets it from the target's apiKeySecretRef); none when unset."""
+    key = os.environ.get("PAGED_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def _model_name(host: str, options) -> str | None:
     if options is not None and options.model_name:
         return options.model_name
     if _state["model"] is None:
         try:
-            data = requests.get(host.rstrip("/") + "/v1/models", timeout=10).json()["data"]
+            data = requests.get(host.rstrip("/") + "/v1/models", headers=auth_headers(),
+                                timeout=10).json()["data"]
             _state["model"] = data[0]["id"]
         except (requests.RequestException, ValueError, KeyError, IndexError):
             _state["model"] = ""  # let the server pick its only model
@@ -116,6 +132,7 @@ class StreamingUser(User):
 
     abstract = True
     workload: WorkloadSpec
+    always_ignore_eos = False  # True: lengths must hold whatever --real-eos (a trace)
     wait_time = constant(0)
     tasks = [lambda user: user.drive()]  # late-bound, so a subclass's drive() is the task
 
@@ -123,11 +140,13 @@ class StreamingUser(User):
         opts = self.environment.parsed_options
         self.seed = opts.seed if opts is not None else 0
         self.scale = opts.length_scale if opts is not None else 1.0
+        self.ignore_eos = self.always_ignore_eos or not (opts is not None and opts.real_eos)
         self.user_id = next(_user_ids) + distributed.USER_ID_STRIDE * distributed.worker_index(
             self.environment)
         self.rng = random.Random(self.seed * 100_003 + self.user_id)
         self.http = requests.Session()
         self.http.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=1024))
+        self.http.headers.update(auth_headers())
         self.model = _model_name(self.host, opts)
         self.current = None
 
@@ -138,7 +157,8 @@ class StreamingUser(User):
         sample = Sample(kind=request.kind, start=time.time())
         try:
             sample = stream_request(self.http, self.host, request.path, request.body,
-                                    kind=request.kind, model=self.model)
+                                    kind=request.kind, model=self.model,
+                                    ignore_eos=self.ignore_eos)
         except gevent.GreenletExit:
             sample.error = "unfinished at end of run"
             _write(sample.to_json())

@@ -61,6 +61,7 @@ def _vocab(host: str) -> tuple[int, ...]:
 
 class TraceUser(StreamingUser):
     workload = WORKLOAD
+    always_ignore_eos = True  # the trace's output lengths are forced (max_tokens)
 
     def drive(self) -> None:
         if _replaying:  # another user of this process replays its share

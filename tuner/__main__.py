@@ -9,7 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from tuner.cli import DEFAULT_TRIALS, TINY_PROFILE, build_parser, parse_slos
+from tuner.cli import (CPU_MODEL_PROFILES, DEFAULT_TRIALS, TINY_MODELS, TINY_PROFILE,
+                       build_parser, parse_slos)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,8 +56,66 @@ def _check_common(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
                          f"({type(exc).__name__}: {exc}); start it or fix the URL")
 
 
-def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+def _profile(args: argparse.Namespace) -> tuple[str, dict]:
+    """The CPU profile (tuner/cli.py) of the engine this sweep starts, or ("", {})."""
+    if args.target_url is not None or args.engine_cmd is not None:
+        return "", {}
+    if args.model in TINY_MODELS:
+        return "embedded tiny model", TINY_PROFILE
+    if args.model in CPU_MODEL_PROFILES:
+        import torch  # the engine's own rule (engine/model_runner.py): CUDA when it is there
+        if not torch.cuda.is_available():
+            return f"{args.model} on CPU", CPU_MODEL_PROFILES[args.model]
+    return "", {}
+
+
+def _slos_and_load(parser: argparse.ArgumentParser, args: argparse.Namespace, source):
+    """The SLOs and the LoadSpec of a sweep: the workload's, the CPU profile's scaling
+    (tuner/cli.py), then the command line's overrides; plus the profile applied."""
     from tuner.loadgen import LoadSpec
+
+    workload = source.spec
+    label, profile = _profile(args)
+    if profile:
+        print(f"profile: {label} ({'; '.join(f'{k} {v}' for k, v in profile.items())}; "
+              "tuner/README.md)")
+    factor = profile.get("slo_scale", 1.0)
+    defaults = {kind: {name: round(limit * factor, 9) for name, limit in slo.items()}
+                for kind, slo in workload.slos.items()}
+    try:
+        slos = parse_slos(args.slo, defaults)
+    except ValueError as exc:
+        parser.error(str(exc))
+    users = max(1, round(workload.users * profile.get("users_factor", 1)))
+    scale = args.length_scale or (profile.get("length_scale", 1.0) if source.trace is None
+                                  else 1.0)  # a trace's lengths are the service's own
+    # The model's EOS ends replies for a real model; the tiny random one's EOS is noise, a
+    # trace forces its lengths and a --target-url's model is unknown: ignore_eos there.
+    auto_ignore = (source.trace is not None or args.model in TINY_MODELS
+                   or args.target_url is not None)
+    ignore_eos = {"model": False, "ignore": True}.get(args.eos, auto_ignore)
+    if source.trace is not None and not ignore_eos:
+        parser.error("--eos model: a trace forces its output lengths (ignore_eos); drop --eos")
+    load = LoadSpec(workload=args.workload, duration=args.duration,
+                    users=args.users or (1 if args.rate else users),
+                    arrival="open" if args.rate else "closed", rate=args.rate or 1.0,
+                    seed=args.seed, length_scale=scale, workers=args.load_workers,
+                    trace=str(source.trace) if source.trace else None, ignore_eos=ignore_eos)
+    return slos, source.load(load), profile
+
+
+def _engine_flags(args: argparse.Namespace, profile: dict) -> tuple[str, ...]:
+    """--engine-arg, then the CPU memory and threads of the profile unless given."""
+    extra = list(args.engine_arg)
+    cpu_gib = args.cpu_memory_gib or profile.get("cpu_memory_gib")
+    if cpu_gib is not None:
+        extra += ["--cpu-memory-gib", str(cpu_gib)]
+    if "cpu_threads" in profile and not any(a.startswith("--cpu-threads") for a in extra):
+        extra += ["--cpu-threads", str(profile["cpu_threads"])]
+    return tuple(extra)
+
+
+def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from tuner.space import SpaceError, build_space, parse_param
 
     from tuner import workload_source
@@ -76,27 +135,11 @@ def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     args.workload, workload = source.name, source.spec
     if source.document:
         print(source.document)
-    tiny = args.model is None and args.target_url is None and args.engine_cmd is None
-    factor = TINY_PROFILE["slo_scale"] if tiny else 1.0
-    defaults = {kind: {name: round(limit * factor, 9) for name, limit in slo.items()}
-                for kind, slo in workload.slos.items()}
-    try:
-        slos = parse_slos(args.slo, defaults)
-    except ValueError as exc:
-        parser.error(str(exc))
-    users = max(1, round(workload.users * (TINY_PROFILE["users_factor"] if tiny else 1)))
-    scale = args.length_scale or (TINY_PROFILE["length_scale"] if tiny and source.trace is None
-                                  else 1.0)  # a trace's lengths are the service's own
-    load = LoadSpec(workload=args.workload, duration=args.duration,
-                    users=args.users or (1 if args.rate else users),
-                    arrival="open" if args.rate else "closed", rate=args.rate or 1.0,
-                    seed=args.seed, length_scale=scale, workers=args.load_workers,
-                    trace=str(source.trace) if source.trace else None)
-    load = source.load(load)
+    slos, load, profile = _slos_and_load(parser, args, source)
     if args.target_url:
         return _bench_target(parser, args, load, slos)
     try:
-        profile_space = TINY_PROFILE["space"] if tiny and not args.space_file else []
+        profile_space = profile.get("space", []) if not args.space_file else []
         space = build_space(params=[*profile_space, *args.param], space_file=args.space_file,
                             wide_block_sizes=args.wide_block_sizes)
         fixed = {}
@@ -123,11 +166,7 @@ def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     model_tag = Path(args.model).name if args.model else "default"
     study_name = args.study_name or f"{args.workload}-{args.objective}-{model_tag}"
     out_dir = Path(args.out_dir or Path("tuner-out") / study_name)
-    extra = list(args.engine_arg)
-    cpu_gib = args.cpu_memory_gib or (TINY_PROFILE["cpu_memory_gib"] if tiny else None)
-    if cpu_gib is not None:
-        extra += ["--cpu-memory-gib", str(cpu_gib)]
-    launch = EngineLaunch(model=args.model, extra_flags=tuple(extra),
+    launch = EngineLaunch(model=args.model, extra_flags=_engine_flags(args, profile),
                           startup_timeout=args.startup_timeout,
                           prometheus_targets_dir=(Path(args.prometheus_targets_dir)
                                                   if args.prometheus_targets_dir else None),

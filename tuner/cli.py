@@ -13,13 +13,21 @@ DEFAULT_TRIALS = 4
 DEFAULT_DURATION = 10.0
 DEFAULT_REMEASURE = 1
 DEFAULT_CONFIRM_ROUNDS = 3
-# Without --model the engine serves its embedded tiny model on CPU: shorter prompts and
-# outputs, half the users and a small CPU memory budget, so a sweep takes minutes on
-# 2 cores. A CPU decode step takes ~0.1 s at a few sequences, so the SLOs are scaled x3
-# (else no setting meets them and goodput cannot rank settings). Its 2048-token context
-# caps max_num_batched_tokens' useful range.
+# Without --model (or with builtin://default) the engine serves its embedded tiny model on
+# CPU: shorter prompts and outputs, half the users and a small CPU memory budget, so a
+# sweep takes minutes on 2 cores. A CPU decode step takes ~0.1 s at a few sequences, so
+# the SLOs are scaled x3 (else no setting meets them and goodput cannot rank settings).
+# Its 2048-token context caps max_num_batched_tokens' useful range.
 TINY_PROFILE = {"length_scale": 0.25, "users_factor": 0.5, "cpu_memory_gib": 0.5,
                 "slo_scale": 3.0, "space": ["max_num_batched_tokens=256..2048:log"]}
+TINY_MODELS = (None, "builtin://default")
+# Real built-in models served on CPU (no CUDA): lengths, users and SLOs from a short
+# measurement on 2 shared cores (tuner/README.md, docs/models.md); on a GPU they run
+# unscaled. One engine thread: Locust shares the cores (two threads ran ~4x slower there).
+CPU_MODEL_PROFILES = {
+    "builtin://smollm2-135m-instruct": {"length_scale": 0.25, "users_factor": 0.5,
+                                        "slo_scale": 3.0, "cpu_threads": 1},
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--duration", type=float, default=DEFAULT_DURATION,
                        help="seconds of load per trial")
     sweep.add_argument("--model", default=None,
-                       help="checkpoint directory (default: the embedded tiny model)")
+                       help="checkpoint directory or builtin://NAME (default: the embedded "
+                            "tiny model, builtin://default)")
     sweep.add_argument("--storage", default=DEFAULT_STORAGE,
                        help="Optuna RDB URL: sqlite:///file.db or postgresql://...")
     sweep.add_argument("--study-name", default=None,
@@ -82,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--length-scale", type=float, default=None,
                        help="multiply the workload's prompt/output lengths (default 1; "
                             "0.25 for the embedded tiny model)")
+    sweep.add_argument("--eos", choices=("auto", "model", "ignore"), default="auto",
+                       help="model: the model's EOS ends replies (max_tokens caps them); "
+                            "ignore: replies are exactly the workload's max_tokens (ignore_eos);"
+                            " auto (default): model for a real --model, ignore for the embedded "
+                            "tiny model, a trace and --target-url")
     sweep.add_argument("--remeasure", type=int, default=DEFAULT_REMEASURE, metavar="K",
                        help="after the search, re-measure the best K settings against the "
                             f"baseline, interleaved (default {DEFAULT_REMEASURE}; 0: search only,"

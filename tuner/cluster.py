@@ -221,6 +221,24 @@ def pareto(history: list[dict], size: int = 5) -> list[dict]:
             for e in front[:size]]
 
 
+def api_key(ref: dict) -> str:
+    """The target's API key from the file the operator mounts ($TUNER_API_KEY_FILE)."""
+    where = f"the Secret {ref.get('name')!r} (key {ref.get('key') or 'api-key'!r})"
+    path = os.environ.get("TUNER_API_KEY_FILE")
+    if not path:
+        raise ValueError(f"spec.targetRef: the target requires an API key but this Job has "
+                         f"none mounted: delete the tuning and apply it again so that the "
+                         f"operator mounts {where}")
+    try:
+        key = Path(path).read_text().strip()
+    except OSError:
+        key = ""
+    if not key:
+        raise ValueError(f"spec.targetRef: the target's apiKeySecretRef names {where}, "
+                         f"which is missing or empty: create it")
+    return key
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tuner tune", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -247,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         if target is None:
             raise ValueError(f"spec.targetRef.name: no PagedInferenceService {spec.target!r} "
                              f"in namespace {cluster.ns}")
+        if target["spec"].get("apiKeySecretRef"):   # the load sends it (loadtests.common)
+            os.environ["PAGED_API_KEY"] = api_key(target["spec"]["apiKeySecretRef"])
     except ValueError as exc:   # a spec to fix: no retry would help, the Job succeeds
         cluster.write_status({"phase": "Failed", "decision": {"reason": str(exc)}})
         log(str(exc))

@@ -50,13 +50,18 @@ def _gain_text(gain: dict) -> str:
 
 
 def apply_decision(run: "Tuning", record: dict) -> None:
-    decision = record["decision"]
+    decision = dict(record["decision"])
     arms = {a["label"]: a for a in record["arms"]}
     gains = {k: g for k, g in (record.get("gains") or {}).items() if g}
+    if decision["winner"] is not None and gains[decision["winner"]]["ratio"] <= 1:
+        # a minGain below 1 lets a lower bound under 1 through: never recommend (or apply)
+        # a setting that measured worse than the baseline
+        decision = {"winner": None, "reason": f"{decision['winner']} measured no better "
+                    f"than the baseline: gain {_gain_text(gains[decision['winner']])}"}
     # the arm the decision is about: the winner, else the best lower bound
     label = decision["winner"] or (max(gains, key=lambda k: gains[k]["low"]) if gains else None)
     reason = decision["reason"]
-    if decision["winner"] is None and gains:
+    if decision["winner"] is None and gains and reason.startswith("no significant"):
         reason += f" (a winner's lower bound must exceed spec.apply.minGain {run.spec.min_gain:g})"
     fields: dict[str, Any] = {"decision": {"winner": decision["winner"], "reason": reason}}
     if label is not None:

@@ -6,6 +6,7 @@ gevent, which must not touch the tuner (threads, SQLAlchemy). The command is
   python -m locust -f loadtests/<workload>.py --headless -u U -r U -t <duration>s
          --host URL --csv <prefix> --only-summary --exit-code-on-error 0 --stop-timeout 0
          --samples-file <file> --seed S --arrival closed|open --rate R --length-scale F
+         [--real-eos]
 
 and the raw per-request samples come back through --samples-file (loadtests/common.py).
 The trace workload adds --trace-file F --trace-speed S. With `workers` > 1 Locust runs
@@ -51,12 +52,16 @@ class LoadSpec:
     trace: str | None = None   # the trace workload's file (loadtests/workloads/trace.py)
     trace_speed: float = 1.0   # its arrival times are divided by this
     workers: int = 1           # > 1: Locust's distributed mode, N worker processes
+    ignore_eos: bool = True    # False: the model's EOS ends replies (Locust --real-eos)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError(f"load workers must be >= 1, got {self.workers}")
         if (self.workload == "trace") != (self.trace is not None):
             raise ValueError("the trace workload needs a trace file, and only it takes one")
+        if self.trace is not None and not self.ignore_eos:
+            raise ValueError("the trace workload forces its output lengths (ignore_eos); "
+                             "it cannot run with the model's EOS")
 
 
 def locust_command(spec: LoadSpec, *, url: str, samples: Path, csv_prefix: Path) -> list[str]:
@@ -71,6 +76,8 @@ def locust_command(spec: LoadSpec, *, url: str, samples: Path, csv_prefix: Path)
                "--length-scale", str(spec.length_scale)]
     if spec.model_name:
         command += ["--model-name", spec.model_name]
+    if not spec.ignore_eos:
+        command += ["--real-eos"]
     if spec.trace is not None:
         command += ["--trace-file", str(Path(spec.trace).resolve()),
                     "--trace-speed", str(spec.trace_speed)]

@@ -10,6 +10,7 @@ Figures of a trial (all floats, stored as Optuna user attributes):
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -61,7 +62,9 @@ def warm_up(url: str, *, requests: int, model: str | None = None) -> None:
         if model:
             body["model"] = model
         try:
-            response = httpx.post(url + "/v1/completions", json=body, timeout=120)
+            key = os.environ.get("PAGED_API_KEY")   # as the load sends it (loadtests.common)
+            response = httpx.post(url + "/v1/completions", json=body, timeout=120,
+                                  headers={"Authorization": f"Bearer {key}"} if key else None)
         except httpx.HTTPError as exc:
             raise Infeasible(f"warm-up request failed: {exc}") from None
         if response.status_code != 200:

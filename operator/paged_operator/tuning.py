@@ -78,7 +78,10 @@ async def reconcile_tuning(body: kopf.Body, memo: Any, logger: kopf.Logger, **_:
                       "suffixes to it)"}})
         raise kopf.PermanentError("name too long")
     image = config.engine_image
-    for child in tm.children(name, namespace, spec, image=image):
+    target_name = (spec.get("targetRef") or {}).get("name")
+    target = await api.get(PIS, namespace, target_name) if target_name else None
+    api_key = ((target or {}).get("spec") or {}).get("apiKeySecretRef") or None
+    for child in tm.children(name, namespace, spec, image=image, api_key=api_key):
         child["metadata"]["ownerReferences"] = [_owner(body)]
         kind = CHILD_KINDS[child["kind"]]
         if await api.create(kind, namespace, child) is None:

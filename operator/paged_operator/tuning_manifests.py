@@ -5,6 +5,8 @@
 - the Job `<tuning>-tuner`: `python -m tuner tune --cluster --name <tuning>` in the
   engine image (it holds the tuner and the Locust workloads), restartPolicy Never and a
   backoffLimit, so a failed pod is replaced and the new one resumes from status.history.
+  A target with spec.apiKeySecretRef has the same Secret key mounted as a file (as the
+  engine has it; no Role rule on Secrets), named by $TUNER_API_KEY_FILE: the load sends it.
 All are owned by the tuning resource: deleting it deletes them (and its trial services).
 """
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .manifests import CONTAINER_SECURITY, POD_SECURITY
+from .manifests import API_KEY_FILE, CONTAINER_SECURITY, POD_SECURITY, SECRET_DIR
 from .spec import GROUP, VERSION
 
 TUNING_KIND = "PagedInferenceTuning"
@@ -70,7 +72,9 @@ def role_binding(name: str, namespace: str) -> dict[str, Any]:
                           "namespace": namespace}]}
 
 
-def job(name: str, namespace: str, spec: dict[str, Any], *, image: str) -> dict[str, Any]:
+def job(name: str, namespace: str, spec: dict[str, Any], *, image: str,
+        api_key: dict[str, str] | None = None) -> dict[str, Any]:
+    """`api_key`: the target's apiKeySecretRef ({name, key}), mounted for the load."""
     env: list[dict[str, Any]] = [
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "HOME", "value": "/tmp"}]
@@ -78,6 +82,16 @@ def job(name: str, namespace: str, spec: dict[str, Any], *, image: str) -> dict[
     if secret.get("name"):
         env.append({"name": "TUNER_STORAGE_URL", "valueFrom": {"secretKeyRef": {
             "name": secret["name"], "key": secret.get("key") or "url"}}})
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    if api_key:
+        # optional: a missing Secret does not hold the pod in ContainerCreating; the tuner
+        # then fails the tuning with a message naming it
+        volumes.append({"name": "api-key", "secret": {
+            "secretName": api_key["name"], "defaultMode": 0o440, "optional": True,
+            "items": [{"key": api_key.get("key") or "api-key", "path": "api-key"}]}})
+        mounts.append({"name": "api-key", "mountPath": SECRET_DIR, "readOnly": True})
+        env.append({"name": "TUNER_API_KEY_FILE", "value": API_KEY_FILE})
     container = {
         "name": "tuner", "image": spec.get("image") or image,
         "command": ["python", "-m", "tuner", "tune", "--cluster", "--name", name,
@@ -87,7 +101,7 @@ def job(name: str, namespace: str, spec: dict[str, Any], *, image: str) -> dict[
                       "limits": {"memory": "2Gi"}},
         "securityContext": copy.deepcopy(CONTAINER_SECURITY),
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": mounts,
     }
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(name, namespace),
             "spec": {"backoffLimit": BACKOFF_LIMIT,
@@ -97,14 +111,15 @@ def job(name: str, namespace: str, spec: dict[str, Any], *, image: str) -> dict[
                          "restartPolicy": "Never",
                          "securityContext": copy.deepcopy(POD_SECURITY),
                          "containers": [container],
-                         "volumes": [{"name": "tmp", "emptyDir": {}}]}}}}
+                         "volumes": volumes}}}}
 
 
-def children(name: str, namespace: str, spec: dict[str, Any], *,
-             image: str) -> list[dict[str, Any]]:
+def children(name: str, namespace: str, spec: dict[str, Any], *, image: str,
+             api_key: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """In creation order: the identity before the Job that uses it."""
     return [service_account(name, namespace), role(name, namespace),
-            role_binding(name, namespace), job(name, namespace, spec, image=image)]
+            role_binding(name, namespace),
+            job(name, namespace, spec, image=image, api_key=api_key)]
 
 
 API_VERSION = f"{GROUP}/{VERSION}"

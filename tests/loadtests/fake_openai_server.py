@@ -9,6 +9,8 @@ and buckets, a request counter, the TTFT / inter-token / end-to-end latency hist
 With `max_running` > 0 at most that many requests stream at once and the rest queue
 (FIFO), like an engine's max_num_seqs: its capacity is max_running / (ttft + (n-1) itl)
 requests/s for n-token replies, a known knee for the capacity search.
+With `eos_after` > 0 the fake "model" says EOS after that many tokens: a request without
+`ignore_eos: true` gets min(max_tokens, eos_after) tokens, like a real model's short reply.
 """
 from __future__ import annotations
 
@@ -32,8 +34,9 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 
 class FakeOpenAIServer:
     def __init__(self, *, ttft: float = 0.05, itl: float = 0.01, fail_every: int = 0,
-                 port: int = 0, max_running: int = 0) -> None:
+                 port: int = 0, max_running: int = 0, eos_after: int = 0) -> None:
         self.ttft, self.itl, self.fail_every, self.port = ttft, itl, fail_every, port
+        self.eos_after = eos_after
         self.max_running = max_running
         self._slots: asyncio.Semaphore | None = None
         self.requests: list[dict] = []
@@ -100,6 +103,8 @@ class FakeOpenAIServer:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         n = int(body.get("max_tokens", 16))
+        if self.eos_after and not body.get("ignore_eos"):
+            n = min(n, self.eos_after)
         try:
             if self._slots is not None:
                 await self._slots.acquire()

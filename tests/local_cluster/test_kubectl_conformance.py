@@ -76,6 +76,34 @@ def test_discovery_get_and_crds(local_cluster: LocalCluster) -> None:
     k("delete", "pis", "qwen", "--wait=true", "--timeout=20s")
 
 
+def test_get_one_object_prints_its_columns(local_cluster: LocalCluster) -> None:
+    """`kubectl get KIND NAME` asks for a Table as lists do: the CRD's printer columns."""
+    k = local_cluster.kubectl
+    k("apply", "-f", str(ROOT / "charts/paged-inference-operator/crds/"))
+    k("apply", "-f", str(ROOT / "examples/service.yaml"))
+    k("apply", "-f", "-", stdin="""
+apiVersion: serving.pagedinference.dev/v1alpha1
+kind: PagedInferenceTuning
+metadata: {name: qwen-chat}
+spec: {targetRef: {name: qwen}, workload: summarize, searchSpace: {maxNumSeqs: [4, 8]}}
+""")
+    k("patch", "pit", "qwen-chat", "--subresource=status", "--type=merge", "-p",
+      json.dumps({"status": {"trialsText": "3/4", "best": {"goodput": 6.41},
+                             "gain": {"text": "1.52x [1.31, 1.76]"}, "phase": "Searching"}}))
+    header, row = k("get", "pit", "qwen-chat").stdout.splitlines()
+    assert header.split() == ["NAME", "TARGET", "WORKLOAD", "TRIALS", "BEST", "GOODPUT",
+                              "GAIN", "PHASE", "APPLIED", "AGE"]
+    assert row.split()[:9] == ["qwen-chat", "qwen", "summarize", "3/4", "6.41", "1.52x",
+                               "[1.31,", "1.76]", "Searching"]
+    assert "<none>" in row   # APPLIED: not set yet
+    single = k("get", "pis", "qwen").stdout
+    assert "BLOCK" in single and "Qwen/Qwen2.5-0.5B-Instruct" in single
+    assert json.loads(k("get", "pit", "qwen-chat", "-o", "json").stdout)["kind"] == \
+        "PagedInferenceTuning"   # -o json still gets the object itself
+    k("delete", "pit", "qwen-chat")
+    k("delete", "pis", "qwen", "--wait=true", "--timeout=20s")
+
+
 def test_apply_twice_wait_scale_logs_delete(local_cluster: LocalCluster) -> None:
     cluster, k = local_cluster, local_cluster.kubectl
     watch = subprocess.Popen([str(KUBECTL), "get", "pods", "-w", "-l", "app=web"],

@@ -12,6 +12,10 @@ hold after the apply).
 from __future__ import annotations
 
 import json
+import os
+import signal
+import urllib.error
+import urllib.request
 
 import pytest
 import yaml
@@ -110,9 +114,8 @@ def test_manual_tuning_searches_confirms_and_recommends(target: LocalCluster) ->
                    timeout=40)
     role = target.json("get", "role", "manual-tuner")
     assert {"pagedinferenceservices"} in [set(r["resources"]) for r in role["rules"]]
-    # printer columns (a list: the emulator serves Tables for lists only)
-    (printed,) = [row for row in target.kubectl("get", "pit").stdout.splitlines()
-                  if row.startswith("manual ")]
+    # printer columns
+    printed = target.kubectl("get", "pit", "manual").stdout.splitlines()[1]
     assert "4/4" in printed and "Manual" in printed and "Succeeded" in printed
 
 
@@ -179,3 +182,60 @@ def test_deleting_mid_run_leaves_no_trial_and_no_process(target: LocalCluster) -
     target.wait_for(lambda: not any(alive(pid) for pid in pids), 60, "processes gone")
     target.wait_for(lambda: not target.kubectl("get", "job", "doomed-tuner",
                                                check=False).returncode == 0, 30, "Job gone")
+
+
+def test_a_killed_job_pod_resumes_without_re_running_finished_trials(
+        target: LocalCluster) -> None:
+    apply(target, tuning("resume", "chat", trials=3, space={"maxNumSeqs": [4, 8, 16]}))
+    selector = "app.kubernetes.io/instance=resume,app.kubernetes.io/component=tuner"
+
+    def mid_search() -> dict | None:   # trial 0 recorded, trial 1 under way
+        status = target.json("get", "pit", "resume").get("status") or {}
+        return status if status.get("history") and "resume-t1" in \
+            trial_services(target, "resume") else None
+    before = target.wait_for(mid_search, 90, "the second trial")["history"]
+    (first,) = target.pods(selector)
+    pid = int(first["status"]["containerStatuses"][0]["containerID"].removeprefix("local://"))
+    os.killpg(pid, signal.SIGKILL)   # the node lost it: no SIGTERM, no clean-up
+    status = finished(target, "resume")["status"]
+    pods = {p["metadata"]["name"]: p for p in target.pods(selector)}
+    assert len(pods) == 2 and pods[first["metadata"]["name"]]["status"]["phase"] == "Failed"
+    (second,) = set(pods) - {first["metadata"]["name"]}
+    log = target.kubectl("logs", second).stdout
+    # the finished trials came back from status.history, unchanged and not measured again
+    assert status["history"][:len(before)] == before
+    for entry in before:
+        assert f"resume-t{entry['trial']}: ready" not in log
+    assert "resume-t2: ready" in log
+    assert sorted(e["params"]["max_num_seqs"] for e in status["history"]) == [4, 8, 16]
+    assert status["trialsText"] == "3/3" and trial_services(target, "resume") == []
+
+
+def test_a_target_with_an_api_key_is_loaded_with_its_key(target: LocalCluster) -> None:
+    """The operator mounts the target's apiKeySecretRef into the Job (no Role rule on
+    Secrets); the load and warm-up send it. A Secret that is not there fails the tuning."""
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "keyed-key"},
+              "stringData": {"api-key": "sk-tune"}}
+    keyed, nokey = service("keyed"), service("nokey")
+    keyed["spec"]["apiKeySecretRef"] = {"name": "keyed-key"}
+    nokey["spec"]["apiKeySecretRef"] = {"name": "absent-key"}
+    apply(target, secret, keyed, nokey)
+    apply(target, tuning("keyed", "keyed", trials=1, space={"maxNumSeqs": [4]}),
+          tuning("nokey", "nokey", trials=1, space={"maxNumSeqs": [4]}))
+    status = finished(target, "keyed")["status"]
+    assert status["history"][0]["goodput"] > 0 and status["gain"]["low"] > 1.1, status
+    request = urllib.request.Request(target.service_url("keyed") + "/v1/models")
+    with pytest.raises(urllib.error.HTTPError) as refused:   # the key is really required
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 401
+    (volume,) = [v for v in target.json("get", "job", "keyed-tuner")["spec"]["template"]
+                 ["spec"]["volumes"] if v["name"] == "api-key"]
+    assert volume["secret"]["secretName"] == "keyed-key"
+    assert not [r for r in target.json("get", "role", "keyed-tuner")["rules"]
+                if "secrets" in r["resources"]]
+
+    failed = target.wait_for(lambda: (s := target.json("get", "pit", "nokey").get("status")
+                                      or {}).get("phase") == "Failed" and s, 60, "nokey fails")
+    assert "'absent-key'" in failed["decision"]["reason"]
+    assert "missing or empty" in failed["decision"]["reason"]
+    target.kubectl("delete", "pis", "keyed", "nokey", "--wait=false")

@@ -154,7 +154,13 @@ class ApiServer(kmock.KubernetesEmulator):
             return await self._log(raw, namespace or "", name)
         if method == "GET":
             obj = writes._current(store, kind, namespace, name)
-            return json_(writes.scale_of(kind, obj) if sub == "scale" else obj)
+            if sub == "scale":
+                return json_(writes.scale_of(kind, obj))
+            if sub is None and "as=Table" in raw.headers.get("Accept", ""):
+                # `kubectl get KIND NAME` asks for a Table too: the printer columns
+                return json_(tables.table(kind, [obj], obj["metadata"]["resourceVersion"],
+                                          query.get("includeObject", "Metadata")))
+            return json_(obj)
         if method == "PUT":
             return json_(writes.replace(store, kind, namespace, name, request.data, sub))
         if method == "PATCH":

@@ -7,7 +7,9 @@ tests/tuner/fake_engine.py:
 - the inter-token gap is FAKE_ENGINE_ITL[str(max_num_seqs)] (JSON; "*" for the rest), else
   0.002 s * max_num_seqs;
 - FAKE_ENGINE_SLOW_HOSTS: comma-separated pod-name prefixes whose pods serve 50x slower
-  (a regression that shows only on the live service, not on the trial services).
+  (a regression that shows only on the live service, not on the trial services);
+- --api-key-file (the operator's apiKeySecretRef mount): /v1/* answers 401 without
+  `Authorization: Bearer KEY`, as the engine does.
 """
 import argparse
 import json
@@ -24,12 +26,19 @@ from fake_openai_server import FakeOpenAIServer  # noqa: E402
 class PodServer(FakeOpenAIServer):
     """The fake server bound to the pod's address, with the engine's liveness path."""
 
-    def __init__(self, *, host: str, **kwargs) -> None:
+    def __init__(self, *, host: str, api_key: str | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.host = host
+        self.host, self.api_key = host, api_key
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):
+        if self.api_key and request.path.startswith("/v1/") and \
+                request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return web.json_response({"error": {"code": "invalid_api_key"}}, status=401)
+        return await handler(request)
 
     async def _start(self) -> str:
-        app = web.Application()
+        app = web.Application(middlewares=[self._auth])
         app.router.add_get("/v1/models", self._models)
         for path in ("/health", "/ready", "/livez"):
             app.router.add_get(path, self._ok)
@@ -49,6 +58,7 @@ parser.add_argument("--host", default="127.0.0.1")
 parser.add_argument("--port", type=int, default=8000)
 parser.add_argument("--block-size", type=int, default=16)
 parser.add_argument("--max-num-seqs", type=int, default=256)
+parser.add_argument("--api-key-file", default=None)
 args, _ = parser.parse_known_args()
 if args.block_size == 8:
     print("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)
@@ -58,6 +68,7 @@ itl = table.get(str(args.max_num_seqs), table.get("*", 0.002 * args.max_num_seqs
 slow = [p for p in os.environ.get("FAKE_ENGINE_SLOW_HOSTS", "").split(",") if p]
 if any(os.environ.get("HOSTNAME", "").startswith(p) for p in slow):
     itl *= 50
-with PodServer(host=args.host, port=args.port, ttft=0.01, itl=itl):
+key = Path(args.api_key_file).read_text().strip() if args.api_key_file else None
+with PodServer(host=args.host, port=args.port, ttft=0.01, itl=itl, api_key=key):
     print(f"fake engine ready on {args.host}:{args.port} (itl {itl:.4f} s)", flush=True)
     threading.Event().wait()
