@@ -6,6 +6,7 @@ tests/kernels/test_kernels_transformers_probe.py). Triton loads only when the tr
 is requested.
 """
 
-from .backend import BACKEND_ENV, AttentionBackend, TorchBackend, TritonBackend, get_backend
+from .backend import (BACKEND_ENV, AttentionBackend, TorchBackend, TorchReferenceBackend, TritonBackend,
+                      get_backend)
 
-__all__ = ["AttentionBackend", "BACKEND_ENV", "TorchBackend", "TritonBackend", "get_backend"]
+__all__ = ["AttentionBackend", "BACKEND_ENV", "TorchBackend", "TorchReferenceBackend", "TritonBackend", "get_backend"]

@@ -1,4 +1,5 @@
-"""Attention backends the model runner calls: the torch twin (CPU) and the Triton kernels (CUDA).
+"""Attention backends the model runner calls: torch on CPU (a fast SDPA path, and the plain
+twin that is the oracle) and the Triton kernels (CUDA).
 
 Both share one front door, :class:`AttentionBackend`, which validates every launch
 (kernels.validation) and then hands over to the implementation, so a bad launch fails the
@@ -11,11 +12,11 @@ import os
 
 import torch
 
-from . import reference, validation
+from . import reference, sdpa, validation
 
 BACKEND_ENV = "PAGED_ATTENTION_BACKEND"
 CHECKS_ENV = "PAGED_ATTENTION_CHECKS"
-BACKEND_NAMES = ("torch", "triton")
+BACKEND_NAMES = ("torch", "torch-reference", "triton")
 
 
 class AttentionBackend:
@@ -61,12 +62,21 @@ class AttentionBackend:
 
 
 class TorchBackend(AttentionBackend):
-    """The plain-torch twins (kernels.reference): the CPU backend and the oracle."""
+    """The CPU backend: paged attention as bucketed SDPA calls (kernels.sdpa); cache write and
+    block copy are the twins' (already one vectorised op per call)."""
 
     name = "torch"
     _reshape_and_cache = staticmethod(reference.reshape_and_cache_ref)
-    _paged_attention = staticmethod(reference.paged_attention_ref)
+    _paged_attention = staticmethod(sdpa.paged_attention_sdpa)
     _copy_blocks = staticmethod(reference.copy_blocks_ref)
+
+
+class TorchReferenceBackend(TorchBackend):
+    """The plain-torch twins (kernels.reference) throughout: the oracle, selectable to rule
+    the fast path out when an answer looks wrong."""
+
+    name = "torch-reference"
+    _paged_attention = staticmethod(reference.paged_attention_ref)
 
 
 class TritonBackend(AttentionBackend):
@@ -112,8 +122,8 @@ def _triton_importable() -> bool:
 def get_backend(name: str | None = None, device: torch.device | str = torch.device("cpu")) -> AttentionBackend:
     """The attention backend for ``device``.
 
-    name: "torch" | "triton" | None. None reads $PAGED_ATTENTION_BACKEND, else picks "triton"
-    on CUDA when triton imports and "torch" otherwise. $PAGED_ATTENTION_CHECKS=0 skips the
+    name: "torch" | "torch-reference" | "triton" | None. None reads $PAGED_ATTENTION_BACKEND,
+    else picks "triton" on CUDA when triton imports and "torch" otherwise. $PAGED_ATTENTION_CHECKS=0 skips the
     value checks that cost a host sync (shape and dtype checks always run).
     """
     device = torch.device(device)
@@ -126,6 +136,8 @@ def get_backend(name: str | None = None, device: torch.device | str = torch.devi
     check_values = os.environ.get(CHECKS_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
     if name == "torch":
         return TorchBackend(check_values=check_values)
+    if name == "torch-reference":
+        return TorchReferenceBackend(check_values=check_values)
     if device.type != "cuda" and not _interpreting():
         raise ValueError(
             f"the triton attention backend runs on CUDA devices, not {device}; use {BACKEND_ENV}=torch "

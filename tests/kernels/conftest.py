@@ -26,7 +26,7 @@ if not torch.cuda.is_available():
                     f"import the Triton kernel modules lazily (kernels.get_backend does), not at module level"
                 )
 
-BACKENDS = ("torch", "triton")
+BACKENDS = ("torch", "torch-reference", "triton")
 
 
 @pytest.fixture(scope="session")

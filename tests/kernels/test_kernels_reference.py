@@ -14,7 +14,7 @@ torch.set_num_threads(1)  # CI shares 2 cores between xdist workers
 
 
 def check_against_dense(case, *, sliding_window=None):
-    out = get_backend("torch").paged_attention(
+    out = get_backend("torch-reference").paged_attention(
         case.query, case.key_cache, case.value_cache, **case.kwargs(sliding_window=sliding_window)
     )
     assert out.shape == case.query.shape and out.dtype == case.query.dtype
@@ -58,7 +58,7 @@ def test_sequences_without_new_tokens_and_empty_batch():
     case = make_case(q_lens=[0, 2, 0], seq_lens=[5, 6, 3], block_size=4)
     check_against_dense(case)
     empty = make_case(q_lens=[], seq_lens=[], block_size=4)
-    out = get_backend("torch").paged_attention(empty.query, empty.key_cache, empty.value_cache, **empty.kwargs())
+    out = get_backend("torch-reference").paged_attention(empty.query, empty.key_cache, empty.value_cache, **empty.kwargs())
     assert out.shape == (0, 4, 16)
 
 
@@ -92,7 +92,7 @@ def test_reshape_and_cache_writes_slots_and_skips_negatives():
     kc, vc = torch.zeros(3, 4, 2, 8), torch.zeros(3, 4, 2, 8)
     key, value = torch.randn(4, 2, 8), torch.randn(4, 2, 8)
     slots = torch.tensor([5, -1, 11, 0])
-    get_backend("torch").reshape_and_cache(key, value, kc, vc, slots)
+    get_backend("torch-reference").reshape_and_cache(key, value, kc, vc, slots)
     assert torch.equal(kc[1, 1], key[0]) and torch.equal(vc[2, 3], value[2]) and torch.equal(kc[0, 0], key[3])
     assert int((kc.abs().sum(-1).sum(-1) > 0).sum()) == 3  # the skipped token wrote nothing
 
@@ -100,7 +100,7 @@ def test_reshape_and_cache_writes_slots_and_skips_negatives():
 def test_copy_blocks_copies_every_layer():
     layers = [(torch.randn(5, 2, 1, 4), torch.randn(5, 2, 1, 4)) for _ in range(3)]
     before = [(k.clone(), v.clone()) for k, v in layers]
-    get_backend("torch").copy_blocks([k for k, _ in layers], [v for _, v in layers], torch.tensor([[0, 3], [2, 4]]))
+    get_backend("torch-reference").copy_blocks([k for k, _ in layers], [v for _, v in layers], torch.tensor([[0, 3], [2, 4]]))
     for (k, v), (k0, v0) in zip(layers, before):
         assert torch.equal(k[3], k0[0]) and torch.equal(v[4], v0[2])
         assert torch.equal(k[:3], k0[:3]) and torch.equal(v[:3], v0[:3])

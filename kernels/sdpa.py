@@ -1,0 +1,125 @@
+"""The fast CPU paged attention: gather each sequence's blocks, one SDPA call per bucket.
+
+kernels.reference stays the oracle; this is the path the engine runs on CPU. Sequences are
+grouped into buckets (decodes by context, chunks of several queries by query count, each
+rounded up to a power of two, so padding at most doubles a bucket's work); each bucket
+gathers its sequences' blocks into one padded ``[n, ctx, kv_heads, D]`` tensor (one
+``index_select`` of whole blocks, no per-token indexing) and runs
+``torch.nn.functional.scaled_dot_product_attention`` once, with GQA done by SDPA
+(``enable_gqa``) and the causal / length / window structure in one boolean mask.
+
+Why this shape: on CPU the twin's many tiny per-block matmuls cost far more than one
+flash-attention call over the padded context (tests/kernels hold both to the same answers;
+scripts/bench_decode.py measures the difference in the engine).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch.nn.functional as F
+
+# Cap on the boolean mask of one SDPA call ([n, 1, q, ctx] bytes); longer prefills run in
+# query chunks. SDPA's CPU flash kernel tiles the scores itself, so the mask is the big part.
+MASK_BUDGET_BYTES = 64 * 2**20
+
+# Gather buffers reused from call to call (per thread: the engine steps on one thread, tests
+# may run several). A fresh multi-MiB tensor per layer costs page faults on first touch that
+# were measured to take longer than the copy itself in the engine's step.
+_scratch = threading.local()
+
+
+def _buffer(slot: int, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    bufs = _scratch.__dict__.setdefault("bufs", {})
+    key = (slot, dtype, device)
+    buf = bufs.get(key)
+    if buf is None or buf.numel() < numel:
+        with torch.inference_mode(False):  # a normal tensor: writable in and out of inference mode
+            buf = bufs[key] = torch.empty(numel, dtype=dtype, device=device)
+    return buf[:numel]
+
+
+def paged_attention_sdpa(
+    query, key_cache, value_cache, *, cu_seqlens_q, seq_lens, block_tables, scale, sliding_window=None
+) -> torch.Tensor:
+    """Same contract as kernels.reference.paged_attention_ref (docs/INTERFACES.md)."""
+    out = torch.empty_like(query)
+    if query.shape[0] == 0:
+        return out
+    device = query.device
+    cu = cu_seqlens_q.to(device=device, dtype=torch.long)
+    q_lens = cu[1:] - cu[:-1]
+    lens = seq_lens.to(device=device, dtype=torch.long)
+    block_size = key_cache.shape[1]
+    # decodes bucket by context (in blocks), chunks by query count
+    size = torch.where(q_lens == 1, (lens + block_size - 1) // block_size, q_lens)
+    keys = torch.where(q_lens == 1, 0, 1) * 64 + _ceil_log2(size)  # (kind, power-of-two bucket)
+    keys = torch.where(q_lens == 0, -1, keys)  # sequences with no new tokens: nothing to do
+    for key in torch.unique(keys).tolist():
+        if key < 0:
+            continue
+        seq_idx = (keys == key).nonzero().squeeze(1)
+        _attend(seq_idx, query, out, key_cache, value_cache, cu, q_lens, lens, block_tables, scale, sliding_window)
+    return out
+
+
+def _ceil_log2(x: torch.Tensor) -> torch.Tensor:
+    return torch.ceil(torch.log2(x.clamp(min=1).double())).long()
+
+
+def _attend(seq_idx, query, out, key_cache, value_cache, cu, q_lens, lens, block_tables, scale, window):
+    """Attention for the sequences ``seq_idx`` (n of them), written into ``out`` in place."""
+    n = seq_idx.numel()
+    num_heads, head_dim = query.shape[1:]
+    q_lens, lens, starts = q_lens[seq_idx], lens[seq_idx], cu[:-1][seq_idx]
+    max_q, max_ctx = int(q_lens.max()), int(lens.max())
+    key, value = _gather(key_cache, value_cache, block_tables[seq_idx], lens, max_ctx)
+    num_ctx = key.shape[2]  # max_ctx rounded up to whole blocks
+    k_pos = torch.arange(num_ctx, device=query.device)
+    q_chunk = max(1, min(max_q, MASK_BUDGET_BYTES // max(n * num_ctx, 1)))
+    for first in range(0, max_q, q_chunk):  # usually one pass; a few for very long prefills
+        j = torch.arange(first, min(first + q_chunk, max_q), device=query.device)
+        valid = j[None, :] < q_lens[:, None]  # [n, q]: padded query rows are dropped at the end
+        token = (starts[:, None] + j[None, :])[valid]
+        if max_q == 1:  # decodes: one query per sequence, nothing to pad
+            q = query[token].unsqueeze(2)  # [n, H, 1, D]
+        else:
+            q = query.new_zeros(n, j.numel(), num_heads, head_dim)
+            q[valid] = query[token]
+            q = q.transpose(1, 2)  # [n, H, q, D]
+        q_pos = (lens - q_lens)[:, None] + j[None, :]  # absolute position of each query, [n, q]
+        # causal (which also keeps each query inside its own sequence's context) and window;
+        # padded query rows see position 0 at least, so no row is empty (they are dropped anyway)
+        allowed = k_pos <= q_pos.clamp(max=(lens - 1)[:, None])[..., None]  # [n, q, ctx]
+        if window is not None:
+            allowed &= k_pos > q_pos[..., None] - window
+        o = F.scaled_dot_product_attention(
+            q.to(key.dtype), key, value, attn_mask=allowed[:, None], scale=scale, enable_gqa=True)
+        out[token] = o.transpose(1, 2)[valid].to(out.dtype)  # [n, q, H, D] -> [tokens, H, D]
+
+
+def _gather(key_cache, value_cache, block_tables, seq_lens, max_ctx):
+    """K and V of each sequence in position order, ``[n, kv_heads, ctx, D]`` (a strided view).
+
+    ``ctx`` is ``max_ctx`` rounded up to whole blocks. Table entries past a sequence's length
+    are padding that may hold anything, so they read block 0 instead; the mask hides them.
+    Half-precision caches are widened to fp32 here (softmax and sums in fp32, as the twin).
+    """
+    n = block_tables.shape[0]
+    block_size, num_kv_heads, head_dim = key_cache.shape[1:]
+    num_used = -(-max_ctx // block_size)
+    tables = block_tables[:, :num_used].long()
+    used = torch.arange(num_used, device=tables.device) * block_size < seq_lens[:, None]
+    flat = torch.where(used, tables, 0).flatten()
+
+    def gather(cache, slot):
+        shape = (flat.numel(), *cache.shape[1:])
+        blocks = _buffer(slot, flat.numel() * cache[0].numel(), cache.dtype, cache.device).view(shape)
+        torch.index_select(cache, 0, flat, out=blocks)
+        if blocks.dtype != torch.float32:
+            blocks = blocks.float()
+        # [n * blocks, bs, kvh, D] -> [n, ctx, kvh, D] -> [n, kvh, ctx, D]: SDPA takes the strides
+        return blocks.view(n, num_used * block_size, num_kv_heads, head_dim).transpose(1, 2)
+
+    return gather(key_cache, 0), gather(value_cache, 1)
