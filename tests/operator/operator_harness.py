@@ -9,6 +9,7 @@ job in a real cluster).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import itertools
 import os
@@ -17,7 +18,7 @@ import subprocess
 import threading
 import uuid
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import kmock
@@ -178,6 +179,28 @@ class Operator:
         assert not alive, "the operator did not stop within 15 s"
         if self.error is not None:
             raise AssertionError("the operator failed") from self.error
+
+
+@contextlib.asynccontextmanager
+async def emulated(emulator_class: type[Cluster], tmp_path: Path,
+                   monkeypatch: Any) -> AsyncIterator[Cluster]:
+    """An emulated API server over HTTP with the operator's resources declared, a KUBECONFIG
+    pointing at it and the operator's fast test timings; `.client` is an HTTP client for the
+    test's own API calls."""
+    async with emulator_class() as emulator, kmock.Server(emulator) as server:
+        for resource, info in RESOURCES.items():
+            emulator.declare(resource, **info)
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: test\n"
+            f"clusters: [{{name: test, cluster: {{server: '{server.url}'}}}}]\n"
+            "users: [{name: test, user: {token: test-token}}]\n"
+            "contexts: [{name: test, context: {cluster: test, user: test}}]\n")
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        monkeypatch.setenv("PAGED_OPERATOR_RESYNC_SECONDS", "0.3")
+        monkeypatch.setenv("PAGED_OPERATOR_DISCOVERY_TTL_SECONDS", "0.2")
+        emulator.client = server.client
+        yield emulator
 
 
 async def eventually(check: Callable[[], Any], *, timeout: float = 10.0,

@@ -13,12 +13,11 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import kmock
 import kopf
 import pytest
 import pytest_asyncio
 from fault_harness import FaultyCluster, OperatorProcess
-from operator_harness import (DEPLOYMENTS, NAMESPACE, PIS, RESOURCES, api_path, call,
+from operator_harness import (DEPLOYMENTS, NAMESPACE, PIS, RESOURCES, api_path, call, emulated,
                               condition, eventually, pis_body)
 
 from paged_operator.kube import KINDS
@@ -38,19 +37,7 @@ NOT_CHILDREN = {PIS, "v1/events", "v1/namespaces", "v1/pods",
 @pytest_asyncio.fixture()
 async def faulty(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FaultyCluster]:
     """As conftest's `cluster`, with faults (none until `inject`)."""
-    async with FaultyCluster() as emulator, kmock.Server(emulator) as server:
-        for resource, info in RESOURCES.items():
-            emulator.declare(resource, **info)
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\ncurrent-context: test\n"
-            f"clusters: [{{name: test, cluster: {{server: '{server.url}'}}}}]\n"
-            "users: [{name: test, user: {token: test-token}}]\n"
-            "contexts: [{name: test, context: {cluster: test, user: test}}]\n")
-        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-        monkeypatch.setenv("PAGED_OPERATOR_RESYNC_SECONDS", "0.3")
-        monkeypatch.setenv("PAGED_OPERATOR_DISCOVERY_TTL_SECONDS", "0.2")
-        emulator.client = server.client
+    async with emulated(FaultyCluster, tmp_path, monkeypatch) as emulator:
         yield emulator
 
 
