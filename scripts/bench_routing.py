@@ -39,6 +39,11 @@ WORDS = ("order refund shipping account invoice warranty return parcel courier p
          "platform delay hotel booking room breakfast checkout flight baggage gate").split()
 
 
+# a policy name, or one of these variants of it (for an ablation in the same run)
+VARIANTS = {"prefix-ring-only": ["--policy", "prefix", "--cache-balance", "off"],
+            "prefix-one-bound": ["--policy", "prefix", "--hit-load-factor", "0.25"]}
+
+
 class Proc:
     def __init__(self, args: list[str], pattern: str, log: Path) -> None:
         self.log = log.open("w")
@@ -205,7 +210,9 @@ def main() -> int:
     p.add_argument("--users", type=int, default=8, help="concurrent closed-loop clients")
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--latency-requests", type=int, default=200)
-    p.add_argument("--policies", default="prefix,least-load,round-robin")
+    p.add_argument("--policies", default="prefix,least-load,round-robin",
+                   help="comma-separated: prefix, least-load, round-robin, or the prefix "
+                        f"variants {', '.join(VARIANTS)}")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--logs", default="/tmp/bench_routing")
     p.add_argument("--out", default=None, help="write the results as JSON here")
@@ -238,7 +245,8 @@ def main() -> int:
         policies = [x for x in args.policies.split(",") if x]
         for k, policy in enumerate(policies):
             prompts = system_prompts(urls[0], args.tenants, lo, hi, seed=100 + k)
-            router = Proc(["router", "--host", "127.0.0.1", "--port", "0", "--policy", policy,
+            router = Proc(["router", "--host", "127.0.0.1", "--port", "0",
+                           *VARIANTS.get(policy, ["--policy", policy]),
                            "--backends", ",".join(urls)], "routing on", logs / f"router-{policy}.log")
             router.wait_ready()
             rows.append(phase(policy, router.url, urls, args, prompts, tenants_warm, tenants,

@@ -30,6 +30,8 @@ class RouterConfig:
     port_name: str | None = None
     policy: str = "prefix"
     load_factor: float = 0.25
+    hit_load_factor: float = 1.0
+    cache_balance: float | None = 0.25
     chunk_chars: int = 128
     max_chunks: int = 256
     table_size: int = 200_000
@@ -55,6 +57,8 @@ def _authorized(request: Request, api_key: str | None) -> bool:
 def build_app(config: RouterConfig) -> FastAPI:
     metrics = RouterMetrics()
     policy = make_policy(config.policy, load_factor=config.load_factor,
+                         hit_load_factor=config.hit_load_factor,
+                         cache_balance=config.cache_balance,
                          table_size=config.table_size)
     hasher = (TokenBlockHasher(config.tokenizer, config.hash_block_size, config.max_chunks)
               if config.tokenizer else CharChunkHasher(config.chunk_chars, config.max_chunks))

@@ -12,6 +12,18 @@ from pathlib import Path
 from engine.router.policies import POLICIES
 
 
+def _balance(text: str) -> float | None:
+    if text.strip().lower() == "off":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give a number >= 0 or 'off', not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 or 'off', got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine router",
                                 description="prefix-cache-aware router over engine replicas")
@@ -29,7 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed)")
     p.add_argument("--policy", choices=POLICIES, default="prefix")
     p.add_argument("--load-factor", type=float, default=0.25,
-                   help="prefix policy: skip a backend above (1+this) x mean in-flight")
+                   help="prefix policy: a new prefix skips a backend at (1+this) x mean "
+                        "in-flight requests or more")
+    p.add_argument("--hit-load-factor", type=float, default=1.0,
+                   help="prefix policy: the same bound for a backend that already holds the "
+                        "request's prefix or session (looser: a cached prefix is cheap)")
+    p.add_argument("--cache-balance", type=_balance, default=0.25, metavar="EPS|off",
+                   help="prefix policy: a new prefix skips a backend holding more than "
+                        "(1+EPS) x the mean of the chunks the router sent each backend; "
+                        "'off' places new prefixes by the hash ring alone")
     p.add_argument("--chunk-chars", type=int, default=128,
                    help="prefix policy: characters per hashed chunk")
     p.add_argument("--max-chunks", type=int, default=256,
@@ -82,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         config = RouterConfig(
             backends=[u for u in (args.backends or "").split(",") if u.strip()],
             discover=args.discover, namespace=args.namespace, port_name=args.port_name,
-            policy=args.policy, load_factor=args.load_factor, chunk_chars=args.chunk_chars,
+            policy=args.policy, load_factor=args.load_factor,
+            hit_load_factor=args.hit_load_factor, cache_balance=args.cache_balance,
+            chunk_chars=args.chunk_chars,
             max_chunks=args.max_chunks, table_size=args.table_size, tokenizer=args.tokenizer,
             hash_block_size=args.hash_block_size, health_interval=args.health_interval,
             connect_timeout=args.connect_timeout, api_key=args.api_key or None)

@@ -12,7 +12,7 @@ class RouterMetrics:
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "paged_router_requests", "Requests sent to a backend, by the policy's decision "
-            "(prefix_hit, hash, overflow, session, least_load, round_robin, retry).",
+            "(prefix_hit, hash, balance, overflow, session, least_load, round_robin, retry).",
             ["backend", "decision"], registry=r)
         self.retries = Counter(
             "paged_router_retries", "Requests retried on the next candidate, by what failed.",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -82,18 +82,34 @@ class PrefixPolicy(Policy):
 
     The table maps each chained chunk hash to the backends it was sent to (first-seen
     order, a few at most) and forgets least-recently-used hashes beyond `table_size`.
+
+    Two bounds, both `ceil((1+eps) * mean in-flight)`: a backend that already holds the
+    request's prefix (or its session) may take it up to `hit_load_factor`, since a cached
+    prefix makes the request a fraction of a miss's work there; a new prefix, and every
+    overflow, goes by `load_factor`. New prefixes are also balanced by cache footprint: the
+    router counts the chunks it believes each backend holds (its table's entries), and a
+    new prefix skips, along its ring walk, a backend whose footprint is above
+    `(1+cache_balance) * mean` (bounded-load consistent hashing, with the cache as the
+    load), so a few tenants hashing to one replica do not overflow its KV pool while
+    another's sits idle.
     """
 
     name = "prefix"
     PER_HASH = 4
 
-    def __init__(self, *, load_factor: float = 0.25, table_size: int = 200_000,
+    def __init__(self, *, load_factor: float = 0.25, hit_load_factor: float = 1.0,
+                 cache_balance: float | None = 0.25, table_size: int = 200_000,
                  session_table_size: int = 100_000, ring_replicas: int = 100) -> None:
-        if load_factor < 0:
-            raise ValueError(f"--load-factor must be >= 0, got {load_factor}")
-        self.load_factor, self.table_size = load_factor, table_size
+        for flag, value in (("--load-factor", load_factor),
+                            ("--hit-load-factor", hit_load_factor),
+                            ("--cache-balance", 0.0 if cache_balance is None else cache_balance)):
+            if value < 0:
+                raise ValueError(f"{flag} must be >= 0, got {value}")
+        self.load_factor, self.hit_load_factor = load_factor, hit_load_factor
+        self.cache_balance, self.table_size = cache_balance, table_size
         self.session_table_size = session_table_size
         self.table: OrderedDict[int, list[str]] = OrderedDict()
+        self.footprint: Counter[str] = Counter()  # table entries naming each backend
         self.sessions: OrderedDict[str, str] = OrderedDict()
         self.ring = HashRing(replicas=ring_replicas)
 
@@ -101,9 +117,7 @@ class PrefixPolicy(Policy):
         by_url = {b.url: b for b in backends}
         self.ring.set_nodes(by_url)
         bound = load_bound(backends, self.load_factor)
-
-        def fits(b: Backend) -> bool:
-            return b.in_flight + 1 <= bound
+        hit_bound = load_bound(backends, self.hit_load_factor)
 
         key = request.hashes[0] if request.hashes else ring_point(request.session or "")
         ring_order = [by_url[u] for u in self.ring.walk(key)]
@@ -113,16 +127,25 @@ class PrefixPolicy(Policy):
             return Choice([pick, *rest], decision, self._held(request, pick.url))
 
         pinned = by_url.get(self.sessions.get(request.session, "")) if request.session else None
-        if pinned is not None and fits(pinned):
+        if pinned is not None and pinned.in_flight < hit_bound:
             return first(pinned, "session")
         for h in reversed(request.hashes):  # the longest prefix some fitting backend holds
             for url in self.table.get(h, ()):
                 b = by_url.get(url)
-                if b is not None and fits(b):
+                if b is not None and b.in_flight < hit_bound:
                     return first(b, "prefix_hit")
-        for i, b in enumerate(ring_order):  # a new prefix: its place on the ring
-            if fits(b):
-                return first(b, "hash" if i == 0 else "overflow")
+        # a new prefix (or every holder is full): its place on the ring, skipping backends
+        # above the load bound ("overflow") or above the cache-footprint bound ("balance")
+        fitting = [b for b in ring_order if b.in_flight < bound]
+        if self.cache_balance is not None and fitting:
+            cap = (1 + self.cache_balance) * sum(self.footprint[b.url] for b in backends) \
+                / len(backends)
+            for b in fitting:
+                if self.footprint[b.url] <= cap:
+                    return first(b, "hash" if b is ring_order[0] else
+                                 "overflow" if ring_order[0].in_flight >= bound else "balance")
+        if fitting:
+            return first(fitting[0], "hash" if fitting[0] is ring_order[0] else "overflow")
         return first(ring_order[0], "hash")  # unreachable: some backend is at most the mean
 
     def _held(self, request: RouteRequest, url: str) -> int:
@@ -136,13 +159,18 @@ class PrefixPolicy(Policy):
             urls = self.table.get(h)
             if urls is None:
                 self.table[h] = [backend.url]
+                self.footprint[backend.url] += 1
             else:
                 if backend.url not in urls:
                     urls.append(backend.url)
+                    self.footprint[backend.url] += 1
+                    for dropped in urls[:-self.PER_HASH]:
+                        self.footprint[dropped] -= 1
                     del urls[:-self.PER_HASH]
                 self.table.move_to_end(h)
         while len(self.table) > self.table_size:
-            self.table.popitem(last=False)
+            for url in self.table.popitem(last=False)[1]:
+                self.footprint[url] -= 1
         if request.session:
             self.sessions[request.session] = backend.url
             self.sessions.move_to_end(request.session)
@@ -150,9 +178,11 @@ class PrefixPolicy(Policy):
                 self.sessions.popitem(last=False)
 
 
-def make_policy(name: str, *, load_factor: float = 0.25, table_size: int = 200_000) -> Policy:
+def make_policy(name: str, *, load_factor: float = 0.25, hit_load_factor: float = 1.0,
+                cache_balance: float | None = 0.25, table_size: int = 200_000) -> Policy:
     if name == "prefix":
-        return PrefixPolicy(load_factor=load_factor, table_size=table_size)
+        return PrefixPolicy(load_factor=load_factor, hit_load_factor=hit_load_factor,
+                            cache_balance=cache_balance, table_size=table_size)
     if name == "least-load":
         return LeastLoadPolicy()
     if name == "round-robin":

@@ -42,6 +42,19 @@ def test_bad_flags_say_what_to_change(capsys):
     assert "tokenizer.json" in str(code)
     code, _ = run(capsys, "--backends", "http://a:1", "--load-factor", "-1")
     assert "--load-factor must be >= 0" in str(code)
+    code, _ = run(capsys, "--backends", "http://a:1", "--hit-load-factor", "-1")
+    assert "--hit-load-factor must be >= 0" in str(code)
+    code, err = run(capsys, "--backends", "http://a:1", "--cache-balance", "some")
+    assert code == 2 and "--cache-balance" in err and "'off'" in err
+
+
+def test_cache_balance_takes_a_number_or_off():
+    from engine.router.cli import build_parser
+
+    parse = lambda *a: build_parser().parse_args(["--backends", "http://a:1", *a])  # noqa: E731
+    assert parse().cache_balance == 0.25 and parse().hit_load_factor == 1.0
+    assert parse("--cache-balance", "off").cache_balance is None
+    assert parse("--cache-balance", "0.5").cache_balance == 0.5
 
 
 def test_the_cli_serves_and_reports_its_backends():

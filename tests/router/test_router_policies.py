@@ -52,10 +52,12 @@ def place(policy: PrefixPolicy, backends: list[Backend], n: int, finish: bool) -
     placed = []
     for i in range(n):
         r = req(SYSTEM + f"user question {i}")
-        bound = load_bound(backends, policy.load_factor)
+        bounds = {True: load_bound(backends, policy.hit_load_factor),
+                  False: load_bound(backends, policy.load_factor)}
         choice = policy.choose(r, backends)
         pick = choice.order[0]
-        assert pick.in_flight + 1 <= bound  # never above ceil((1+eps) * mean)
+        # never above ceil((1+eps) * mean): the hit bound for a holder, else the tight one
+        assert pick.in_flight + 1 <= bounds[choice.decision in ("prefix_hit", "session")]
         pick.in_flight += 0 if finish else 1
         policy.record(r, pick)
         placed.append((pick.url, choice.decision))
@@ -73,7 +75,8 @@ def test_prefix_concentrates_concurrent_requests_up_to_the_load_bound_then_sprea
     spread = {}
     for eps in (0.25, 1.0):
         backends = pool()
-        placed = place(PrefixPolicy(load_factor=eps), backends, 9, finish=False)
+        placed = place(PrefixPolicy(load_factor=eps, hit_load_factor=eps), backends, 9,
+                       finish=False)
         assert placed[0][1] == "hash" and any(d == "overflow" for _, d in placed)
         spread[eps] = sorted(b.in_flight for b in backends)
         # the backends that took an overflow hold the prefix too: they share the rest
@@ -93,7 +96,7 @@ def test_prefix_follows_the_longest_prefix_a_backend_was_sent():
     assert choice.order[0] is other and choice.decision == "prefix_hit"
     assert choice.hit_chunks == len(first.hashes)
     unrelated = policy.choose(req("a completely different prompt " * 6), backends)
-    assert unrelated.decision in ("hash", "overflow") and unrelated.hit_chunks == 0
+    assert unrelated.decision in ("hash", "balance") and unrelated.hit_chunks == 0
 
 
 def test_prefix_table_forgets_least_recently_used_hashes():
@@ -106,8 +109,80 @@ def test_prefix_table_forgets_least_recently_used_hashes():
     assert list(policy.table) == [9, 8, 2, 7]
 
 
+def test_a_holder_may_take_more_than_a_new_prefix_under_the_looser_hit_bound():
+    backends = pool()
+    policy = PrefixPolicy(load_factor=0.0, hit_load_factor=1.0)
+    placed = place(policy, backends, 4, finish=False)
+    holder = placed[0][0]
+    # 1 in flight, mean with the new one 2/3: the tight bound is 1, the hit bound 2
+    assert [u for u, _ in placed[:2]] == [holder, holder]
+    assert placed[1][1] == "prefix_hit"
+    assert placed[2][0] != holder and placed[2][1] == "overflow"
+    # a new prefix at the same moment never goes to a backend at the tight bound
+    loads = {b.url: b.in_flight for b in backends}
+    other = policy.choose(req("another tenant's system prompt " * 8), backends)
+    assert loads[other.order[0].url] < load_bound(backends, 0.0)
+
+
+def tenant_prompts(n: int) -> list[str]:
+    return [f"Tenant {i}: " + "you answer questions about our products politely. " * 6
+            for i in range(n)]
+
+
+def spread_of_tenants(policy: PrefixPolicy, backends: list[Backend]) -> list[int]:
+    owner = {}
+    for text in tenant_prompts(12):
+        choice = policy.choose(req(text), backends)
+        policy.record(req(text), choice.order[0])
+        owner[text] = choice.order[0].url
+    return sorted(list(owner.values()).count(b.url) for b in backends)
+
+
+def test_cache_balance_spreads_new_prefixes_evenly_where_the_ring_alone_does_not():
+    # 12 equal-sized tenants on 4 backends: the ring alone (hashes are fixed, so this is
+    # deterministic) puts them unevenly; the footprint bound gives each backend 3
+    unbalanced = spread_of_tenants(PrefixPolicy(cache_balance=None), pool(4))
+    assert max(unbalanced) - min(unbalanced) >= 2
+    assert spread_of_tenants(PrefixPolicy(cache_balance=0.0), pool(4)) == [3, 3, 3, 3]
+    loose = spread_of_tenants(PrefixPolicy(cache_balance=0.25), pool(4))
+    assert max(loose) <= 4 and max(loose) - min(loose) < max(unbalanced) - min(unbalanced)
+
+
+def test_a_new_prefix_skipped_for_cache_footprint_is_labelled_balance_and_hits_stay_put():
+    backends, policy = pool(2), PrefixPolicy(cache_balance=0.0)
+    texts = tenant_prompts(8)
+    first_choice = policy.choose(req(texts[0]), backends)
+    policy.record(req(texts[0]), first_choice.order[0])
+    # the next tenant whose ring owner is the same (now fuller) backend goes elsewhere
+    for text in texts[1:]:
+        choice = policy.choose(req(text), backends)
+        if policy.ring.walk(req(text).hashes[0])[0] == first_choice.order[0].url:
+            assert choice.decision == "balance" and choice.order[0] is not first_choice.order[0]
+            break
+    else:
+        pytest.fail("no tenant hashed to the first tenant's backend")
+    # the first tenant itself is a hit on its holder whatever the footprints
+    assert policy.choose(req(texts[0] + "more"), backends).order[0] is first_choice.order[0]
+
+
+def test_footprint_counts_the_table_entries_naming_each_backend_through_evictions():
+    import random
+
+    rng = random.Random(7)
+    backends = pool(5)
+    policy = PrefixPolicy(table_size=40)
+    policy.PER_HASH = 2
+    for _ in range(300):
+        hashes = [rng.randrange(60) for _ in range(rng.randint(1, 6))]
+        policy.record(RouteRequest(hashes), rng.choice(backends))
+        expected = {b.url: sum(b.url in urls for urls in policy.table.values())
+                    for b in backends}
+        assert {b.url: policy.footprint[b.url] for b in backends} == expected
+        assert all(len(urls) <= 2 for urls in policy.table.values())
+
+
 def test_session_pins_a_conversation_until_its_backend_is_over_the_bound():
-    backends, policy = pool(), PrefixPolicy(load_factor=0.0)
+    backends, policy = pool(), PrefixPolicy(load_factor=0.0, hit_load_factor=0.0)
     first = req("hello there, my name is Ann", session="s-1")
     pinned = policy.choose(first, backends).order[-1]  # pin to a backend hashing would not pick
     policy.record(first, pinned)
@@ -123,5 +198,9 @@ def test_session_pins_a_conversation_until_its_backend_is_over_the_bound():
 def test_unknown_policy_names_the_choices():
     with pytest.raises(ValueError, match="prefix, least-load, round-robin"):
         make_policy("random")
-    with pytest.raises(ValueError, match="load-factor"):
+    with pytest.raises(ValueError, match="--load-factor"):
         PrefixPolicy(load_factor=-1)
+    with pytest.raises(ValueError, match="--hit-load-factor"):
+        PrefixPolicy(hit_load_factor=-0.5)
+    with pytest.raises(ValueError, match="--cache-balance"):
+        PrefixPolicy(cache_balance=-1)
