@@ -174,6 +174,7 @@ class LLMEngine:
         faults (the accelerator itself is broken) still raise.
         """
         batch = self.scheduler.schedule()
+        self.last_step_shape = (len(batch.seqs), batch.num_tokens)  # (sequences, tokens)
         if not batch.seqs:
             return []
         now = time.monotonic()

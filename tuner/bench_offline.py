@@ -111,6 +111,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads for every peer (default: torch's)")
     p.add_argument("--model-dir", default=None, help="where to build the bench checkpoint")
+    p.add_argument("--prefill-shape", default="16x128", metavar="SEQSxLEN",
+                   help="the prefill comparison: this many fresh prompts of this many tokens "
+                        "in one engine step vs one forward of the model over the same batch "
+                        "(needs the paged and ceiling peers; 0 skips it)")
     p.add_argument("--json", default=None, help="also write every run as JSON here")
     return p
 
@@ -188,6 +192,12 @@ def main(argv: list[str] | None = None) -> int:
                     runners["ceiling"].configure(runs[key][0]["concurrency"], context)
             except Exception as exc:  # a failing peer is reported, not fatal to the table
                 print(f"# {runner.name} failed: {type(exc).__name__}: {exc}")
+    prefill = {}
+    if args.prefill_shape != "0" and {"paged", "ceiling"} <= set(runners):
+        seqs, length = _prefill_shape(parser, args.prefill_shape)
+        for key in ("paged", "ceiling"):  # interleaved: paged, ceiling, paged, ...
+            prefill[key] = runners[key].prefill(seqs, length, max(3, args.repeats))
+        prefill["shape"] = (seqs, length)
     for key, key_runs in runs.items():
         for r in key_runs:
             r["requested"] = requested if key != "ceiling" else r["generated"]
@@ -196,14 +206,50 @@ def main(argv: list[str] | None = None) -> int:
             if r["generated"] != r["requested"]:
                 print(f"# {runners[key].name} produced {r['generated']} of {requested} tokens")
     print_table(runners, runs, requests)
+    print_targets(runs, prefill)
     if args.json:
         Path(args.json).write_text(json.dumps({
             "device": device, "dtype": args.dtype, "model": str(path), "output_lengths": mode,
-            "requested_tokens": requested,
+            "requested_tokens": requested, "prefill": prefill,
             "peers": {k: {"name": runners[k].name, "device": str(runners[k].device),
                           "dtype": str(runners[k].dtype), "runs": v} for k, v in runs.items()}},
             indent=2, default=str))
     return 0
+
+
+def _prefill_shape(parser, text: str) -> tuple[int, int]:
+    try:
+        seqs, length = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        parser.error(f"--prefill-shape takes SEQSxLEN, e.g. 16x128, or 0; not {text!r}")
+    if seqs < 1 or length < 1 or seqs * length > 2048:
+        parser.error(f"--prefill-shape {text}: both >= 1 and at most 2048 tokens in all "
+                     "(the engine's per-step token budget here)")
+    return seqs, length
+
+
+def print_targets(runs: dict[str, list[dict]], prefill: dict) -> None:
+    """The engine against the model's own code on the same machine, same run."""
+    rows = []
+    if runs.get("paged") and runs.get("ceiling"):
+        engine = [r["decode_peak_tok_s"] for r in runs["paged"]
+                  if r.get("decode_peak_tok_s") == r.get("decode_peak_tok_s")]
+        ceiling = statistics.median(r["tok_s"] for r in runs["ceiling"])
+        if engine:
+            batch = runs["ceiling"][-1]["concurrency"]
+            rows.append((f"decode tok/s, pure-decode steps at >= 90 % of the peak batch "
+                         f"(ceiling: a static batch of {batch})", statistics.median(engine),
+                         ceiling))
+    if prefill:
+        seqs, length = prefill["shape"]
+        rows.append((f"prefill tok/s, {seqs} fresh prompts x {length} tokens (one engine step "
+                     "vs one forward)", prefill["paged"]["tok_s"], prefill["ceiling"]["tok_s"]))
+    if not rows:
+        return
+    print("\n| measure | this engine | the model's own | engine ÷ model |")
+    print("|---|---:|---:|---:|")
+    for name, mine, model in rows:
+        print(f"| {name} | {mine:.1f} | {model:.1f} | {mine / model:.2f}x |")
 
 
 def _fmt_pct(x) -> str:

@@ -72,10 +72,16 @@ class PagedPeer:
             engine.add_request(f"bench{time.monotonic_ns()}-{i}", ids, SamplingParams(
                 temperature=0, max_tokens=out_len, ignore_eos=True))
         peak_used, util_at_peak, max_running, utils = 0, 0.0, 0, []
+        decode_steps: list[tuple[int, float]] = []  # (sequences, seconds) of pure-decode steps
         _sync(self.device)
         start, cpu_start = _clocks()
         while engine.has_unfinished_requests():
+            t0 = time.perf_counter()
             engine.step()
+            _sync(self.device)
+            seqs, tokens = engine.last_step_shape
+            if seqs and tokens == seqs:  # every sequence decoded one token: no prefill
+                decode_steps.append((seqs, time.perf_counter() - t0))
             kv = engine.kv.stats()
             live = sum(s.num_computed_tokens for s in engine.scheduler.running)
             slots = kv.num_used * self.block_size
@@ -88,10 +94,36 @@ class PagedPeer:
         elapsed, cpu = (b - a for a, b in zip((start, cpu_start), _clocks()))
         after = engine.get_stats()
         generated = after.generation_tokens - before.generation_tokens
+        # the decode rate near the peak: pure-decode steps with >= 90 % of the peak batch
+        near = [(n, dt) for n, dt in decode_steps if n >= 0.9 * max_running]
         return dict(cpu_seconds=cpu, generated=generated, seconds=elapsed, util=util_at_peak,
                     mean_util=statistics.fmean(utils) if utils else float("nan"),
                     concurrency=max_running, kv_slots=engine.num_blocks * self.block_size,
-                    preemptions=after.num_preemptions - before.num_preemptions)
+                    preemptions=after.num_preemptions - before.num_preemptions,
+                    decode_peak_tok_s=(sum(n for n, _ in near) / sum(dt for _, dt in near)
+                                       if near else float("nan")),
+                    decode_peak_steps=len(near))
+
+    def prefill(self, num_seqs: int, length: int, repeats: int) -> dict:
+        """Prefill rate: `num_seqs` fresh prompts of `length` tokens, all in one step (the
+        engine's token budget is 2048), one token sampled each; median of `repeats`."""
+        from engine import SamplingParams
+
+        engine, rates = self.llm.llm_engine, []
+        for r in range(repeats + 1):  # the first is a warm-up
+            for i in range(num_seqs):  # distinct prompts: no prefix is shared
+                ids = [3 + (r * 7919 + i * 104729 + j) % 590 for j in range(length)]
+                engine.add_request(f"prefill{time.monotonic_ns()}-{i}", ids,
+                                   SamplingParams(temperature=0, max_tokens=1))
+            _sync(self.device)
+            t0, steps = time.perf_counter(), 0
+            while engine.has_unfinished_requests():
+                engine.step()
+                steps += 1
+            _sync(self.device)
+            if r:
+                rates.append(num_seqs * length / (time.perf_counter() - t0))
+        return dict(tok_s=statistics.median(rates), min=min(rates), max=max(rates), steps=steps)
 
 
 class StaticGeneratePeer:
@@ -203,6 +235,27 @@ class DecodeCeilingPeer:
 
     def configure(self, batch: int, context: int) -> None:
         self.batch, self.context = max(1, batch), max(1, context)
+
+    def prefill(self, num_seqs: int, length: int, repeats: int) -> dict:
+        """The model's own prefill of the same shape: one forward over a [num_seqs, length]
+        batch (equal lengths: no padding), writing a fresh KV cache, logits for the last
+        position only (as the engine computes them); median of `repeats`."""
+        import torch
+        from transformers import DynamicCache
+
+        kw, rates = _cache_kwarg(self.model.forward), []
+        with torch.no_grad():
+            for r in range(repeats + 1):  # the first is a warm-up
+                ids = torch.tensor([[3 + (r * 7919 + i * 104729 + j) % 590 for j in range(length)]
+                                    for i in range(num_seqs)], device=self.device)
+                _sync(self.device)
+                t0 = time.perf_counter()
+                self.model(ids, use_cache=True, logits_to_keep=1,
+                           **{kw: DynamicCache(config=self.model.config)})
+                _sync(self.device)
+                if r:
+                    rates.append(num_seqs * length / (time.perf_counter() - t0))
+        return dict(tok_s=statistics.median(rates), min=min(rates), max=max(rates), steps=1)
 
     def run(self, requests: Requests) -> dict:
         import torch
