@@ -71,18 +71,27 @@ class CharChunkHasher:
             return chained([data.encode()]) if data else []
         return chained(data[i * step:(i + 1) * step].encode() for i in range(len(data) // step))
 
+    def request_hashes(self, body: dict[str, Any]) -> list[int]:
+        return self.hashes(request_text(body))
+
 
 class TokenBlockHasher:
-    """Hashes blocks of `block_size` token ids, as the engine's prefix cache does.
+    """Hashes blocks of `block_size` token ids of what the engine will compute: a chat
+    request rendered with the model's chat template (as the engine's `apply_chat_template`
+    with the generation prompt), a text prompt encoded with the special tokens (BOS), token
+    ids as given. So the router's blocks are the engine's prefix-cache blocks.
 
-    Loads a Hugging Face `tokenizer.json` with the `tokenizers` package, imported here
-    only (the default character mode needs no tokenizer at all).
+    Loads a Hugging Face `tokenizer.json` with the `tokenizers` package and the template
+    (`chat_template.jinja`, or `chat_template` in tokenizer_config.json) with jinja2's
+    sandbox, both imported here only (the default character mode needs neither). Without
+    a template, chat requests hash their messages' text.
     """
 
     def __init__(self, tokenizer_path: str, block_size: int = 16, max_chunks: int = 256) -> None:
         from tokenizers import Tokenizer  # optional mode: imported lazily
 
         path = Path(tokenizer_path)
+        folder = path if path.is_dir() else path.parent
         if path.is_dir():
             path = path / "tokenizer.json"
         if not path.is_file():
@@ -92,15 +101,75 @@ class TokenBlockHasher:
             raise ValueError("--hash-block-size must be >= 1")
         self.tokenizer = Tokenizer.from_file(str(path))
         self.block_size, self.max_chunks = block_size, max_chunks
+        self.template, self.special = _chat_template(folder)
 
-    def hashes(self, text: str) -> list[int]:
-        ids: Sequence[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
+    def hashes(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        return self.block_hashes(self.tokenizer.encode(
+            text, add_special_tokens=add_special_tokens).ids)
+
+    def block_hashes(self, ids: Sequence[int]) -> list[int]:
         ids = ids[: self.block_size * self.max_chunks]
         n = len(ids) // self.block_size
         blocks = [ids[i * self.block_size:(i + 1) * self.block_size] for i in range(n)]
         if not blocks and ids:
             blocks = [ids]
         return chained(b"".join(t.to_bytes(4, "little") for t in block) for block in blocks)
+
+    def request_hashes(self, body: dict[str, Any]) -> list[int]:
+        messages = body.get("messages")
+        if isinstance(messages, list) and self.template is not None:
+            conversation = [{"role": m.get("role", ""), "content": _content_text(m.get("content"))}
+                            for m in messages if isinstance(m, dict)]
+            try:
+                text = self.template.render(messages=conversation, add_generation_prompt=True,
+                                            **self.special)
+            except Exception:  # noqa: BLE001 - the engine will answer 400; route by text
+                return self.hashes(request_text(body))
+            return self.hashes(text)  # the template carries its own special tokens
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+            prompt = prompt[0]  # a batch of id lists: route by the first
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            return self.block_hashes(prompt)
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            return self.hashes(prompt, add_special_tokens=True)
+        return self.hashes(request_text(body))
+
+
+def _chat_template(folder: Path) -> tuple[Any, dict[str, Any]]:
+    """The model's chat template compiled in jinja2's sandbox (as transformers renders it:
+    trim_blocks, lstrip_blocks) and its special-token strings, or (None, {})."""
+    import json
+
+    config: dict[str, Any] = {}
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        pass
+    source = config.get("chat_template")
+    if isinstance(source, list):  # named templates: the default one
+        source = next((t.get("template") for t in source if t.get("name") == "default"), None)
+    jinja_file = folder / "chat_template.jinja"
+    if jinja_file.is_file():
+        source = jinja_file.read_text()
+    if not isinstance(source, str):
+        return None, {}
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise ValueError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    special = {}
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        value = config.get(name)
+        if isinstance(value, dict):
+            value = value.get("content")
+        special[name] = value if isinstance(value, str) else ""
+    return env.from_string(source), special
 
 
 def ring_point(key: str | bytes) -> int:

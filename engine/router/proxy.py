@@ -19,7 +19,6 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from engine.router.hashing import request_text
 from engine.router.metrics import RouterMetrics
 from engine.router.policies import Policy, RouteRequest
 from engine.router.pool import Backend, BackendPool
@@ -76,7 +75,7 @@ class Forwarder:
 
     def route_request(self, body: dict[str, Any], headers: Any) -> RouteRequest:
         session = headers.get("x-session-id") or body.get("user")
-        hashes = self.hasher.hashes(request_text(body)) if self.policy.name == "prefix" else []
+        hashes = self.hasher.request_hashes(body) if self.policy.name == "prefix" else []
         return RouteRequest(hashes=hashes, session=str(session) if session else None)
 
     async def forward(self, request: Request, method: str, path: str, body: bytes,

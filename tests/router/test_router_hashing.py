@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from engine.router.hashing import CharChunkHasher, TokenBlockHasher, request_text
 from engine.router.ring import HashRing
 
@@ -71,6 +73,22 @@ def test_token_block_mode_hashes_whole_blocks_of_token_ids(tmp_path):
     assert hasher.hashes("the   cat sat") [:1] == a[:1]
 
 
+def test_token_mode_text_prompts_get_the_special_tokens_the_engine_adds(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {w: i for i, w in enumerate("[UNK] [BOS] the cat sat on a mat".split())}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="[BOS] $A",
+                                                       special_tokens=[("[BOS]", 1)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    hasher = TokenBlockHasher(str(tmp_path), block_size=2)
+    assert hasher.request_hashes({"prompt": "the cat sat"}) == hasher.block_hashes([1, 2, 3, 4])
+    # no chat template here: chat requests fall back to hashing their text
+    assert hasher.request_hashes({"messages": [{"role": "user", "content": "the cat"}]}) == \
+        hasher.hashes(request_text({"messages": [{"role": "user", "content": "the cat"}]}))
+
+
 def test_ring_moves_only_the_removed_nodes_keys():
     nodes = [f"http://127.0.0.{i}:8000" for i in range(2, 6)]
     ring = HashRing(nodes)
@@ -83,3 +101,32 @@ def test_ring_moves_only_the_removed_nodes_keys():
     moved = [k for k in keys if before[k] != after[k]]
     assert moved and all(before[k] == nodes[-1] for k in moved)
     assert sorted(ring.walk(keys[7])) == sorted(nodes[:-1])  # the walk visits each once
+
+
+@pytest.mark.parametrize("model", ["builtin://default", "builtin://smollm2-135m-instruct"])
+def test_token_mode_hashes_the_blocks_the_engine_computes(model):
+    """Chat requests through the model's chat template (generation prompt on), text prompts
+    with the special tokens, id prompts as given: the same ids transformers' tokenizer gives
+    the engine, so the router's block hashes are the engine's prefix-cache blocks."""
+    from transformers import AutoTokenizer
+
+    from engine.model_loader import resolve_model_path
+
+    path = resolve_model_path(model)
+    hasher = TokenBlockHasher(str(path), block_size=4)
+    engine_tok = AutoTokenizer.from_pretrained(path)
+    messages = [{"role": "system", "content": "You are the support bot of a shoe shop."},
+                {"role": "user", "content": [{"type": "text", "text": "Where is my order?"}]}]
+    flat = [messages[0], {"role": "user", "content": "Where is my order?"}]
+    ids = engine_tok.apply_chat_template(flat, add_generation_prompt=True, tokenize=True,
+                                         return_dict=True)["input_ids"]
+    assert hasher.request_hashes({"messages": messages}) == hasher.block_hashes(list(ids))
+    prompt = "Once upon a time, in a shoe shop far away, there lived"
+    ids = engine_tok.encode(prompt, add_special_tokens=True)
+    assert hasher.request_hashes({"prompt": prompt}) == hasher.block_hashes(ids)
+    assert hasher.request_hashes({"prompt": [5, 6, 7, 8, 9]}) == hasher.block_hashes(
+        [5, 6, 7, 8, 9])
+    # the same system prompt, another question: the leading blocks are shared
+    other = hasher.request_hashes({"messages": [messages[0],
+                                                {"role": "user", "content": "Refund?"}]})
+    assert other[:2] == hasher.request_hashes({"messages": messages})[:2]
