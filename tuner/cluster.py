@@ -6,11 +6,15 @@ Reads the tuning resource and its target PagedInferenceService, then
    infeasible, with the engine's own message), drive the Locust workload at its ready
    address, read figures (PromQL with spec.prometheus.url, else /metrics), delete it.
    `parallelism` trials run at once. A small all-choices space is searched exhaustively.
+   The load is spec.workload or spec.workloadFrom (a trace, or a fit from Prometheus), by
+   spec.loadWorkers Locust processes (tuner.cluster_load).
 2. confirm: the target's current settings (the baseline) and the best candidates
    re-measured interleaved on fresh trial services (tuner.confirm, tuner.stats): gains
    with 95 % intervals and the decision.
-3. apply (tuner.cluster_apply): Manual writes the recommendation; Auto patches the
-   target, verifies and rolls back if the gain did not hold.
+3. apply (tuner.cluster_apply): the capacity of the winning settings when asked for or
+   needed (Auto on an autoscaled target); Manual writes the recommendation; Auto patches
+   the target (and its autoscaler's target), verifies and rolls back if the gain did not
+   hold.
 Status is written after every step. Search results are kept in status.history, so a
 restarted Job (the operator restarts failed ones) resumes the study where it stopped.
 """
@@ -30,17 +34,18 @@ from typing import Any
 
 import optuna
 
-from loadtests.workloads import get_workload
+from tuner import cluster_load
 from tuner import study as st
 from tuner.cluster_apply import apply_decision, arm_goodput
 from tuner.cluster_kube import Cluster, current_namespace, load_client
 from tuner.cluster_spec import BY_KEY, TuningSpec, camel, flags_to_engine, parse_tuning
 from tuner.confirm import Baseline, run_confirmation
-from tuner.loadgen import LoadError, LoadSpec
+from tuner.loadgen import LoadError
 from tuner.promql import PrometheusReader
 from tuner.space import engine_flags, from_engine_spec
 from tuner.sweep import quiet_optuna
 from tuner.trial import Infeasible, measure
+from tuner.workload_source import WorkloadSource
 
 FINAL = ("Succeeded", "Failed")
 
@@ -53,22 +58,16 @@ class Tuning:
     """One run of the loop for one tuning resource."""
 
     def __init__(self, cluster: Cluster, body: dict, spec: TuningSpec, target: dict,
-                 out_dir: Path) -> None:
+                 out_dir: Path, source: WorkloadSource) -> None:
         self.cluster, self.body, self.spec, self.target = cluster, body, spec, target
         self.name = body["metadata"]["name"]
-        self.out_dir = out_dir
+        self.out_dir, self.source = out_dir, source
         self.owner = cluster.owner_ref(body)
         self.status: dict[str, Any] = dict(body.get("status") or {})
         self.target_engine: dict = dict(target["spec"].get("engine") or {})
-        workload = get_workload(spec.workload)
-        overrides = dict(spec.slo)
-        self.slos = {kind: {**limits, **overrides} for kind, limits in workload.slos.items()}
-        self.load = LoadSpec(
-            workload=spec.workload, duration=spec.duration,
-            users=spec.users or (1 if spec.rate else workload.users),
-            arrival="open" if spec.rate else "closed", rate=spec.rate or 1.0, seed=spec.seed,
-            length_scale=spec.length_scale,
-            model_name=(target["spec"].get("model") or {}).get("servedName") or None)
+        self.load, self.slos = cluster_load.load_spec(
+            spec, source, model_name=(target["spec"].get("model") or {}).get("servedName")
+            or None)
         self.prometheus = PrometheusReader(spec.prometheus_url) if spec.prometheus_url else None
 
     def publish(self, **fields: Any) -> None:
@@ -82,7 +81,7 @@ class Tuning:
         try:
             self.cluster.wait_ready(name, timeout=self.spec.startup_timeout)
             url = self.cluster.endpoint_url(name)
-            log(f"{name}: ready at {url}, {self.spec.duration:g} s of {self.spec.workload}")
+            log(f"{name}: ready at {url}, {self.spec.duration:g} s of {self.load.workload}")
             return measure(url, dataclasses.replace(self.load, seed=seed), self.slos,
                            workdir=workdir, warmup_requests=self.spec.warmup_requests,
                            prometheus=self.prometheus, progress_interval=0.5,
@@ -124,7 +123,8 @@ class Tuning:
                     for key, value in figures.items():
                         trial.set_user_attr(key, value)
                     entry.update(goodput=round(figures["goodput"], 4),
-                                 ttftP99=round(figures.get("ttft_p99", 0.0), 4))
+                                 ttftP99=round(figures.get("ttft_p99", 0.0), 4),
+                                 requests=int(figures.get("requests", 0)))
                     study.tell(trial, figures["goodput"])
                 elif reason.startswith("infeasible: "):
                     trial.set_user_attr("infeasible", reason[12:])
@@ -191,6 +191,7 @@ class Tuning:
                               study_name=f"{self.cluster.ns}-{self.name}", objective="goodput",
                               seed=self.spec.seed,
                               n_startup_trials=min(10, max(2, self.spec.trials // 3)))
+        self.publish(workload=cluster_load.describe(self.spec, self.source))
         self.search(study)
         record = self.confirm(study)
         base = record["arms"][0]
@@ -199,7 +200,12 @@ class Tuning:
                                     "goodputs": [round(g, 4) for g in a["goodput"]],
                                     "failed": [f for f in a["failed"] if f]}
                                    for a in record["arms"]])
-        apply_decision(self, record)
+        apply_decision(self, record, capacity=self.capacity if cluster_load.wants_capacity(
+            self.spec, self.target) else None)
+
+    def capacity(self, engine: dict, start: float) -> dict:
+        self.publish(phase="MeasuringCapacity")
+        return cluster_load.measure_capacity(self, engine, start=start)
 
 
 def best_of(history: list[dict]) -> dict | None:
@@ -267,12 +273,13 @@ def main(argv: list[str] | None = None) -> int:
                              f"in namespace {cluster.ns}")
         if target["spec"].get("apiKeySecretRef"):   # the load sends it (loadtests.common)
             os.environ["PAGED_API_KEY"] = api_key(target["spec"]["apiKeySecretRef"])
+        out_dir = Path(args.out_dir) / args.name
+        out_dir.mkdir(parents=True, exist_ok=True)
+        source = cluster_load.workload_source(spec, namespace=cluster.ns, out_dir=out_dir)
     except ValueError as exc:   # a spec to fix: no retry would help, the Job succeeds
         cluster.write_status({"phase": "Failed", "decision": {"reason": str(exc)}})
         log(str(exc))
         return 0
-    out_dir = Path(args.out_dir) / args.name
-    out_dir.mkdir(parents=True, exist_ok=True)
 
     def stop(*_: Any) -> None:
         # The Job is being deleted (or the tuning suspended): the workers stop their load
@@ -282,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     try:
-        Tuning(cluster, body, spec, target, out_dir).run(
+        Tuning(cluster, body, spec, target, out_dir, source).run(
             args.storage or os.environ.get("TUNER_STORAGE_URL") or None)
     finally:
         if cluster.stopping.is_set():

@@ -4,12 +4,18 @@
   patch (`patch.yaml`, a `kubectl patch` line): for GitOps users the patch goes to their
   repository; an in-cluster edit would be reverted by Argo CD or Flux.
 - Manual: nothing else (APPLIED = Manual when there is a winner).
+- Capacity (when asked for, or for Auto on an autoscaled target): the highest load per
+  replica with the winning settings within the SLOs (tuner.cluster_load), in
+  status.capacity; with the target's spec.autoscaling, the autoscaler's target it implies
+  joins the patch (`spec.autoscaling.target`).
 - Auto: when the winner's lower bound exceeds spec.apply.minGain, the target's spec.engine
-  is patched, its previous settings and the tuning resource recorded in annotations; the
-  rollout is awaited; a short load (spec.trialDuration) on the live service verifies the
-  gain: its goodput must exceed the baseline's goodput measured in the confirmation (both
-  floored at half a request per load window, as the confirmation does), else the previous
-  settings are patched back (APPLIED = RolledBack).
+  (and spec.autoscaling.target, from the capacity) is patched, the previous values of what
+  the patch changes recorded in one annotation ({"engine": ..., "autoscaling": {"target":
+  ...}}) and the tuning resource in another; the rollout is awaited; a short load
+  (spec.trialDuration) on the live service verifies the gain: its goodput must exceed the
+  baseline's goodput measured in the confirmation (both floored at half a request per load
+  window, as the confirmation does), else the previous values are patched back, all
+  together (APPLIED = RolledBack).
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ import dataclasses
 import json
 import math
 import statistics
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
@@ -49,7 +55,10 @@ def _gain_text(gain: dict) -> str:
     return f"{gain['ratio']:.2f}x [{gain['low']:.2f}, {gain['high']:.2f}]"
 
 
-def apply_decision(run: "Tuning", record: dict) -> None:
+def apply_decision(run: "Tuning", record: dict, *,
+                   capacity: Callable[..., dict] | None = None) -> None:
+    """`capacity(engine, start=rate)`: status.capacity of `engine` (spec.engine keys) from
+    a search starting at `rate` req/s; None: no capacity search."""
     decision = dict(record["decision"])
     arms = {a["label"]: a for a in record["arms"]}
     gains = {k: g for k, g in (record.get("gains") or {}).items() if g}
@@ -72,35 +81,56 @@ def apply_decision(run: "Tuning", record: dict) -> None:
             fields["gain"] = {"ratio": round(gain["ratio"], 4), "low": round(gain["low"], 4),
                               "high": round(gain["high"], 4), "rounds": gain["rounds"],
                               "text": _gain_text(gain)}
+    floor = 0.5 / run.spec.duration   # as the confirmation floors a goodput of 0
     if decision["winner"] is None:
+        if capacity is not None and run.spec.capacity is not None:   # the current settings'
+            fields["capacity"] = capacity(
+                {}, start=max(arm_goodput(arms["baseline"])["goodput"], floor))
         run.publish(**fields, phase="Succeeded", applied="No")
         return
     engine = camel(arms[label]["params"])
     target = run.spec.target
-    patch = {"spec": {"engine": engine}}
-    run.cluster.put_config_map(f"{run.name}-recommendation", {
-        "patch.yaml": yaml.safe_dump(patch, sort_keys=True),
-        "kubectl": f"kubectl patch pis {target} --type=merge -p '{json.dumps(patch)}'",
-        "decision": decision["reason"]}, run.owner)
+    patch: dict[str, Any] = {"spec": {"engine": engine}}
+    if capacity is not None:
+        fields["capacity"] = capacity(
+            engine, start=max(arm_goodput(arms[label])["goodput"], floor))
+        autoscaler = (fields["capacity"].get("autoscaling") or {}).get("target")
+        if autoscaler is not None:
+            patch["spec"]["autoscaling"] = {"target": autoscaler}
+    data = {"patch.yaml": yaml.safe_dump(patch, sort_keys=True),
+            "kubectl": f"kubectl patch pis {target} --type=merge -p '{json.dumps(patch)}'",
+            "decision": decision["reason"]}
+    if run.source.document:
+        data["workload.md"] = run.source.document
+    run.cluster.put_config_map(f"{run.name}-recommendation", data, run.owner)
     fields["recommendation"] = {"configMap": f"{run.name}-recommendation", "patch": patch}
     if run.spec.mode == "Manual":
         run.publish(**fields, phase="Succeeded", applied="Manual")
         return
     run.publish(**fields, phase="Applying")
-    _apply_and_verify(run, engine, arm_goodput(arms["baseline"])["goodput"])
+    _apply_and_verify(run, patch["spec"], arm_goodput(arms["baseline"])["goodput"])
 
 
-def _apply_and_verify(run: "Tuning", engine: dict, baseline_goodput: float) -> None:
+def _apply_and_verify(run: "Tuning", wanted: dict, baseline_goodput: float) -> None:
+    """`wanted`: {"engine": ..., "autoscaling": {"target": ...}?} to merge into the spec."""
     cluster, target = run.cluster, run.spec.target
     live = cluster.get_service(target)
     previous = dict(live["spec"].get("engine") or {})
-    new = {**previous, **engine}
+    new = {**previous, **wanted["engine"]}
+    changes: dict[str, Any] = {"engine": new}
+    before: dict[str, Any] = {"engine": previous}
+    autoscaling = live["spec"].get("autoscaling")
+    if "autoscaling" in wanted and autoscaling:
+        changes["autoscaling"] = wanted["autoscaling"]
+        before["autoscaling"] = {"target": autoscaling.get("target")}   # None: the default
     patched = cluster.patch_service(target, {
-        "metadata": {"annotations": {PREVIOUS: json.dumps(previous, sort_keys=True),
+        "metadata": {"annotations": {PREVIOUS: json.dumps(before, sort_keys=True),
                                      APPLIED_BY: run.name}},
-        "spec": {"engine": new}})
+        "spec": changes})
+    extra = {"appliedAutoscaling": changes["autoscaling"],
+             "previousAutoscaling": before["autoscaling"]} if "autoscaling" in changes else {}
     run.publish(phase="Verifying", applied="Yes",
-                appliedEngine=new, previousEngine=previous)
+                appliedEngine=new, previousEngine=previous, **extra)
     try:
         cluster.wait_ready(target, timeout=run.spec.startup_timeout,
                            generation=patched["metadata"]["generation"])
@@ -122,10 +152,12 @@ def _apply_and_verify(run: "Tuning", engine: dict, baseline_goodput: float) -> N
         return
     run.publish(phase="RollingBack", verification=verification)
     # merge patch: keys the candidate added and the previous settings lacked are removed
-    restore = {key: previous.get(key) for key in {**new, **previous}}
+    restore: dict[str, Any] = {"engine": {key: previous.get(key) for key in {**new, **previous}}}
+    if "autoscaling" in before:   # a target that was not set goes back to the default
+        restore["autoscaling"] = before["autoscaling"]
     rolled = cluster.patch_service(target, {
         "metadata": {"annotations": {PREVIOUS: None, APPLIED_BY: None}},
-        "spec": {"engine": restore}})
+        "spec": restore})
     try:
         cluster.wait_ready(target, timeout=run.spec.startup_timeout,
                            generation=rolled["metadata"]["generation"])

@@ -4,6 +4,11 @@ Names follow the CRD (camelCase); `searchSpace` keys are `spec.engine`'s keys, m
 the tuner's settings through the one table of engine settings (tuner.space.SETTINGS), so
 the CRD, the tuner and the engine agree. A value is a list of choices or a range
 `{min, max, log, step}`. Errors are ValueErrors naming the field to change.
+
+The load: `workload` (a named synthetic workload) or `workloadFrom` (a trace in a
+ConfigMap or at a URL, or a workload fitted from the target's Prometheus histograms), not
+both; `loadWorkers` Locust processes share it (distributed mode); `capacity` asks for the
+highest load per replica within the SLOs with the winning settings.
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadtests.workloads import WORKLOAD_NAMES
+from tuner.histogram_workload import parse_window
 from tuner.space import SETTINGS, Param, SpaceError, parse_param
 
 GROUP = "serving.pagedinference.dev"
@@ -22,6 +28,23 @@ MODES = ("Manual", "Auto")
 BY_KEY = {key: name for name, (_, key, _) in SETTINGS.items()}
 # PagedInferenceService names are at most 52 characters; trial names add "-c9-baseline"
 MAX_NAME = 38
+
+
+@dataclass(frozen=True)
+class WorkloadFrom:
+    """spec.workloadFrom: `trace` (config_map (name, key) or url) or `prometheus`."""
+    kind: str                                # "trace" | "prometheus"
+    config_map: tuple[str, str] | None = None
+    url: str | None = None
+    window: str = "24h"                      # prometheus: the window to fit over
+    selector: str | None = None              # prometheus: label matchers; None: the target's
+
+
+@dataclass(frozen=True)
+class CapacitySpec:
+    """spec.capacity: the rate search on the winning settings (tuner.capacity)."""
+    max_probes: int = 6
+    attainment: float = 0.9
 
 
 @dataclass(frozen=True)
@@ -44,6 +67,9 @@ class TuningSpec:
     min_gain: float = 1.0
     startup_timeout: float = 600.0
     seed: int = 0
+    workload_from: WorkloadFrom | None = None
+    load_workers: int = 1
+    capacity: CapacitySpec | None = None     # None: only for Auto on an autoscaled target
 
 
 def parse_duration(value: Any, field: str) -> float:
@@ -100,11 +126,52 @@ def search_space(space: Any) -> tuple[Param, ...]:
     return tuple(out)
 
 
+def workload_from(spec: dict[str, Any]) -> WorkloadFrom | None:
+    """spec.workloadFrom, checked against spec.workload and spec.prometheus.url."""
+    given = spec.get("workloadFrom")
+    if given is None:
+        return None
+    if spec.get("workload") is not None:
+        raise ValueError("spec.workload and spec.workloadFrom: give one (a named workload, or "
+                         "where to take the workload from), not both")
+    if not isinstance(given, dict) or len({"trace", "prometheus"} & set(given)) != 1 \
+            or set(given) - {"trace", "prometheus"}:
+        raise ValueError("spec.workloadFrom: give exactly one of trace: {configMapRef: "
+                         "{name, key}} or {url}, or prometheus: {window}")
+    if "prometheus" in given:
+        prom = given["prometheus"] or {}
+        if not (spec.get("prometheus") or {}).get("url"):
+            raise ValueError("spec.workloadFrom.prometheus needs spec.prometheus.url: the "
+                             "Prometheus that scrapes the target's engines")
+        window = str(prom.get("window") or "24h")
+        try:
+            parse_window(window)
+        except ValueError:
+            raise ValueError(f"spec.workloadFrom.prometheus.window: {window!r} is not a "
+                             "duration such as 30m, 24h or 7d") from None
+        return WorkloadFrom("prometheus", window=window.strip(),
+                            selector=prom.get("selector") or None)
+    trace = given["trace"] or {}
+    ref, url = trace.get("configMapRef"), trace.get("url")
+    if (ref is None) == (url is None):
+        raise ValueError("spec.workloadFrom.trace: give configMapRef: {name, key} or url, "
+                         "one of them")
+    if url is not None:
+        if not re.match(r"^https?://", str(url)):
+            raise ValueError(f"spec.workloadFrom.trace.url: {url!r} is not an http(s) URL")
+        return WorkloadFrom("trace", url=str(url))
+    if not isinstance(ref, dict) or not ref.get("name"):
+        raise ValueError("spec.workloadFrom.trace.configMapRef.name: name the ConfigMap "
+                         "holding the trace")
+    return WorkloadFrom("trace", config_map=(ref["name"], ref.get("key") or "trace.jsonl"))
+
+
 def parse_tuning(spec: dict[str, Any]) -> TuningSpec:
     target = (spec.get("targetRef") or {}).get("name")
     if not target:
         raise ValueError("spec.targetRef.name: name the PagedInferenceService to tune")
-    workload = spec.get("workload", "chat")
+    source = workload_from(spec)
+    workload = spec.get("workload") or "chat"
     if workload not in WORKLOAD_NAMES:
         raise ValueError(f"spec.workload: {workload!r} is not one of {', '.join(WORKLOAD_NAMES)}")
     slo = []
@@ -120,6 +187,15 @@ def parse_tuning(spec: dict[str, Any]) -> TuningSpec:
     rounds = _number(confirm, "rounds", int, 3, low=2)
     if spec.get("users") is not None and spec.get("rate") is not None:
         raise ValueError("spec.users and spec.rate: give one (closed or open loop), not both")
+    capacity = spec.get("capacity")
+    if capacity is not None:
+        if not isinstance(capacity, dict):
+            raise ValueError("spec.capacity: expected {maxProbes, attainment}")
+        attainment = _number(capacity, "attainment", float, 0.9, low=1e-6)
+        if attainment > 1:
+            raise ValueError(f"spec.capacity.attainment is a share in (0, 1], got {attainment}")
+        capacity = CapacitySpec(max_probes=_number(capacity, "maxProbes", int, 6, low=1),
+                                attainment=attainment)
     return TuningSpec(
         target=target, workload=workload, space=search_space(spec.get("searchSpace")),
         trials=_number(spec, "trials", int, 24, low=1),
@@ -133,7 +209,8 @@ def parse_tuning(spec: dict[str, Any]) -> TuningSpec:
         prometheus_url=(spec.get("prometheus") or {}).get("url") or None,
         mode=mode, min_gain=_number(apply, "minGain", float, 1.0, low=0),
         startup_timeout=parse_duration(spec.get("startupTimeout", "600s"), "startupTimeout"),
-        seed=_number(spec, "seed", int, 0, low=0))
+        seed=_number(spec, "seed", int, 0, low=0), workload_from=source,
+        load_workers=_number(spec, "loadWorkers", int, 1, low=1), capacity=capacity)
 
 
 def camel(settings: dict[str, Any]) -> dict[str, Any]:

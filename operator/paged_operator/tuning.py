@@ -2,7 +2,10 @@
 
 - create/update/resume: unless suspended or finished, make the Job's ServiceAccount, Role,
   RoleBinding and the Job (tuning_manifests), owned by the tuning resource; phase Pending
-  until the Job writes its own.
+  until the Job writes its own. A spec no Job could run (spec.workload and
+  spec.workloadFrom both, workloadFrom.prometheus without spec.prometheus.url, ...) makes
+  no Job: phase Failed and the condition SpecValid False naming the field; fixing the spec
+  makes the Job then.
 - spec.suspend: delete the Job (its pod is stopped: the tuner deletes its trial service)
   and every trial service of the tuning; phase Suspended. Unsuspending makes a new Job,
   which resumes from status.history.
@@ -13,6 +16,7 @@
 """
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import kopf
@@ -48,6 +52,22 @@ async def _status(api: KubeApi, namespace: str, name: str, fields: dict[str, Any
     await api.patch(TUNING, namespace, name, {"status": fields}, subresource="status")
 
 
+def _spec_valid(error: str | None) -> list[dict[str, Any]]:
+    return [{"type": "SpecValid", "status": "False" if error else "True",
+             "reason": "InvalidSpec" if error else "Valid", "message": error or "",
+             "lastTransitionTime": _now()}]
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _refused(status: dict[str, Any]) -> bool:
+    """Failed by the operator for its spec (not by a run): a fixed spec may start."""
+    return any(c.get("type") == "SpecValid" and c.get("status") == "False"
+               for c in status.get("conditions") or [])
+
+
 async def _stop(api: KubeApi, namespace: str, name: str) -> None:
     """Delete the Job with its pod (Background: the pod is not orphaned) and the trials."""
     batch = api._api("BatchV1Api")
@@ -64,14 +84,20 @@ async def reconcile_tuning(body: kopf.Body, memo: Any, logger: kopf.Logger, **_:
     api, _, config = _shared(memo)
     meta, spec = body["metadata"], body.get("spec") or {}
     namespace, name = meta["namespace"], meta["name"]
-    phase = (body.get("status") or {}).get("phase")
+    status = body.get("status") or {}
+    phase = status.get("phase")
     if spec.get("suspend"):
         await _stop(api, namespace, name)
         if phase not in FINAL:
             await _status(api, namespace, name, {"phase": "Suspended"})
         return
-    if phase in FINAL:
+    if phase in FINAL and not _refused(status):
         return  # the Job and its pod stay as the record of the run
+    error = tm.spec_error(spec)
+    if error:
+        await _status(api, namespace, name, {"phase": "Failed", "conditions": _spec_valid(error),
+                                             "decision": {"reason": error}})
+        raise kopf.PermanentError(error)
     if len(name) > 38:
         await _status(api, namespace, name, {"phase": "Failed", "decision": {
             "reason": "metadata.name must be at most 38 characters (trial services add "
@@ -90,8 +116,9 @@ async def reconcile_tuning(body: kopf.Body, memo: Any, logger: kopf.Logger, **_:
                 # the Job of a suspension is still going away: make the new one after it
                 raise kopf.TemporaryError(f"{child['kind']} {child['metadata']['name']} "
                                           "is being deleted", delay=2)
-    if phase in (None, "", "Suspended"):
-        await _status(api, namespace, name, {"phase": "Pending", "job": tm.tuner_name(name)})
+    if phase in (None, "", "Suspended") or _refused(status):
+        await _status(api, namespace, name, {"phase": "Pending", "job": tm.tuner_name(name),
+                                             "conditions": _spec_valid(None), "decision": None})
     logger.info(f"tuner Job {tm.tuner_name(name)} in place")
 
 

@@ -7,6 +7,9 @@
   backoffLimit, so a failed pod is replaced and the new one resumes from status.history.
   A target with spec.apiKeySecretRef has the same Secret key mounted as a file (as the
   engine has it; no Role rule on Secrets), named by $TUNER_API_KEY_FILE: the load sends it.
+  spec.workloadFrom.trace.configMapRef is mounted the same way ($TUNER_TRACE_FILE; no Role
+  rule on ConfigMaps beyond writing the recommendation); a trace URL the tuner fetches.
+  spec.loadWorkers Locust worker processes run in the Job's pod: one CPU each is requested.
 All are owned by the tuning resource: deleting it deletes them (and its trial services).
 """
 from __future__ import annotations
@@ -21,6 +24,32 @@ TUNING_KIND = "PagedInferenceTuning"
 TUNING_PLURAL = "pagedinferencetunings"
 MANAGED_BY = "paged-inference-operator"
 BACKOFF_LIMIT = 3
+TRACE_DIR = "/etc/paged-inference/trace"
+TRACE_FILE = f"{TRACE_DIR}/trace.jsonl"
+
+
+def spec_error(spec: dict[str, Any]) -> str | None:
+    """What makes the spec unrunnable before any Job starts (the CRD's CEL rules say the
+    same where the API server evaluates them); the message names the field to change."""
+    source = spec.get("workloadFrom")
+    if source is None:
+        return None
+    if spec.get("workload") is not None:
+        return ("spec.workload and spec.workloadFrom: give one (a named workload, or where "
+                "to take the workload from), not both")
+    if not isinstance(source, dict) or len({"trace", "prometheus"} & set(source)) != 1:
+        return "spec.workloadFrom: give exactly one of trace or prometheus"
+    if "prometheus" in source and not (spec.get("prometheus") or {}).get("url"):
+        return ("spec.workloadFrom.prometheus needs spec.prometheus.url: the Prometheus that "
+                "scrapes the target's engines")
+    trace = source.get("trace")
+    if trace is not None and (not isinstance(trace, dict) or
+                              ("configMapRef" in trace) == ("url" in trace)):
+        return "spec.workloadFrom.trace: give configMapRef: {name, key} or url, one of them"
+    if trace is not None and "configMapRef" in trace and \
+            not (trace["configMapRef"] or {}).get("name"):
+        return "spec.workloadFrom.trace.configMapRef.name: name the ConfigMap holding the trace"
+    return None
 
 
 def tuner_name(name: str) -> str:
@@ -92,13 +121,25 @@ def job(name: str, namespace: str, spec: dict[str, Any], *, image: str,
             "items": [{"key": api_key.get("key") or "api-key", "path": "api-key"}]}})
         mounts.append({"name": "api-key", "mountPath": SECRET_DIR, "readOnly": True})
         env.append({"name": "TUNER_API_KEY_FILE", "value": API_KEY_FILE})
+    trace_ref = (((spec.get("workloadFrom") or {}).get("trace") or {}).get("configMapRef")
+                 or None)
+    if trace_ref:
+        # optional, as the key: a missing ConfigMap fails the tuning with its name
+        volumes.append({"name": "trace", "configMap": {
+            "name": trace_ref["name"], "optional": True,
+            "items": [{"key": trace_ref.get("key") or "trace.jsonl", "path": "trace.jsonl"}]}})
+        mounts.append({"name": "trace", "mountPath": TRACE_DIR, "readOnly": True})
+        env.append({"name": "TUNER_TRACE_FILE", "value": TRACE_FILE})
+    workers = int(spec.get("loadWorkers") or 1)
     container = {
         "name": "tuner", "image": spec.get("image") or image,
         "command": ["python", "-m", "tuner", "tune", "--cluster", "--name", name,
                     "--out-dir", "/tmp/tuner-out"],
         "env": env,
-        "resources": {"requests": {"cpu": "1", "memory": "512Mi"},
-                      "limits": {"memory": "2Gi"}},
+        # the tuner and the Locust master, plus one CPU per Locust worker process
+        "resources": {"requests": {"cpu": str(1 + workers if workers > 1 else 1),
+                                   "memory": f"{512 + 256 * (workers - 1)}Mi"},
+                      "limits": {"memory": f"{2048 + 512 * (workers - 1)}Mi"}},
         "securityContext": copy.deepcopy(CONTAINER_SECURITY),
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": mounts,

@@ -7,15 +7,21 @@ PYTHONPATH, and trials copy the target's spec): with maxNumSeqs 4 its inter-toke
 5 ms, else 200 ms, over the 100 ms SLO (goodput 0: the gain over the target's maxNumSeqs 16
 is large whatever the machine's load); blockSize 8 "runs out of memory" at start;
 FAKE_ENGINE_SLOW_HOSTS makes the live service's own pods 50x slower (a gain that does not
-hold after the apply).
+hold after the apply); at most maxNumSeqs requests stream at once, the rest wait (the
+queueDepth the autoscaler reads); FAKE_ENGINE_REQUEST_LOG makes every pod log the requests
+it receives (the served side of a replayed trace).
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
@@ -26,32 +32,43 @@ pytestmark = pytest.mark.xdist_group("local_cluster_tuning")
 
 FAKE_ENGINE = ROOT / "tests" / "local_cluster" / "fake_engine_pkg"
 TUNING = "serving.pagedinference.dev/tuning"
+PREVIOUS = "serving.pagedinference.dev/previous-engine"
+AUTOSCALING = {"maxReplicas": 2, "target": "50"}   # queueDepth 50: far above any capacity's
 
 
-def service(name: str, *, slow_hosts: str = "") -> dict:
+def service(name: str, *, slow_hosts: str = "", request_log: str = "",
+            autoscaling: dict | None = None) -> dict:
     env = [{"name": "PYTHONPATH", "value": str(FAKE_ENGINE)},
            {"name": "FAKE_ENGINE_ITL", "value": json.dumps({"4": 0.005, "*": 0.2})}]
     if slow_hosts:
         env.append({"name": "FAKE_ENGINE_SLOW_HOSTS", "value": slow_hosts})
-    return {"apiVersion": "serving.pagedinference.dev/v1alpha1",
+    if request_log:
+        env.append({"name": "FAKE_ENGINE_REQUEST_LOG", "value": request_log})
+    body = {"apiVersion": "serving.pagedinference.dev/v1alpha1",
             "kind": "PagedInferenceService", "metadata": {"name": name},
             "spec": {"model": {"uri": "builtin://default", "servedName": "fake"},
                      "replicas": 1, "engine": {"blockSize": 16, "maxNumSeqs": 16},
                      "resources": {"gpus": 0, "cpu": "1", "memory": "1Gi",
                                    "sharedMemory": "64Mi"},
                      "rollout": {"startupTimeoutSeconds": 60}, "env": env}}
+    if autoscaling:
+        body["spec"]["autoscaling"] = autoscaling
+    return body
 
 
 def tuning(name: str, target: str, *, space: dict, trials: int, mode: str = "Manual",
-           min_gain: float = 1.1, duration: str = "3s", parallelism: int = 1) -> dict:
+           min_gain: float = 1.1, duration: str = "3s", parallelism: int = 1,
+           **extra) -> dict:
+    """`extra`: more spec fields; a value None removes the field."""
+    spec = {"targetRef": {"name": target}, "workload": "chat", "trials": trials,
+            "parallelism": parallelism, "trialDuration": duration, "users": 2,
+            "lengthScale": 0.25, "warmupRequests": 1,
+            "slo": {"ttftSeconds": 1.0, "itlSeconds": 0.1},
+            "searchSpace": space, "confirm": {"rounds": 2},
+            "startupTimeout": "60s", "apply": {"mode": mode, "minGain": min_gain}, **extra}
     return {"apiVersion": "serving.pagedinference.dev/v1alpha1",
             "kind": "PagedInferenceTuning", "metadata": {"name": name},
-            "spec": {"targetRef": {"name": target}, "workload": "chat", "trials": trials,
-                     "parallelism": parallelism, "trialDuration": duration, "users": 2,
-                     "lengthScale": 0.25, "warmupRequests": 1,
-                     "slo": {"ttftSeconds": 1.0, "itlSeconds": 0.1},
-                     "searchSpace": space, "confirm": {"rounds": 2},
-                     "startupTimeout": "60s", "apply": {"mode": mode, "minGain": min_gain}}}
+            "spec": {k: v for k, v in spec.items() if v is not None}}
 
 
 def apply(cluster: LocalCluster, *docs: dict) -> None:
@@ -77,9 +94,16 @@ def engine_of(cluster: LocalCluster, name: str) -> dict:
     return cluster.json("get", "pis", name)["spec"]["engine"]
 
 
+def hpa_target(cluster: LocalCluster, name: str) -> str | None:
+    found = cluster.kubectl("get", "hpa", name, "-o", "json", check=False)
+    if found.returncode != 0:
+        return None
+    return json.loads(found.stdout)["spec"]["metrics"][0]["pods"]["target"]["averageValue"]
+
+
 @pytest.fixture(scope="module")
 def target(local_cluster: LocalCluster) -> LocalCluster:
-    apply(local_cluster, service("chat"))
+    apply(local_cluster, service("chat", autoscaling=AUTOSCALING))
     local_cluster.kubectl("wait", "pis/chat", "--for=condition=Ready", "--timeout=90s",
                           timeout=100)
     return local_cluster
@@ -122,12 +146,17 @@ def test_manual_tuning_searches_confirms_and_recommends(target: LocalCluster) ->
 def test_unreachable_min_gain_changes_nothing_and_a_gain_that_does_not_hold_rolls_back(
         target: LocalCluster) -> None:
     """Two tunings at once, on two services (one Job each)."""
-    apply(target, service("slow", slow_hosts="slow-"))
+    apply(target, service("slow", slow_hosts="slow-", autoscaling=AUTOSCALING))
     target.kubectl("wait", "pis/slow", "--for=condition=Ready", "--timeout=90s", timeout=100)
     apply(target, tuning("unreachable", "chat", trials=1, mode="Auto", min_gain=1000,
                          space={"maxNumSeqs": [4]}),
           tuning("regress", "slow", trials=1, mode="Auto", min_gain=1.2,
-                 space={"maxNumSeqs": [4]}))
+                 space={"maxNumSeqs": [4]}, capacity={"maxProbes": 2}))
+    # regress: the apply sets the autoscaler's target from the capacity, with the engine
+    # settings; the verification fails on the slow pods and both are rolled back
+    applied = target.wait_for(lambda: (t := hpa_target(target, "slow")) != "50" and t, 150,
+                              "the autoscaler's target applied on slow")
+    assert target.json("get", "pis", "slow")["spec"]["autoscaling"]["target"] == applied
     status = finished(target, "unreachable")["status"]
     assert status["applied"] == "No" and status["decision"].get("winner") is None
     assert "minGain 1000" in status["decision"]["reason"]
@@ -138,25 +167,38 @@ def test_unreachable_min_gain_changes_nothing_and_a_gain_that_does_not_hold_roll
     assert status["applied"] == "RolledBack", status
     assert status["verification"]["held"] is False
     assert "rolled back" in status["decision"]["reason"]
+    assert status["capacity"]["autoscaling"]["target"] == applied
+    assert status["appliedAutoscaling"] == {"target": applied}
     live = target.json("get", "pis", "slow")
     assert live["spec"]["engine"] == {"blockSize": 16, "maxNumSeqs": 16}
-    assert "serving.pagedinference.dev/previous-engine" not in \
-        (live["metadata"].get("annotations") or {})
+    assert live["spec"]["autoscaling"] == AUTOSCALING
+    assert PREVIOUS not in (live["metadata"].get("annotations") or {})
+    target.wait_for(lambda: hpa_target(target, "slow") == "50", 30, "the HPA restored")
     target.kubectl("delete", "pis", "slow", "--wait=false")
 
 
 def test_auto_applies_the_winner_and_rolls_the_pods(target: LocalCluster) -> None:
     before = {p["metadata"]["name"] for p in target.pods("app.kubernetes.io/instance=chat")}
     apply(target, tuning("auto", "chat", trials=1, mode="Auto", min_gain=1.2,
-                         space={"maxNumSeqs": [4]}))
+                         space={"maxNumSeqs": [4]}, capacity={"maxProbes": 2}))
     status = finished(target, "auto")["status"]
     assert status["applied"] == "Yes", status
     assert status["verification"]["held"] is True
+    # capacity: open-loop probes on one replica with the winning settings, and the
+    # autoscaler's queueDepth target they imply, applied with the engine settings
+    capacity = status["capacity"]
+    assert capacity["engine"] == {"blockSize": 16, "maxNumSeqs": 4}
+    assert capacity["ratePerReplica"] > 0 and 1 <= len(capacity["probes"]) <= 2
+    goal = capacity["autoscaling"]["target"]
+    assert capacity["autoscaling"]["metric"] == "queueDepth" and float(goal) > 0
     live = target.json("get", "pis", "chat")
     assert live["spec"]["engine"] == {"blockSize": 16, "maxNumSeqs": 4}
+    assert live["spec"]["autoscaling"] == {**AUTOSCALING, "target": goal}
+    assert status["recommendation"]["patch"]["spec"]["autoscaling"] == {"target": goal}
+    target.wait_for(lambda: hpa_target(target, "chat") == goal, 30, "the HPA's new target")
     notes = live["metadata"]["annotations"]
-    assert json.loads(notes["serving.pagedinference.dev/previous-engine"]) == {
-        "blockSize": 16, "maxNumSeqs": 16}
+    assert json.loads(notes[PREVIOUS]) == {"engine": {"blockSize": 16, "maxNumSeqs": 16},
+                                           "autoscaling": {"target": "50"}}
     assert notes["serving.pagedinference.dev/applied-by"] == "auto"
     now = {p["metadata"]["name"] for p in target.pods("app.kubernetes.io/instance=chat")
            if not p["metadata"].get("deletionTimestamp")}
@@ -239,3 +281,106 @@ def test_a_target_with_an_api_key_is_loaded_with_its_key(target: LocalCluster) -
     assert "'absent-key'" in failed["decision"]["reason"]
     assert "missing or empty" in failed["decision"]["reason"]
     target.kubectl("delete", "pis", "keyed", "nokey", "--wait=false")
+
+
+@pytest.fixture
+def request_logs() -> Iterator[Path]:
+    """Where the fake engines log the requests they receive: outside /tmp, which the
+    local kubelet maps to each pod's own emptyDir."""
+    path = Path(tempfile.mkdtemp(prefix="paged-tuning-requests-", dir="/dev/shm"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def served(logs: Path, prefix: str) -> dict[str, list[dict]]:
+    """Per pod whose name starts with `prefix`: the load's requests it received (the
+    warm-up's text prompts left out)."""
+    out = {}
+    for path in sorted(logs.glob(f"{prefix}*.jsonl")):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        out[path.stem] = [r for r in lines if isinstance(r["prompt"], list)]
+    return {pod: reqs for pod, reqs in out.items() if reqs}
+
+
+def test_a_trace_in_a_config_map_replays_on_two_load_workers(
+        target: LocalCluster, request_logs: Path) -> None:
+    """spec.workloadFrom.trace.configMapRef, mounted into the Job; spec.loadWorkers 2:
+    Locust's master and two worker processes, whose samples merge into one set."""
+    trace = [{"timestamp": round(0.3 * i, 2), "prompt_tokens": 24, "output_tokens": 3 + i,
+              "prefix_group": "sys-a" if i % 3 else "sys-b", "prefix_tokens": 16}
+             for i in range(10)]   # output_tokens name the request in the engine's log
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "replay-trace"},
+                  "data": {"requests.jsonl": "".join(json.dumps(r) + "\n" for r in trace)}}
+    apply(target, config_map, service("replay", request_log=str(request_logs)))
+    target.kubectl("wait", "pis/replay", "--for=condition=Ready", "--timeout=90s", timeout=100)
+    apply(target, tuning("replay", "replay", trials=1, space={"maxNumSeqs": [4]},
+                         duration="5s", workload=None, users=None, lengthScale=None,
+                         loadWorkers=2, workloadFrom={"trace": {"configMapRef": {
+                             "name": "replay-trace", "key": "requests.jsonl"}}}))
+    status = finished(target, "replay")["status"]
+    workload = status["workload"]
+    assert workload["source"] == "workloadFrom.trace" and workload["loadWorkers"] == 2
+    assert "prefix groups: 2 holding 10 of 10 requests" in workload["document"]
+    assert "the ConfigMap 'replay-trace'" in workload["document"]
+    # one merged sample set per measurement, as many samples as the engine served
+    assert status["history"][0]["requests"] == len(trace)
+    pods = served(request_logs, "replay-")
+    assert len(pods) == 5, pods.keys()   # the search trial, 2 rounds x (baseline, C1)
+    (search_pod,) = [p for p in pods if p.startswith("replay-t0-")]
+    for pod, requests in pods.items():
+        assert len(requests) == len(trace), pod
+        # the prefix groups: one shared opening per group, two groups
+        openings = {r["max_tokens"] - 3: tuple(r["prompt"]) for r in requests}
+        assert len(set(openings.values())) == 2
+        assert {openings[i] for i in range(10) if i % 3} != {openings[0]}
+        # arrival order and times: the trace's, within the two workers' start skew
+        requests.sort(key=lambda r: r["t"])
+        assert [r["max_tokens"] - 3 for r in requests] == list(range(10)), pod
+        start = requests[0]["t"]
+        for r, want in zip(requests, trace):
+            assert abs((r["t"] - start) - want["timestamp"]) < 0.25, (pod, r, want)
+    assert len(pods[search_pod]) == status["history"][0]["requests"]
+    # two worker processes really ran, in the Job's pod
+    (job_pod,) = target.pods("app.kubernetes.io/instance=replay,"
+                             "app.kubernetes.io/component=tuner")
+    trial_dir = (target.dir / "pods" / "default" / job_pod["metadata"]["name"] / "volumes" /
+                 "tmp" / "tuner-out" / "replay" / "trials" / "trial-0000")
+    assert sorted(p.name for p in trial_dir.glob("locust-worker-*.log")) == [
+        "locust-worker-0.log", "locust-worker-1.log"]
+    job = target.json("get", "job", "replay-tuner")["spec"]["template"]["spec"]
+    (volume,) = [v for v in job["volumes"] if v["name"] == "trace"]
+    assert volume["configMap"]["name"] == "replay-trace"
+    target.kubectl("delete", "pis", "replay", "--wait=false")
+
+
+def test_a_spec_no_job_can_run_is_refused_with_a_condition_naming_the_field(
+        target: LocalCluster) -> None:
+    """Both spec.workload and spec.workloadFrom; workloadFrom.prometheus without
+    spec.prometheus.url. The local API server does not run the CRD's CEL rules (the
+    tests/charts CEL test does): the operator refuses them, and makes no Job."""
+    both = tuning("both", "chat", trials=1, space={"maxNumSeqs": [4]},
+                  workloadFrom={"trace": {"url": "http://127.0.0.1:9/trace.jsonl"}})
+    noprom = tuning("noprom", "chat", trials=1, space={"maxNumSeqs": [4]}, workload=None,
+                    workloadFrom={"prometheus": {"window": "1h"}})
+    apply(target, both, noprom)
+
+    def refused(name: str) -> dict | None:
+        status = target.json("get", "pit", name).get("status") or {}
+        return status if status.get("phase") == "Failed" else None
+    for name, field in (("both", "spec.workload and spec.workloadFrom: give one"),
+                        ("noprom", "spec.workloadFrom.prometheus needs spec.prometheus.url")):
+        status = target.wait_for(lambda: refused(name), 30, f"{name} refused")
+        (condition,) = status["conditions"]
+        assert (condition["type"], condition["status"]) == ("SpecValid", "False")
+        assert field in condition["message"] and field in status["decision"]["reason"]
+        assert target.kubectl("get", "job", f"{name}-tuner", check=False).returncode != 0
+    # fixed: the Job starts, and finds no histograms to fit in this Prometheus
+    noprom["spec"]["prometheus"] = {"url": target.info["prometheus"]}
+    apply(target, noprom)
+    target.wait_for(lambda: target.kubectl("get", "job", "noprom-tuner",
+                                           check=False).returncode == 0, 30, "the Job")
+    status = target.wait_for(lambda: (s := refused("noprom")) and "no workload could be "
+                             "fitted" in s["decision"]["reason"] and s, 90, "the fit's error")
+    assert status["decision"]["reason"].startswith("spec.workloadFrom.prometheus: ")
+    assert [c["status"] for c in status["conditions"]] == ["True"]
+    target.kubectl("delete", "pit", "both", "noprom", "--wait=false")

@@ -93,7 +93,7 @@ def test_auto_tuning_on_the_real_engine(local_cluster) -> None:
         assert verification["held"] is True
         assert verification["goodput"] > verification["baselineGoodput"]
         assert live["spec"]["engine"] == {**ENGINE, **status["best"]["engine"]}
-        assert json.loads(live["metadata"]["annotations"][PREVIOUS]) == ENGINE
+        assert json.loads(live["metadata"]["annotations"][PREVIOUS]) == {"engine": ENGINE}
     else:   # the gain did not hold on the live service: back to the target's settings
         assert verification["held"] is False and "rolled back" in status["decision"]["reason"]
         assert live["spec"]["engine"] == ENGINE

@@ -1,19 +1,28 @@
-"""tuner.cluster_apply's decision guard, without a cluster: a winner let through by a
-minGain below 1 is neither recommended nor applied when it measured worse than the
-baseline; one that measured better is recommended (Manual)."""
+"""tuner.cluster_apply without a cluster: a winner let through by a minGain below 1 is
+neither recommended nor applied when it measured worse than the baseline; one that
+measured better is recommended (Manual); the capacity's autoscaler target joins the patch,
+Auto applies it with the engine settings, records both in one annotation and rolls both
+back when the verification fails."""
 from __future__ import annotations
 
+import copy
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from tuner import cluster_apply
 from tuner.cluster_apply import apply_decision
+from tuner.loadgen import LoadSpec
 
 
 class Run:
     def __init__(self, mode: str = "Manual", min_gain: float = 0.0) -> None:
         self.name, self.owner, self.status = "t", {}, {}
-        self.spec = SimpleNamespace(min_gain=min_gain, mode=mode, target="svc")
+        self.spec = SimpleNamespace(min_gain=min_gain, mode=mode, target="svc", duration=3.0,
+                                    capacity=None)
+        self.source = SimpleNamespace(document=None)
         self.config_maps: list[str] = []
         self.cluster = SimpleNamespace(
             put_config_map=lambda name, data, owner: self.config_maps.append(name))
@@ -48,3 +57,97 @@ def test_a_winner_that_measured_better_is_recommended() -> None:
     assert run.status["applied"] == "Manual" and run.status["decision"]["winner"] == "C1"
     assert run.status["recommendation"]["patch"] == {"spec": {"engine": {"maxNumSeqs": 4}}}
     assert run.config_maps == ["t-recommendation"]
+
+
+def merge(into: dict, patch: dict) -> dict:
+    """RFC 7386 merge patch, as the API server applies the tuner's patches."""
+    for key, value in patch.items():
+        if value is None:
+            into.pop(key, None)
+        elif isinstance(value, dict) and isinstance(into.get(key), dict):
+            merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+    return into
+
+
+class AutoRun(Run):
+    """An Auto run on a live autoscaled service (queueDepth target 5)."""
+
+    def __init__(self, *, verified_goodput: float) -> None:
+        super().__init__("Auto", min_gain=1.0)
+        self.spec = SimpleNamespace(min_gain=1.0, mode="Auto", target="svc", duration=3.0,
+                                    capacity=None, startup_timeout=10, seed=0,
+                                    warmup_requests=0)
+        self.load, self.slos, self.prometheus = LoadSpec("chat", 3.0, 2), {}, None
+        self.out_dir = Path("unused")
+        self.live = {"metadata": {"generation": 1, "annotations": {}},
+                     "spec": {"engine": {"maxNumSeqs": 1},
+                              "autoscaling": {"maxReplicas": 3, "target": "5"}}}
+        self.seen: list[dict] = []   # the live spec after each patch
+        self.cluster.get_service = lambda name: copy.deepcopy(self.live)
+        self.cluster.patch_service = self.patch
+        self.cluster.wait_ready = lambda name, timeout, generation: None
+        self.cluster.endpoint_url = lambda name: "http://svc:8000"
+        self.verified_goodput = verified_goodput
+
+    def patch(self, name: str, body: dict) -> dict:
+        merge(self.live, body)
+        self.live["metadata"]["generation"] += 1
+        self.seen.append(copy.deepcopy(self.live))
+        return copy.deepcopy(self.live)
+
+
+def capacity_of(engine: dict, *, start: float) -> dict:
+    assert engine == {"maxNumSeqs": 4} and start == 1.1   # C1's mean confirmation goodput
+    return {"engine": engine, "ratePerReplica": 7.5,
+            "autoscaling": {"metric": "queueDepth", "target": "1.5"}}
+
+
+def test_the_capacity_sets_the_autoscalers_target_in_the_recommendation() -> None:
+    run = Run("Manual")
+    run.spec.capacity = SimpleNamespace(max_probes=2, attainment=0.9)
+    apply_decision(run, record(1.4), capacity=capacity_of)
+    assert run.status["capacity"]["ratePerReplica"] == 7.5
+    assert run.status["recommendation"]["patch"] == {"spec": {
+        "engine": {"maxNumSeqs": 4}, "autoscaling": {"target": "1.5"}}}
+
+
+@pytest.mark.parametrize("verified, applied", [(5.0, "Yes"), (0.0, "RolledBack")])
+def test_auto_applies_the_autoscalers_target_with_the_engine_and_rolls_both_back(
+        monkeypatch, verified: float, applied: str) -> None:
+    run = AutoRun(verified_goodput=verified)
+    monkeypatch.setattr(cluster_apply, "measure", lambda *a, **k: {"goodput": verified})
+    apply_decision(run, record(1.4), capacity=capacity_of)
+    after_apply = run.seen[0]
+    assert after_apply["spec"] == {"engine": {"maxNumSeqs": 4},
+                                   "autoscaling": {"maxReplicas": 3, "target": "1.5"}}
+    assert json.loads(after_apply["metadata"]["annotations"][cluster_apply.PREVIOUS]) == {
+        "engine": {"maxNumSeqs": 1}, "autoscaling": {"target": "5"}}
+    assert run.status["applied"] == applied
+    assert run.status["appliedAutoscaling"] == {"target": "1.5"}
+    if applied == "RolledBack":   # both restored, the annotations gone
+        assert run.live["spec"] == {"engine": {"maxNumSeqs": 1},
+                                    "autoscaling": {"maxReplicas": 3, "target": "5"}}
+        assert run.live["metadata"]["annotations"] == {}
+    else:
+        assert len(run.seen) == 1
+
+
+def test_a_target_left_at_its_default_goes_back_to_the_default(monkeypatch) -> None:
+    run = AutoRun(verified_goodput=0.0)
+    del run.live["spec"]["autoscaling"]["target"]
+    monkeypatch.setattr(cluster_apply, "measure", lambda *a, **k: {"goodput": 0.0})
+    apply_decision(run, record(1.4), capacity=capacity_of)
+    assert run.seen[0]["spec"]["autoscaling"]["target"] == "1.5"
+    assert run.live["spec"]["autoscaling"] == {"maxReplicas": 3}
+
+
+def test_no_autoscaler_on_the_live_service_patches_the_engine_only(monkeypatch) -> None:
+    run = AutoRun(verified_goodput=5.0)
+    del run.live["spec"]["autoscaling"]
+    monkeypatch.setattr(cluster_apply, "measure", lambda *a, **k: {"goodput": 5.0})
+    apply_decision(run, record(1.4), capacity=capacity_of)
+    assert run.seen[0]["spec"] == {"engine": {"maxNumSeqs": 4}}
+    assert json.loads(run.seen[0]["metadata"]["annotations"][cluster_apply.PREVIOUS]) == {
+        "engine": {"maxNumSeqs": 1}}

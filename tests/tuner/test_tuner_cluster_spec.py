@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from tuner.cluster import pareto
-from tuner.cluster_spec import flags_to_engine, parse_duration, parse_tuning
+from tuner.cluster_spec import (CapacitySpec, WorkloadFrom, flags_to_engine, parse_duration,
+                                parse_tuning)
 from tuner.space import engine_flags
 
 BASE = {"targetRef": {"name": "svc"}, "searchSpace": {"maxNumSeqs": [4, 8]}}
@@ -62,3 +63,39 @@ def test_pareto_keeps_trials_no_other_beats_on_goodput_and_ttft() -> None:
     assert [e["engine"]["maxNumSeqs"] for e in pareto(history)] == [32]
     history.append({"engine": {"maxNumSeqs": 2}, "goodput": 3.0, "ttftP99": 0.1})
     assert [e["engine"]["maxNumSeqs"] for e in pareto(history)] == [32, 2]
+
+
+def test_workload_from_a_trace_or_prometheus_with_load_workers_and_capacity() -> None:
+    spec = parse_tuning({**BASE, "loadWorkers": 3, "capacity": {"maxProbes": 4},
+                         "workloadFrom": {"trace": {"configMapRef": {"name": "traffic"}}}})
+    assert spec.workload_from == WorkloadFrom("trace", config_map=("traffic", "trace.jsonl"))
+    assert spec.load_workers == 3 and spec.capacity == CapacitySpec(4, 0.9)
+    spec = parse_tuning({**BASE, "workloadFrom": {"trace": {"url": "https://x/t.jsonl"}}})
+    assert spec.workload_from == WorkloadFrom("trace", url="https://x/t.jsonl")
+    spec = parse_tuning({**BASE, "prometheus": {"url": "http://prom:9090"},
+                         "workloadFrom": {"prometheus": {"window": "6h", "selector": 'a="b"'}}})
+    assert spec.workload_from == WorkloadFrom("prometheus", window="6h", selector='a="b"')
+    assert spec.prometheus_url == "http://prom:9090"
+    plain = parse_tuning(BASE)
+    assert plain.workload_from is None and plain.load_workers == 1 and plain.capacity is None
+    assert plain.workload == "chat"
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"workload": "chat", "workloadFrom": {"trace": {"url": "https://x"}}},
+     "spec.workload and spec.workloadFrom"),
+    ({"workloadFrom": {"prometheus": {"window": "24h"}}},
+     "spec.workloadFrom.prometheus needs spec.prometheus.url"),
+    ({"workloadFrom": {"prometheus": {"window": "a day"}}, "prometheus": {"url": "http://p"}},
+     "spec.workloadFrom.prometheus.window"),
+    ({"workloadFrom": {"trace": {}}}, "spec.workloadFrom.trace"),
+    ({"workloadFrom": {"trace": {"url": "ftp://x"}}}, "spec.workloadFrom.trace.url"),
+    ({"workloadFrom": {"trace": {"configMapRef": {"key": "k"}}}},
+     "spec.workloadFrom.trace.configMapRef.name"),
+    ({"workloadFrom": {"nfs": {}}}, "spec.workloadFrom"),
+    ({"loadWorkers": 0}, "spec.loadWorkers"),
+    ({"capacity": {"attainment": 1.5}}, "spec.capacity.attainment"),
+])
+def test_bad_load_sources_name_the_field(change: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        parse_tuning({**BASE, **change})

@@ -9,26 +9,49 @@ tests/tuner/fake_engine.py:
 - FAKE_ENGINE_SLOW_HOSTS: comma-separated pod-name prefixes whose pods serve 50x slower
   (a regression that shows only on the live service, not on the trial services);
 - --api-key-file (the operator's apiKeySecretRef mount): /v1/* answers 401 without
-  `Authorization: Bearer KEY`, as the engine does.
+  `Authorization: Bearer KEY`, as the engine does;
+- at most --max-num-seqs requests stream at once, the rest queue (FIFO) and show in
+  vllm:num_requests_waiting, as in the engine (the autoscaler's queueDepth metric);
+- FAKE_ENGINE_REQUEST_LOG: a folder where every pod appends one JSON line per completion
+  request it receives to <pod name>.jsonl: {"t": arrival (epoch s), "prompt": the prompt's
+  first 8 token ids or its text, "prompt_len", "max_tokens"}; the tests compare it with
+  the tuner's samples and with a replayed trace.
 """
 import argparse
 import json
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "loadtests"))
 from aiohttp import web  # noqa: E402
 from fake_openai_server import FakeOpenAIServer  # noqa: E402
+from prometheus_client import Gauge  # noqa: E402
 
 
 class PodServer(FakeOpenAIServer):
     """The fake server bound to the pod's address, with the engine's liveness path."""
 
-    def __init__(self, *, host: str, api_key: str | None = None, **kwargs) -> None:
+    def __init__(self, *, host: str, api_key: str | None = None,
+                 request_log: Path | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.host, self.api_key = host, api_key
+        self.host, self.api_key, self.request_log = host, api_key, request_log
+        Gauge("vllm:num_requests_waiting", "Waiting requests.", ["model_name"],
+              registry=self.registry).labels("fake").set_function(
+            lambda: len(getattr(self._slots, "_waiters", None) or ()))
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
+        if self.request_log is not None:
+            body = await request.json()
+            prompt = body.get("prompt", body.get("messages"))
+            record = {"t": time.time(), "max_tokens": body.get("max_tokens"),
+                      "prompt": prompt[:8] if isinstance(prompt, list) else prompt,
+                      "prompt_len": len(prompt) if isinstance(prompt, list) else None}
+            with open(self.request_log, "a") as log:
+                log.write(json.dumps(record) + "\n")
+        return await super()._complete(request)
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):
@@ -69,6 +92,9 @@ slow = [p for p in os.environ.get("FAKE_ENGINE_SLOW_HOSTS", "").split(",") if p]
 if any(os.environ.get("HOSTNAME", "").startswith(p) for p in slow):
     itl *= 50
 key = Path(args.api_key_file).read_text().strip() if args.api_key_file else None
-with PodServer(host=args.host, port=args.port, ttft=0.01, itl=itl, api_key=key):
+log_dir = os.environ.get("FAKE_ENGINE_REQUEST_LOG")
+request_log = Path(log_dir) / f"{os.environ.get('HOSTNAME', 'pod')}.jsonl" if log_dir else None
+with PodServer(host=args.host, port=args.port, ttft=0.01, itl=itl, api_key=key,
+               request_log=request_log, max_running=args.max_num_seqs):
     print(f"fake engine ready on {args.host}:{args.port} (itl {itl:.4f} s)", flush=True)
     threading.Event().wait()

@@ -1,0 +1,74 @@
+"""The PagedInferenceTuning CRD's load fields (workloadFrom, loadWorkers, capacity): its
+schema and CEL rules, executed here as the API server would (cel_tools.py), agree with the
+operator (which refuses a spec before making a Job) and the tuner (which parses it)."""
+from __future__ import annotations
+
+import jsonschema
+import pytest
+import yaml
+from cel_tools import violations
+from chart_tools import CHART
+
+from paged_operator.tuning_manifests import spec_error
+from tuner.cluster_spec import parse_tuning
+
+CRD = yaml.safe_load((CHART / "crds" / "pagedinferencetunings.yaml").read_text())
+SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+BASE = {"targetRef": {"name": "svc"}, "searchSpace": {"maxNumSeqs": [4, 8]}}
+PROM = {"prometheus": {"url": "http://prom:9090"}}
+
+
+def tuning(**spec):
+    return {"apiVersion": "serving.pagedinference.dev/v1alpha1",
+            "kind": "PagedInferenceTuning", "metadata": {"name": "tune"},
+            "spec": {**BASE, **spec}}
+
+
+VALID = [
+    {},
+    {"workload": "summarize", "loadWorkers": 4, "capacity": {"maxProbes": 3}},
+    {"workloadFrom": {"trace": {"configMapRef": {"name": "traffic"}}}},
+    {"workloadFrom": {"trace": {"url": "https://traces.example/monday.jsonl"}}},
+    {"workloadFrom": {"prometheus": {}}, **PROM},
+    {"workloadFrom": {"prometheus": {"window": "7d", "selector": 'app="x"'}}, **PROM},
+]
+# (spec, where the broken rule is declared, what the operator's message names)
+INVALID = [
+    ({"workload": "chat", "workloadFrom": {"trace": {"url": "https://x"}}}, "spec",
+     "spec.workload and spec.workloadFrom"),
+    ({"workloadFrom": {"prometheus": {"window": "1h"}}}, "spec",
+     "spec.workloadFrom.prometheus needs spec.prometheus.url"),
+    ({"workloadFrom": {"trace": {"url": "https://x"}, "prometheus": {}}, **PROM},
+     "spec.workloadFrom", "spec.workloadFrom"),
+    ({"workloadFrom": {}}, "spec.workloadFrom", "spec.workloadFrom"),
+    ({"workloadFrom": {"trace": {"url": "https://x", "configMapRef": {"name": "t"}}}},
+     "spec.workloadFrom.trace", "spec.workloadFrom.trace"),
+]
+
+
+@pytest.mark.parametrize("spec", VALID)
+def test_valid_load_sources_pass_the_schema_the_rules_the_operator_and_the_tuner(spec):
+    body = tuning(**spec)
+    jsonschema.Draft4Validator(SCHEMA).validate(body)
+    assert violations(SCHEMA, body) == []   # after defaulting: workload has no default
+    assert spec_error(body["spec"]) is None
+    parse_tuning(body["spec"])
+
+
+@pytest.mark.parametrize("spec, path, field", INVALID)
+def test_invalid_load_sources_break_a_rule_and_the_operator_and_tuner_refuse_them(
+        spec, path, field):
+    body = tuning(**spec)
+    assert [r.path for r in violations(SCHEMA, body)] == [path]
+    assert field in (spec_error(body["spec"]) or "")
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        parse_tuning(body["spec"])
+
+
+@pytest.mark.parametrize("spec", [{"loadWorkers": 0}, {"loadWorkers": 17},
+                                  {"capacity": {"attainment": 1.5}},
+                                  {"workloadFrom": {"prometheus": {"window": "a day"}}, **PROM},
+                                  {"workloadFrom": {"trace": {"url": "ftp://x"}}}])
+def test_the_schema_bounds_the_new_fields(spec):
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft4Validator(SCHEMA).validate(tuning(**spec))
