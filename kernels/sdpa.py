@@ -78,6 +78,7 @@ def _attend(seq_idx, query, out, key_cache, value_cache, cu, q_lens, lens, block
     num_ctx = key.shape[2]  # max_ctx rounded up to whole blocks
     k_pos = torch.arange(num_ctx, device=query.device)
     q_chunk = max(1, min(max_q, MASK_BUDGET_BYTES // max(n * num_ctx, 1)))
+    fresh = window is None and max_q > 1 and bool((lens == q_lens).all())  # whole prompts
     for first in range(0, max_q, q_chunk):  # usually one pass; a few for very long prefills
         j = torch.arange(first, min(first + q_chunk, max_q), device=query.device)
         valid = j[None, :] < q_lens[:, None]  # [n, q]: padded query rows are dropped at the end
@@ -89,6 +90,15 @@ def _attend(seq_idx, query, out, key_cache, value_cache, cu, q_lens, lens, block
             q = query.new_zeros(n, j.numel(), num_heads, head_dim)
             q[valid] = query[token]
             q = q.transpose(1, 2)  # [n, H, q, D]
+        if fresh and first == 0 and q.shape[2] == max_q:
+            # every sequence's prompt starts here (no earlier context), no window: causal from
+            # the top-left corner is exact for each real row (a row i sees keys 0..i of its
+            # own prompt; padding keys lie beyond every real row), so SDPA needs no mask
+            o = F.scaled_dot_product_attention(
+                q.to(key.dtype), key[:, :, :max_q], value[:, :, :max_q], is_causal=True,
+                scale=scale, enable_gqa=True)
+            out[token] = o.transpose(1, 2)[valid].to(out.dtype)
+            continue
         q_pos = (lens - q_lens)[:, None] + j[None, :]  # absolute position of each query, [n, q]
         # causal (which also keeps each query inside its own sequence's context) and window;
         # padded query rows see position 0 at least, so no row is empty (they are dropped anyway)

@@ -36,6 +36,15 @@ def test_decodes_and_chunks_across_many_buckets(window):
     check(case, sliding_window=window)
 
 
+@pytest.mark.parametrize("window", [None, 6])
+def test_whole_prompts_of_unequal_lengths_and_a_bucket_mixed_with_a_later_chunk(window):
+    # bucket 32: four whole prompts of 17..30 tokens (the mask-free causal path); bucket 16:
+    # a whole prompt beside a chunk with earlier context (that bucket needs the mask)
+    case = make_case(q_lens=[20, 17, 30, 18, 9, 12], seq_lens=[20, 17, 30, 18, 9, 40],
+                     block_size=4, num_heads=6, num_kv_heads=2)
+    check(case, sliding_window=window)
+
+
 def test_long_prefill_in_query_chunks(monkeypatch):
     # A mask budget of 8 query rows x 48 context positions forces several passes.
     monkeypatch.setattr(sdpa, "MASK_BUDGET_BYTES", 8 * 48)
