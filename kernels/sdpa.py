@@ -16,6 +16,8 @@ scripts/bench_decode.py measures the difference in the engine).
 from __future__ import annotations
 
 import threading
+import weakref
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +42,33 @@ def _buffer(slot: int, numel: int, dtype: torch.dtype, device: torch.device) -> 
     return buf[:numel]
 
 
+@dataclass
+class _Pass:
+    """One SDPA call's queries: rows ``token`` of the step (``valid`` picks them out of the
+    padded ``[n, q]`` grid) and the mask, or None for whole prompts (causal, no mask)."""
+
+    token: torch.Tensor
+    valid: torch.Tensor | None
+    width: int
+    mask: torch.Tensor | None
+
+
+@dataclass
+class _Bucket:
+    n: int
+    max_q: int
+    flat: torch.Tensor  # [n * num_used] block ids to gather, padding entries read block 0
+    num_used: int
+    passes: list[_Pass]
+
+
+# The plan of the last step: every layer of a step gets the same metadata tensors, so the
+# buckets, block lists and masks are built once per step, not once per layer. Kept per
+# thread, keyed by weak references to those tensors (a later step's new tensors never
+# match, even at a reused address) and by what else shapes the plan.
+_plans = threading.local()
+
+
 def paged_attention_sdpa(
     query, key_cache, value_cache, *, cu_seqlens_q, seq_lens, block_tables, scale, sliding_window=None
 ) -> torch.Tensor:
@@ -47,20 +76,14 @@ def paged_attention_sdpa(
     out = torch.empty_like(query)
     if query.shape[0] == 0:
         return out
-    device = query.device
-    cu = cu_seqlens_q.to(device=device, dtype=torch.long)
-    q_lens = cu[1:] - cu[:-1]
-    lens = seq_lens.to(device=device, dtype=torch.long)
-    block_size = key_cache.shape[1]
-    # decodes bucket by context (in blocks), chunks by query count
-    size = torch.where(q_lens == 1, (lens + block_size - 1) // block_size, q_lens)
-    keys = torch.where(q_lens == 1, 0, 1) * 64 + _ceil_log2(size)  # (kind, power-of-two bucket)
-    keys = torch.where(q_lens == 0, -1, keys)  # sequences with no new tokens: nothing to do
-    for key in torch.unique(keys).tolist():
-        if key < 0:
-            continue
-        seq_idx = (keys == key).nonzero().squeeze(1)
-        _attend(seq_idx, query, out, key_cache, value_cache, cu, q_lens, lens, block_tables, scale, sliding_window)
+    plan = _plan(cu_seqlens_q, seq_lens, block_tables, key_cache.shape[1], sliding_window,
+                 query.device)
+    for bucket in plan:
+        key, value = _gather(key_cache, value_cache, bucket)
+        if bucket.max_q == 1:
+            _decode(query, key, value, bucket.passes[0], scale, out)
+        else:
+            _chunks(query, key, value, bucket, scale, out)
     return out
 
 
@@ -68,36 +91,66 @@ def _ceil_log2(x: torch.Tensor) -> torch.Tensor:
     return torch.ceil(torch.log2(x.clamp(min=1).double())).long()
 
 
-def _attend(seq_idx, query, out, key_cache, value_cache, cu, q_lens, lens, block_tables, scale, window):
-    """Attention for the sequences ``seq_idx`` (n of them), written into ``out`` in place."""
+def _plan(cu_seqlens_q, seq_lens, block_tables, block_size, window, device) -> list[_Bucket]:
+    cached = getattr(_plans, "last", None)
+    tensors = (cu_seqlens_q, seq_lens, block_tables)
+    extra = (block_size, window, device)
+    if cached is not None and cached[1] == extra and all(
+            ref() is t for ref, t in zip(cached[0], tensors)):
+        return cached[2]
+    plan = _build_plan(cu_seqlens_q, seq_lens, block_tables, block_size, window, device)
+    _plans.last = (tuple(weakref.ref(t) for t in tensors), extra, plan)
+    return plan
+
+
+def _build_plan(cu_seqlens_q, seq_lens, block_tables, block_size, window, device) -> list[_Bucket]:
+    cu = cu_seqlens_q.to(device=device, dtype=torch.long)
+    q_lens = cu[1:] - cu[:-1]
+    lens = seq_lens.to(device=device, dtype=torch.long)
+    # decodes bucket by context (in blocks), chunks by query count
+    size = torch.where(q_lens == 1, (lens + block_size - 1) // block_size, q_lens)
+    keys = torch.where(q_lens == 1, 0, 1) * 64 + _ceil_log2(size)  # (kind, power-of-two bucket)
+    keys = torch.where(q_lens == 0, -1, keys)  # sequences with no new tokens: nothing to do
+    plan = []
+    for key in torch.unique(keys).tolist():
+        if key < 0:
+            continue
+        seq_idx = (keys == key).nonzero().squeeze(1)
+        plan.append(_bucket(seq_idx, cu, q_lens, lens, block_tables, block_size, window))
+    return plan
+
+
+def _bucket(seq_idx, cu, q_lens, lens, block_tables, block_size, window) -> _Bucket:
+    """The sequences ``seq_idx`` (n of them): their blocks, query rows and masks."""
     n = seq_idx.numel()
-    num_heads, head_dim = query.shape[1:]
+    device = cu.device
     q_lens, lens, starts = q_lens[seq_idx], lens[seq_idx], cu[:-1][seq_idx]
     max_q, max_ctx = int(q_lens.max()), int(lens.max())
-    key, value = _gather(key_cache, value_cache, block_tables[seq_idx], lens, max_ctx)
-    num_ctx = key.shape[2]  # max_ctx rounded up to whole blocks
-    k_pos = torch.arange(num_ctx, device=query.device)
+    # each sequence's blocks in position order; table entries past a sequence's length are
+    # padding that may hold anything, so they read block 0 instead (the mask hides them)
+    num_used = -(-max_ctx // block_size)
+    tables = block_tables[seq_idx, :num_used].to(device=device, dtype=torch.long)
+    used = torch.arange(num_used, device=device) * block_size < lens[:, None]
+    flat = torch.where(used, tables, 0).flatten()
+    num_ctx = num_used * block_size
+    k_pos = torch.arange(num_ctx, device=device)
+    if max_q == 1:  # decodes: one query per sequence, nothing to pad
+        allowed = k_pos < lens[:, None]  # [n, ctx]
+        if window is not None:
+            allowed &= k_pos > (lens - 1)[:, None] - window
+        return _Bucket(n, 1, flat, num_used, [_Pass(starts, None, 1, ~allowed[:, None, :])])
+    fresh = window is None and bool((lens == q_lens).all())  # whole prompts, no context
     q_chunk = max(1, min(max_q, MASK_BUDGET_BYTES // max(n * num_ctx, 1)))
-    fresh = window is None and max_q > 1 and bool((lens == q_lens).all())  # whole prompts
+    passes = []
     for first in range(0, max_q, q_chunk):  # usually one pass; a few for very long prefills
-        j = torch.arange(first, min(first + q_chunk, max_q), device=query.device)
+        j = torch.arange(first, min(first + q_chunk, max_q), device=device)
         valid = j[None, :] < q_lens[:, None]  # [n, q]: padded query rows are dropped at the end
         token = (starts[:, None] + j[None, :])[valid]
-        if max_q == 1:  # decodes: one query per sequence, nothing to pad
-            _decode(query[token], key, value, k_pos, lens, scale, window, out, token)
-            continue
-        else:
-            q = query.new_zeros(n, j.numel(), num_heads, head_dim)
-            q[valid] = query[token]
-            q = q.transpose(1, 2)  # [n, H, q, D]
-        if fresh and first == 0 and q.shape[2] == max_q:
-            # every sequence's prompt starts here (no earlier context), no window: causal from
-            # the top-left corner is exact for each real row (a row i sees keys 0..i of its
-            # own prompt; padding keys lie beyond every real row), so SDPA needs no mask
-            o = F.scaled_dot_product_attention(
-                q.to(key.dtype), key[:, :, :max_q], value[:, :, :max_q], is_causal=True,
-                scale=scale, enable_gqa=True)
-            out[token] = o.transpose(1, 2)[valid].to(out.dtype)
+        if fresh and first == 0 and j.numel() == max_q:
+            # every sequence's prompt starts here and no window: causal from the top-left
+            # corner is exact for each real row (row i sees keys 0..i of its own prompt;
+            # padding keys lie beyond every real row), so SDPA needs no mask
+            passes.append(_Pass(token, valid, max_q, None))
             continue
         q_pos = (lens - q_lens)[:, None] + j[None, :]  # absolute position of each query, [n, q]
         # causal (which also keeps each query inside its own sequence's context) and window;
@@ -105,45 +158,51 @@ def _attend(seq_idx, query, out, key_cache, value_cache, cu, q_lens, lens, block
         allowed = k_pos <= q_pos.clamp(max=(lens - 1)[:, None])[..., None]  # [n, q, ctx]
         if window is not None:
             allowed &= k_pos > q_pos[..., None] - window
-        o = F.scaled_dot_product_attention(
-            q.to(key.dtype), key, value, attn_mask=allowed[:, None], scale=scale, enable_gqa=True)
-        out[token] = o.transpose(1, 2)[valid].to(out.dtype)  # [n, q, H, D] -> [tokens, H, D]
+        passes.append(_Pass(token, valid, j.numel(), allowed[:, None]))
+    return _Bucket(n, max_q, flat, num_used, passes)
 
 
-def _decode(q, key, value, k_pos, lens, scale, window, out, token):
+def _chunks(query, key, value, bucket: _Bucket, scale, out) -> None:
+    """Buckets of chunks (several queries per sequence): padded queries, one SDPA per pass."""
+    num_heads, head_dim = query.shape[1:]
+    for p in bucket.passes:
+        q = query.new_zeros(bucket.n, p.width, num_heads, head_dim)
+        q[p.valid] = query[p.token]
+        q = q.transpose(1, 2).to(key.dtype)  # [n, H, q, D]
+        if p.mask is None:
+            o = F.scaled_dot_product_attention(
+                q, key[:, :, :bucket.max_q], value[:, :, :bucket.max_q], is_causal=True,
+                scale=scale, enable_gqa=True)
+        else:
+            o = F.scaled_dot_product_attention(q, key, value, attn_mask=p.mask, scale=scale,
+                                               enable_gqa=True)
+        out[p.token] = o.transpose(1, 2)[p.valid].to(out.dtype)  # [n, q, H, D] -> [tokens, H, D]
+
+
+def _decode(query, key, value, p: _Pass, scale, out) -> None:
     """One query per sequence: per KV head, two batched matmuls over the gathered blocks in
     place (``key[:, h]`` is a strided ``[n, ctx, D]`` batch BLAS takes without a copy) and a
     masked softmax; GQA by grouping each KV head's query heads, so K/V are never expanded.
     On CPU this beats SDPA for a single query row (about 2.7x in scripts/bench_decode.py's
     shapes); SDPA stays for chunks of several queries, where it wins."""
+    q = query[p.token]
     n, num_heads, head_dim = q.shape
     num_kv_heads = key.shape[1]
     qg = q.to(key.dtype).view(n, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    allowed = k_pos < lens[:, None]  # [n, ctx]
-    if window is not None:
-        allowed &= k_pos > (lens - 1)[:, None] - window
-    hidden = ~allowed[:, None, :]  # [n, 1, ctx], broadcast over the group's heads
     res = torch.empty_like(qg)
     for h in range(num_kv_heads):
         scores = torch.bmm(qg[:, h], key[:, h].transpose(1, 2)).mul_(scale)  # [n, g, ctx]
-        scores.masked_fill_(hidden, float("-inf"))
+        scores.masked_fill_(p.mask, float("-inf"))
         res[:, h] = torch.bmm(torch.softmax(scores, dim=-1), value[:, h])
-    out[token] = res.view(n, num_heads, head_dim).to(out.dtype)
+    out[p.token] = res.view(n, num_heads, head_dim).to(out.dtype)
 
 
-def _gather(key_cache, value_cache, block_tables, seq_lens, max_ctx):
-    """K and V of each sequence in position order, ``[n, kv_heads, ctx, D]`` (a strided view).
-
-    ``ctx`` is ``max_ctx`` rounded up to whole blocks. Table entries past a sequence's length
-    are padding that may hold anything, so they read block 0 instead; the mask hides them.
-    Half-precision caches are widened to fp32 here (softmax and sums in fp32, as the twin).
-    """
-    n = block_tables.shape[0]
+def _gather(key_cache, value_cache, bucket: _Bucket):
+    """K and V of each sequence in position order, ``[n, kv_heads, ctx, D]`` (a strided view),
+    ``ctx`` the bucket's longest context rounded up to whole blocks. Half-precision caches
+    are widened to fp32 here (softmax and sums in fp32, as the twin)."""
     block_size, num_kv_heads, head_dim = key_cache.shape[1:]
-    num_used = -(-max_ctx // block_size)
-    tables = block_tables[:, :num_used].long()
-    used = torch.arange(num_used, device=tables.device) * block_size < seq_lens[:, None]
-    flat = torch.where(used, tables, 0).flatten()
+    flat, n = bucket.flat, bucket.n
 
     def gather(cache, slot):
         shape = (flat.numel(), *cache.shape[1:])
@@ -152,6 +211,6 @@ def _gather(key_cache, value_cache, block_tables, seq_lens, max_ctx):
         if blocks.dtype != torch.float32:
             blocks = blocks.float()
         # [n * blocks, bs, kvh, D] -> [n, ctx, kvh, D] -> [n, kvh, ctx, D]: SDPA takes the strides
-        return blocks.view(n, num_used * block_size, num_kv_heads, head_dim).transpose(1, 2)
+        return blocks.view(n, bucket.num_used * block_size, num_kv_heads, head_dim).transpose(1, 2)
 
     return gather(key_cache, 0), gather(value_cache, 1)

@@ -99,3 +99,37 @@ def test_buffers_made_in_inference_mode_serve_calls_outside_it():
     check(case)
     with torch.inference_mode():
         check(case)
+
+
+def test_one_plan_per_step_serves_every_layer_and_a_new_step_gets_its_own():
+    # The engine passes the same metadata tensors to every layer of a step: the buckets and
+    # masks are built once (the cached plan is the same object) while each layer's own cache
+    # is read; the next step's new tensors (other lengths) get a new plan.
+    layer0 = make_case(q_lens=[1, 5, 1], seq_lens=[30, 5, 9], block_size=4, seed=3)
+    layer1 = make_case(q_lens=[1, 5, 1], seq_lens=[30, 5, 9], block_size=4, seed=4)
+    meta = layer0.kwargs()
+    backend = get_backend("torch")
+    outs = []
+    for layer in (layer0, layer1):
+        outs.append(backend.paged_attention(layer.query, layer.key_cache, layer.value_cache, **meta))
+        plan = sdpa._plans.last[2]
+        if layer is layer0:
+            first_plan = plan
+    assert plan is first_plan
+    for layer, out in zip((layer0, layer1), outs):  # layer1's cache read with the step's tables
+        twin = reference.paged_attention_ref(layer.query, layer.key_cache, layer.value_cache, **meta)
+        torch.testing.assert_close(out, twin, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(outs[0], outs[1])
+    nxt = make_case(q_lens=[1, 1, 1], seq_lens=[31, 6, 10], block_size=4, seed=5)
+    check(nxt)
+    assert sdpa._plans.last[2] is not first_plan
+    # any one of the three tensors new (here the same cu_seqlens_q object): a new plan
+    other = make_case(q_lens=[1, 5, 1], seq_lens=[12, 5, 20], block_size=4, seed=6)
+    mixed = dict(other.kwargs(), cu_seqlens_q=layer0.cu_seqlens_q)
+    backend.paged_attention(layer0.query, layer0.key_cache, layer0.value_cache, **meta)
+    out = backend.paged_attention(other.query, other.key_cache, other.value_cache, **mixed)
+    torch.testing.assert_close(out, reference.paged_attention_ref(
+        other.query, other.key_cache, other.value_cache, **mixed), atol=1e-5, rtol=1e-5)
+    # a sliding window shapes the masks: the same tensors with a window get their own plan
+    check(layer0, sliding_window=3)
+    check(layer0)
