@@ -15,6 +15,7 @@ from typing import Any
 
 from engine import settings as engine_settings
 from engine.entrypoints.api_server import ServerSettings, build_app
+from engine.listen import listen_socket
 
 logger = logging.getLogger("engine.server")
 
@@ -134,16 +135,7 @@ def _api_key(args: argparse.Namespace) -> str | None:
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        raise SystemExit(f"cannot listen on {host}:{port}: {exc}; choose another --port") from None
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
+    return listen_socket(host, port)
 
 
 def serve(args: argparse.Namespace) -> int:

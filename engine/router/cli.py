@@ -5,10 +5,10 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
+from engine.listen import listen_socket
 from engine.router.policies import POLICIES
 
 
@@ -115,15 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                                            lifespan="on", log_level=args.log_level,
                                            timeout_graceful_shutdown=30))
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
-    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((args.host, args.port))
-    except OSError as exc:
-        raise SystemExit(f"cannot listen on {args.host}:{args.port}: {exc}; choose another "
-                         "--port") from None
-    sock.listen(2048)
+    sock = listen_socket(args.host, args.port)
     host, port = sock.getsockname()[:2]
     print(f"routing on http://{host}:{port} (policy {args.policy})", flush=True)
     server.run(sockets=[sock])
