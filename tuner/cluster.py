@@ -6,6 +6,9 @@ Reads the tuning resource and its target PagedInferenceService, then
    infeasible, with the engine's own message), drive the Locust workload at its ready
    address, read figures (PromQL with spec.prometheus.url, else /metrics), delete it.
    `parallelism` trials run at once. A small all-choices space is searched exhaustively.
+   With spec.tunerPods N (an Indexed Job, spec.storage's shared study), N pods ask and
+   tell trials of one study until it holds spec.trials; pod 0 (JOB_COMPLETION_INDEX 0)
+   waits for the others' trials, then alone confirms and applies; the others exit.
    The load is spec.workload or spec.workloadFrom (a trace, or a fit from Prometheus), by
    spec.loadWorkers Locust processes (tuner.cluster_load).
 2. confirm: the target's current settings (the baseline) and the best candidates
@@ -22,9 +25,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import itertools
 import os
 import signal
+import socket
 import sys
 import time
 import warnings
@@ -69,6 +74,7 @@ class Tuning:
             spec, source, model_name=(target["spec"].get("model") or {}).get("servedName")
             or None)
         self.prometheus = PrometheusReader(spec.prometheus_url) if spec.prometheus_url else None
+        self.pod = os.environ.get("HOSTNAME") or socket.gethostname()   # in each trial's entry
 
     def publish(self, **fields: Any) -> None:
         self.status.update(fields)
@@ -98,45 +104,101 @@ class Tuning:
                   itertools.product(*[p.choices for p in self.spec.space])]
         return combos if len(combos) <= self.spec.trials else None
 
-    def search(self, study: optuna.Study) -> None:
+    def search(self, study: optuna.Study, *, index: int = 0) -> None:
+        """`index`: this pod's JOB_COMPLETION_INDEX. Pod 0 (the lead, or the only pod)
+        replays status.history into a new study, queues the grid, publishes the phase,
+        and waits for the other pods' trials."""
+        lead = index == 0
+        self._fail_mine(study, index)
         history: list[dict] = list(self.status.get("history") or [])
-        if not study.trials:
+        if lead and not study.trials:
             for entry in history:   # a restarted Job: replay what was measured
                 self._replay(study, entry)
         grid = self.grid()
         total = len(grid) if grid is not None else self.spec.trials
-        if grid is not None:
+        if grid is not None and lead:
             seen = [entry["params"] for entry in history]
             for combo in grid:
                 if combo not in seen:
                     study.enqueue_trial(combo, skip_if_exists=True)
-        self.publish(phase="Searching", trialsTotal=total,
-                     trialsText=f"{st.search_trials_done(study)}/{total}")
-        while (done := st.search_trials_done(study)) < total:
-            asked = [study.ask() for _ in range(min(self.spec.parallelism, total - done))]
+        elif grid is not None:   # the lead queues the grid: wait for it
+            deadline = time.monotonic() + 120
+            while not study.get_trials(deepcopy=False) and time.monotonic() < deadline:
+                time.sleep(0.5)
+        if lead:
+            self.publish(phase="Searching", trialsTotal=total,
+                         trialsText=f"{st.search_trials_done(study)}/{total}")
+        while True:
+            done = st.search_trials_done(study)
+            budget = total - done - len(st.running_trials(study))
+            if budget <= 0:
+                if done >= total or not lead:
+                    break
+                self._fail_stale(study)   # the lead waits for the other pods' trials
+                time.sleep(1.0)
+                continue
+            asked = []
+            for _ in range(min(self.spec.parallelism, budget)):
+                trial = study.ask()
+                trial.set_user_attr("tunerIndex", index)
+                if st.beyond_total(study, trial.number, total):   # another pod raced us
+                    trial.set_user_attr("surplus", True)
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                else:
+                    asked.append(trial)
+            if not asked:
+                continue
             chosen = [{p.name: p.suggest(t) for p in self.spec.space} for t in asked]
             with ThreadPoolExecutor(len(asked)) as pool:
                 results = list(pool.map(self._search_trial, asked, chosen))
             for trial, params, (figures, reason) in zip(asked, chosen, results):
-                entry = {"trial": trial.number, "params": params, "engine": camel(params)}
+                entry = {"trial": trial.number, "params": params, "engine": camel(params),
+                         "pod": self.pod}
+                told: dict[str, Any] = {"values": 0.0}
                 if figures is not None:
                     for key, value in figures.items():
                         trial.set_user_attr(key, value)
                     entry.update(goodput=round(figures["goodput"], 4),
                                  ttftP99=round(figures.get("ttft_p99", 0.0), 4),
                                  requests=int(figures.get("requests", 0)))
-                    study.tell(trial, figures["goodput"])
+                    told["values"] = figures["goodput"]
                 elif reason.startswith("infeasible: "):
                     trial.set_user_attr("infeasible", reason[12:])
                     entry["infeasible"] = reason[12:]
-                    study.tell(trial, 0.0)
                 else:
                     entry["failed"] = reason
-                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                history.append(entry)
-            done = st.search_trials_done(study)
-            self.publish(history=history, trialsDone=done, trialsText=f"{done}/{total}",
-                         best=best_of(history), pareto=pareto(history))
+                    told = {"state": optuna.trial.TrialState.FAIL}
+                trial.set_user_attr("entry", entry)   # status.history, from the study
+                study.tell(trial, **told)
+            self._publish_history(study, total)
+        self._publish_history(study, total)
+
+    def _publish_history(self, study: optuna.Study, total: int) -> None:
+        """status.history from the study's trials: all pods' (each trial's `entry`)."""
+        history = sorted((t.user_attrs["entry"] for t in study.get_trials(deepcopy=False)
+                          if "entry" in t.user_attrs), key=lambda e: e["trial"])
+        done = st.search_trials_done(study)
+        self.publish(history=history, trialsDone=done, trialsText=f"{done}/{total}",
+                     best=best_of(history), pareto=pareto(history))
+
+    def _fail_mine(self, study: optuna.Study, index: int) -> None:
+        """Trials left running by this index's previous pod (killed; the Job restarted
+        it): failed, their trial services deleted."""
+        for t in st.running_trials(study):
+            if t.user_attrs.get("tunerIndex") == index:
+                log(f"trial {t.number}: left running by this pod's predecessor")
+                study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+                self.cluster.delete_service(f"{self.name}-t{t.number}")
+
+    def _fail_stale(self, study: optuna.Study) -> None:
+        """Fail another pod's trial running far longer than a measurement can take (its
+        pod died mid-trial): it counts as a failed trial, and the search ends."""
+        limit = self.spec.startup_timeout + 3 * self.spec.duration + 300
+        now = datetime.datetime.now()
+        for t in st.running_trials(study):
+            if t.datetime_start and (now - t.datetime_start).total_seconds() > limit:
+                log(f"trial {t.number}: running for over {limit:.0f} s, its pod is gone")
+                study.tell(t.number, state=optuna.trial.TrialState.FAIL)
 
     def _search_trial(self, trial: optuna.Trial, params: dict) -> tuple[dict | None, str]:
         workdir = self.out_dir / "trials" / f"trial-{trial.number:04d}"
@@ -155,6 +217,7 @@ class Tuning:
         trial = study.ask()
         for p in self.spec.space:
             p.suggest(trial)
+        trial.set_user_attr("entry", entry)
         if "goodput" in entry:
             trial.set_user_attr("goodput", entry["goodput"])
             study.tell(trial, entry["goodput"])
@@ -183,7 +246,9 @@ class Tuning:
                                 fixed={}, measure=measure_flags, log=log,
                                 min_gain=self.spec.min_gain)
 
-    def run(self, storage: str | None) -> None:
+    def run(self, storage: str | None, *, index: int = 0) -> None:
+        """`index`: this pod's JOB_COMPLETION_INDEX (spec.tunerPods > 1): only pod 0 goes
+        past the search."""
         quiet_optuna()
         # trials are asked and told here, not by Study.optimize: its heartbeat warning is noise
         warnings.filterwarnings("ignore", message="Heartbeat of storage")
@@ -191,6 +256,10 @@ class Tuning:
                               study_name=f"{self.cluster.ns}-{self.name}", objective="goodput",
                               seed=self.spec.seed,
                               n_startup_trials=min(10, max(2, self.spec.trials // 3)))
+        if index > 0:
+            self.search(study, index=index)
+            log(f"pod {index}: the study holds its trials; pod 0 confirms and applies")
+            return
         self.publish(workload=cluster_load.describe(self.spec, self.source))
         self.search(study)
         record = self.confirm(study)
@@ -290,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     try:
         Tuning(cluster, body, spec, target, out_dir, source).run(
-            args.storage or os.environ.get("TUNER_STORAGE_URL") or None)
+            args.storage or os.environ.get("TUNER_STORAGE_URL") or None,
+            index=int(os.environ.get("JOB_COMPLETION_INDEX") or 0))
     finally:
         if cluster.stopping.is_set():
             for name in cluster.trial_names():

@@ -11,11 +11,15 @@
 - Auto: when the winner's lower bound exceeds spec.apply.minGain, the target's spec.engine
   (and spec.autoscaling.target, from the capacity) is patched, the previous values of what
   the patch changes recorded in one annotation ({"engine": ..., "autoscaling": {"target":
-  ...}}) and the tuning resource in another; the rollout is awaited; a short load
-  (spec.trialDuration) on the live service verifies the gain: its goodput must exceed the
-  baseline's goodput measured in the confirmation (both floored at half a request per load
-  window, as the confirmation does), else the previous values are patched back, all
-  together (APPLIED = RolledBack).
+  ...}}) and the tuning resource in another; the rollout is awaited, then the gain is verified:
+  with spec.prometheus.url, on the live service's own traffic (tuner.live_verify: PromQL
+  over spec.apply.verifyWindow before the patch and after the rollout, the same queries;
+  the goodput after must be positive and at least the one before); without Prometheus, or
+  when a window held fewer than live_verify.MIN_REQUESTS requests, by a short load
+  (spec.trialDuration) on the live service whose goodput must exceed the baseline's
+  goodput measured in the confirmation (both floored at half a request per load window,
+  as the confirmation does). If it did not hold, the previous values are patched back,
+  all together (APPLIED = RolledBack). status.verification records the method and figures.
 """
 from __future__ import annotations
 
@@ -27,7 +31,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
+from tuner import live_verify
 from tuner.cluster_spec import GROUP, camel
+from tuner.promql import PrometheusError
 from tuner.stats import t975
 from tuner.trial import Infeasible, measure
 
@@ -123,6 +129,7 @@ def _apply_and_verify(run: "Tuning", wanted: dict, baseline_goodput: float) -> N
     if "autoscaling" in wanted and autoscaling:
         changes["autoscaling"] = wanted["autoscaling"]
         before["autoscaling"] = {"target": autoscaling.get("target")}   # None: the default
+    live_before = _live_baseline(run)
     patched = cluster.patch_service(target, {
         "metadata": {"annotations": {PREVIOUS: json.dumps(before, sort_keys=True),
                                      APPLIED_BY: run.name}},
@@ -134,19 +141,12 @@ def _apply_and_verify(run: "Tuning", wanted: dict, baseline_goodput: float) -> N
     try:
         cluster.wait_ready(target, timeout=run.spec.startup_timeout,
                            generation=patched["metadata"]["generation"])
-        url = cluster.endpoint_url(target)
-        figures = measure(url, dataclasses.replace(run.load, seed=run.spec.seed + 1000),
-                          run.slos, workdir=run.out_dir / "verify",
-                          warmup_requests=run.spec.warmup_requests, prometheus=run.prometheus)
-        goodput = figures["goodput"]
-        floor = 0.5 / run.spec.duration   # as the confirmation floors a goodput of 0
-        held = max(goodput, floor) > max(baseline_goodput, floor)
-        why = (f"verified on {target}: goodput {goodput:.3f} req/s vs the baseline's "
-               f"{baseline_goodput:.3f}")
+        verification = _verify(run, baseline_goodput, live_before)
     except Infeasible as exc:
-        goodput, held, why = 0.0, False, f"{target} did not roll out: {exc.reason}"
-    verification = {"goodput": round(goodput, 4), "baselineGoodput": round(baseline_goodput, 4),
-                    "held": held, "message": why}
+        verification = {"method": "rollout", "goodput": 0.0, "held": False,
+                        "baselineGoodput": round(baseline_goodput, 4),
+                        "message": f"{target} did not roll out: {exc.reason}"}
+    held, why = verification["held"], verification["message"]
     if held:
         run.publish(phase="Succeeded", verification=verification)
         return
@@ -167,3 +167,58 @@ def _apply_and_verify(run: "Tuning", wanted: dict, baseline_goodput: float) -> N
     run.publish(phase="Succeeded", applied="RolledBack",
                 decision={**run.status["decision"],
                           "reason": f"{reason}; rolled back: the gain did not hold ({why})"})
+
+
+def _live_baseline(run: "Tuning") -> dict | None:
+    """With Prometheus: the live traffic's figures over the verify window before the patch,
+    recorded in status.verification.promql (None without Prometheus)."""
+    if run.prometheus is None:
+        return None
+    sel = live_verify.target_selector(run.cluster.ns, run.spec.target)
+    try:
+        figures = live_verify.baseline(run.prometheus, sel, window=run.spec.verify_window,
+                                       limits=live_verify.slo_limits(run.slos))
+    except PrometheusError as exc:   # counts as no traffic: the short load verifies
+        figures = {"requests": 0, "error": str(exc)}
+    run.publish(verification={"method": "promql", "window": f"{run.spec.verify_window:g}s",
+                              "promql": {"selector": sel, "baseline": figures}})
+    return figures
+
+
+def _verify(run: "Tuning", baseline_goodput: float, live_before: dict | None) -> dict:
+    """status.verification after the rollout: PromQL on the live traffic when there is
+    enough of it (`promql`: both windows' figures), else a short load against the
+    confirmation's baseline (`fallback` says why)."""
+    target = run.spec.target
+    fallback, record = "no spec.prometheus.url", {}
+    if live_before is not None:
+        promql = {"selector": live_verify.target_selector(run.cluster.ns, target),
+                  "baseline": live_before}
+        if live_before["requests"] >= live_verify.MIN_REQUESTS:
+            try:
+                promql["live"] = live_verify.after_rollout(
+                    run.prometheus, promql["selector"], window=run.spec.verify_window,
+                    limits=live_verify.slo_limits(run.slos),
+                    settle_timeout=run.spec.startup_timeout)
+            except PrometheusError as exc:
+                promql["live"] = {"requests": 0, "error": str(exc)}
+        held, why = live_verify.verdict(live_before, promql.get("live"))
+        record = {"window": f"{run.spec.verify_window:g}s", "promql": promql}
+        if held is not None:
+            return {"method": "promql", **record, "held": held,
+                    "goodput": promql["live"]["goodput"],
+                    "baselineGoodput": live_before["goodput"],
+                    "message": f"verified on {target}'s traffic: {why}"}
+        fallback = f"too little live traffic for PromQL: {why}"
+        run.publish(verification={**record, "method": "load", "fallback": fallback})
+    figures = measure(run.cluster.endpoint_url(target),
+                      dataclasses.replace(run.load, seed=run.spec.seed + 1000),
+                      run.slos, workdir=run.out_dir / "verify",
+                      warmup_requests=run.spec.warmup_requests, prometheus=run.prometheus)
+    goodput = figures["goodput"]
+    floor = 0.5 / run.spec.duration   # as the confirmation floors a goodput of 0
+    held = max(goodput, floor) > max(baseline_goodput, floor)
+    return {**record, "method": "load", "fallback": fallback, "held": held,
+            "goodput": round(goodput, 4), "baselineGoodput": round(baseline_goodput, 4),
+            "message": f"verified on {target} with a {run.spec.duration:g} s load: goodput "
+                       f"{goodput:.3f} req/s vs the baseline's {baseline_goodput:.3f}"}

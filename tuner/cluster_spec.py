@@ -8,7 +8,9 @@ the CRD, the tuner and the engine agree. A value is a list of choices or a range
 The load: `workload` (a named synthetic workload) or `workloadFrom` (a trace in a
 ConfigMap or at a URL, or a workload fitted from the target's Prometheus histograms), not
 both; `loadWorkers` Locust processes share it (distributed mode); `capacity` asks for the
-highest load per replica within the SLOs with the winning settings.
+highest load per replica within the SLOs with the winning settings. `apply.verifyWindow`:
+how long Auto reads the live service's traffic (PromQL) before and after the apply.
+`tunerPods`: pods sharing the study, which then lives in spec.storage's database.
 """
 from __future__ import annotations
 
@@ -65,11 +67,13 @@ class TuningSpec:
     prometheus_url: str | None = None
     mode: str = "Manual"
     min_gain: float = 1.0
+    verify_window: float = 300.0    # Auto with prometheus_url: PromQL on the live traffic
     startup_timeout: float = 600.0
     seed: int = 0
     workload_from: WorkloadFrom | None = None
     load_workers: int = 1
     capacity: CapacitySpec | None = None     # None: only for Auto on an autoscaled target
+    tuner_pods: int = 1             # pods sharing the study (spec.storage's database)
 
 
 def parse_duration(value: Any, field: str) -> float:
@@ -166,6 +170,25 @@ def workload_from(spec: dict[str, Any]) -> WorkloadFrom | None:
     return WorkloadFrom("trace", config_map=(ref["name"], ref.get("key") or "trace.jsonl"))
 
 
+def tuner_pods(spec: dict[str, Any]) -> int:
+    """spec.tunerPods (default 1): more than one share a study, which SQLite in a pod
+    cannot hold."""
+    pods = _number(spec, "tunerPods", int, 1, low=1)
+    if pods > 1 and not ((spec.get("storage") or {}).get("secretRef") or {}).get("name"):
+        raise ValueError(f"spec.tunerPods {pods} needs spec.storage.secretRef: the pods "
+                         "share one Optuna study in that database (PostgreSQL)")
+    return pods
+
+
+def verify_window(spec: dict[str, Any]) -> float:
+    """spec.apply.verifyWindow (default 5m), which only a Prometheus can read."""
+    given = (spec.get("apply") or {}).get("verifyWindow")
+    if given is not None and not (spec.get("prometheus") or {}).get("url"):
+        raise ValueError("spec.apply.verifyWindow needs spec.prometheus.url: the live "
+                         "service's traffic is read from Prometheus")
+    return parse_duration("5m" if given is None else given, "apply.verifyWindow")
+
+
 def parse_tuning(spec: dict[str, Any]) -> TuningSpec:
     target = (spec.get("targetRef") or {}).get("name")
     if not target:
@@ -208,9 +231,11 @@ def parse_tuning(spec: dict[str, Any]) -> TuningSpec:
         confirm_rounds=rounds, candidates=_number(confirm, "candidates", int, 1, low=1),
         prometheus_url=(spec.get("prometheus") or {}).get("url") or None,
         mode=mode, min_gain=_number(apply, "minGain", float, 1.0, low=0),
+        verify_window=verify_window(spec),
         startup_timeout=parse_duration(spec.get("startupTimeout", "600s"), "startupTimeout"),
         seed=_number(spec, "seed", int, 0, low=0), workload_from=source,
-        load_workers=_number(spec, "loadWorkers", int, 1, low=1), capacity=capacity)
+        load_workers=_number(spec, "loadWorkers", int, 1, low=1), capacity=capacity,
+        tuner_pods=tuner_pods(spec))
 
 
 def camel(settings: dict[str, Any]) -> dict[str, Any]:

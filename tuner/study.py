@@ -114,8 +114,26 @@ def search_trials_done(study: optuna.Study) -> int:
     again (make_storage) counts once: its copy counts, the failed original does not."""
     trials = study.get_trials(deepcopy=False)
     retried = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
-    return sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-               or (t.state == TrialState.FAIL and t.number not in retried))
+    return sum(1 for t in trials if not t.user_attrs.get("surplus") and (
+        t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        or (t.state == TrialState.FAIL and t.number not in retried)))
+
+
+def beyond_total(study: optuna.Study, number: int, total: int) -> bool:
+    """Whether trial `number` is past the first `total` trials of the study: workers that
+    count and then ask can race past the total; the first `total` by trial number (the
+    storage hands numbers out one at a time) are the ones to measure. A trial beyond it
+    is told FAIL with user attr `surplus` and counts nowhere."""
+    trials = study.get_trials(deepcopy=False)
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
+    ahead = sum(1 for t in trials if t.number < number and not t.user_attrs.get("surplus")
+                and not (t.state == TrialState.FAIL and t.number in retried))
+    return ahead >= total
+
+
+def running_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """Trials being measured now, by this process or another sharing the study."""
+    return study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
 
 
 def feasible(trial: FrozenTrial) -> bool:

@@ -10,6 +10,7 @@
   spec.workloadFrom.trace.configMapRef is mounted the same way ($TUNER_TRACE_FILE; no Role
   rule on ConfigMaps beyond writing the recommendation); a trace URL the tuner fetches.
   spec.loadWorkers Locust worker processes run in the Job's pod: one CPU each is requested.
+  spec.tunerPods N > 1 makes it an Indexed Job of N pods sharing spec.storage's study.
 All are owned by the tuning resource: deleting it deletes them (and its trial services).
 """
 from __future__ import annotations
@@ -31,6 +32,14 @@ TRACE_FILE = f"{TRACE_DIR}/trace.jsonl"
 def spec_error(spec: dict[str, Any]) -> str | None:
     """What makes the spec unrunnable before any Job starts (the CRD's CEL rules say the
     same where the API server evaluates them); the message names the field to change."""
+    pods = spec.get("tunerPods") or 1
+    if pods > 1 and not ((spec.get("storage") or {}).get("secretRef") or {}).get("name"):
+        return (f"spec.tunerPods {pods} needs spec.storage.secretRef: the pods share one "
+                "Optuna study in that database (PostgreSQL)")
+    window = (spec.get("apply") or {}).get("verifyWindow")
+    if window is not None and not (spec.get("prometheus") or {}).get("url"):
+        return ("spec.apply.verifyWindow needs spec.prometheus.url: the live service's "
+                "traffic is read from Prometheus")
     source = spec.get("workloadFrom")
     if source is None:
         return None
@@ -144,8 +153,12 @@ def job(name: str, namespace: str, spec: dict[str, Any], *, image: str,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": mounts,
     }
+    pods = int(spec.get("tunerPods") or 1)
+    # several pods: an Indexed Job, $JOB_COMPLETION_INDEX 0 confirms and applies
+    indexed = {"completionMode": "Indexed", "completions": pods,
+               "parallelism": pods} if pods > 1 else {}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(name, namespace),
-            "spec": {"backoffLimit": BACKOFF_LIMIT,
+            "spec": {"backoffLimit": BACKOFF_LIMIT, **indexed,
                      "template": {"metadata": {"labels": labels(name)}, "spec": {
                          "serviceAccountName": tuner_name(name),
                          "automountServiceAccountToken": True,

@@ -31,6 +31,8 @@ VALID = [
     {"workloadFrom": {"trace": {"url": "https://traces.example/monday.jsonl"}}},
     {"workloadFrom": {"prometheus": {}}, **PROM},
     {"workloadFrom": {"prometheus": {"window": "7d", "selector": 'app="x"'}}, **PROM},
+    {"apply": {"mode": "Auto", "verifyWindow": "90s"}, **PROM},
+    {"tunerPods": 3, "storage": {"secretRef": {"name": "optuna-db"}}},
 ]
 # (spec, where the broken rule is declared, what the operator's message names)
 INVALID = [
@@ -43,6 +45,9 @@ INVALID = [
     ({"workloadFrom": {}}, "spec.workloadFrom", "spec.workloadFrom"),
     ({"workloadFrom": {"trace": {"url": "https://x", "configMapRef": {"name": "t"}}}},
      "spec.workloadFrom.trace", "spec.workloadFrom.trace"),
+    ({"apply": {"mode": "Auto", "verifyWindow": "5m"}}, "spec",
+     "spec.apply.verifyWindow needs spec.prometheus.url"),
+    ({"tunerPods": 2}, "spec", "spec.tunerPods 2 needs spec.storage.secretRef"),
 ]
 
 
@@ -68,7 +73,9 @@ def test_invalid_load_sources_break_a_rule_and_the_operator_and_tuner_refuse_the
 @pytest.mark.parametrize("spec", [{"loadWorkers": 0}, {"loadWorkers": 17},
                                   {"capacity": {"attainment": 1.5}},
                                   {"workloadFrom": {"prometheus": {"window": "a day"}}, **PROM},
-                                  {"workloadFrom": {"trace": {"url": "ftp://x"}}}])
+                                  {"workloadFrom": {"trace": {"url": "ftp://x"}}},
+                                  {"apply": {"verifyWindow": "five minutes"}, **PROM},
+                                  {"tunerPods": 0}])
 def test_the_schema_bounds_the_new_fields(spec):
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.Draft4Validator(SCHEMA).validate(tuning(**spec))

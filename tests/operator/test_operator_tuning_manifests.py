@@ -92,3 +92,24 @@ def test_runnable_specs_are_not_refused(spec):
 ])
 def test_unrunnable_specs_are_refused_naming_the_field(spec, field):
     assert field in (tm.spec_error({**BASE, **spec}) or "")
+
+
+def test_several_tuner_pods_make_an_indexed_job_and_one_pod_a_plain_one():
+    store = {"storage": {"secretRef": {"name": "optuna-db"}}}
+    job = tm.job("tune", "team", {**BASE, **store, "tunerPods": 3}, image="engine:1")["spec"]
+    assert (job["completionMode"], job["completions"], job["parallelism"]) == ("Indexed", 3, 3)
+    (env,) = [e for e in job["template"]["spec"]["containers"][0]["env"]
+              if e["name"] == "TUNER_STORAGE_URL"]
+    assert env["valueFrom"]["secretKeyRef"] == {"name": "optuna-db", "key": "url"}
+    single = tm.job("tune", "team", {**BASE, **store, "tunerPods": 1}, image="engine:1")["spec"]
+    assert "completionMode" not in single and "parallelism" not in single
+    assert tm.spec_error({**BASE, **store, "tunerPods": 3}) is None
+    assert "spec.tunerPods 3 needs spec.storage.secretRef" in \
+        tm.spec_error({**BASE, "tunerPods": 3})
+
+
+def test_a_verify_window_needs_a_prometheus():
+    assert "spec.apply.verifyWindow needs spec.prometheus.url" in \
+        tm.spec_error({**BASE, "apply": {"verifyWindow": "5m"}})
+    assert tm.spec_error({**BASE, "apply": {"verifyWindow": "5m"},
+                          "prometheus": {"url": "http://prom:9090"}}) is None

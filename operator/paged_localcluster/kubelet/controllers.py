@@ -1,5 +1,7 @@
 """The controllers kube-controller-manager runs, reduced to what our components use:
-Deployment -> ReplicaSets (rolling update or recreate), ReplicaSet -> Pods, Job -> Pods, and
+Deployment -> ReplicaSets (rolling update or recreate), ReplicaSet -> Pods, Job -> Pods (with
+`completionMode: Indexed`: one pod per index, its index in the annotation and label
+batch.kubernetes.io/job-completion-index and in $JOB_COMPLETION_INDEX), and
 Service -> EndpointSlice. Each `reconcile` pass reads the store and writes what is missing."""
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ from typing import Any
 from ..api import writes
 from ..api.selectors import match_labels
 from .probes import resolve_port
+
+
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 
 
 def _owner(obj: dict[str, Any]) -> dict[str, Any]:
@@ -154,15 +159,22 @@ class Controllers:
     def _pods_of(self, owner: dict[str, Any]) -> list[dict[str, Any]]:
         return owned(self.items("pods", owner["metadata"]["namespace"]), owner)
 
-    def _new_pod(self, owner: dict[str, Any]) -> None:
+    def _new_pod(self, owner: dict[str, Any], index: int | None = None) -> None:
         tmpl = owner["spec"]["template"]
+        meta = tmpl.get("metadata") or {}
+        labels, notes = dict(meta.get("labels") or {}), dict(meta.get("annotations") or {})
+        spec = copy.deepcopy(tmpl["spec"])
+        prefix = f"{owner['metadata']['name']}-"
+        if index is not None:   # an Indexed Job's pod, as the Job controller makes it
+            labels[INDEX_KEY] = notes[INDEX_KEY] = str(index)
+            prefix += f"{index}-"
+            for container in spec.get("containers") or []:
+                container["env"] = [*(container.get("env") or []),
+                                    {"name": "JOB_COMPLETION_INDEX", "value": str(index)}]
         writes.create(self.store, self.k.kind("pods"), owner["metadata"]["namespace"], {
-            "metadata": {"generateName": f"{owner['metadata']['name']}-",
-                         "labels": dict((tmpl.get("metadata") or {}).get("labels") or {}),
-                         "annotations": dict((tmpl.get("metadata") or {}).get("annotations")
-                                             or {}),
+            "metadata": {"generateName": prefix, "labels": labels, "annotations": notes,
                          "ownerReferences": [_owner(owner)]},
-            "spec": {**copy.deepcopy(tmpl["spec"]), "nodeName": "local"}})
+            "spec": {**spec, "nodeName": "local"}})
 
     def replicaset(self, rs: dict[str, Any]) -> None:
         if rs["metadata"].get("deletionTimestamp"):
@@ -193,6 +205,11 @@ class Controllers:
         phases = [(p.get("status") or {}).get("phase") for p in pods]
         succeeded, failed = phases.count("Succeeded"), phases.count("Failed")
         active = sum(1 for p in pods if _alive(p))
+        if spec.get("completionMode") == "Indexed":   # complete when every index succeeded
+            done_indexes = sorted({int(p["metadata"]["annotations"][INDEX_KEY]) for p in pods
+                                   if (p.get("status") or {}).get("phase") == "Succeeded"})
+            succeeded = len(done_indexes)
+            status["completedIndexes"] = ",".join(map(str, done_indexes))
         done = any(c["type"] in ("Complete", "Failed") for c in status.get("conditions") or [])
         if not done:
             if succeeded >= int(spec.get("completions", 1)):
@@ -203,6 +220,8 @@ class Controllers:
                 status["conditions"] = [{"type": "Failed", "status": "True",
                                          "reason": "BackoffLimitExceeded",
                                          "lastTransitionTime": writes.now()}]
+            elif spec.get("completionMode") == "Indexed":
+                active += self._start_indexes(job, pods)
             elif active < int(spec.get("parallelism", 1)):
                 for _ in range(int(spec.get("parallelism", 1)) - active):
                     self._new_pod(job)
@@ -210,6 +229,20 @@ class Controllers:
         status.setdefault("startTime", writes.now())
         status.update(active=active, succeeded=succeeded, failed=failed)
         self._set_status("jobs", job, {k: v for k, v in status.items() if v})
+
+    def _start_indexes(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> int:
+        """A pod for each index with none running or succeeded, up to `parallelism`
+        running; returns how many were started."""
+        spec = job["spec"]
+        taken = {int(p["metadata"]["annotations"][INDEX_KEY]) for p in pods
+                 if _alive(p) or (p.get("status") or {}).get("phase") == "Succeeded"}
+        room = int(spec.get("parallelism", 1)) - sum(1 for p in pods if _alive(p))
+        started = 0
+        for index in range(int(spec.get("completions", 1))):
+            if index not in taken and started < room:
+                self._new_pod(job, index)
+                started += 1
+        return started
 
     # ---- Service -> EndpointSlice ----
     def endpoint_slice(self, svc: dict[str, Any]) -> None:

@@ -8,6 +8,9 @@ tests/tuner/fake_engine.py:
   0.002 s * max_num_seqs;
 - FAKE_ENGINE_SLOW_HOSTS: comma-separated pod-name prefixes whose pods serve 50x slower
   (a regression that shows only on the live service, not on the trial services);
+- FAKE_ENGINE_HOST_ITL: {"pod-name prefix": {max_num_seqs: gap, "*": gap}} (JSON): pods
+  whose name starts with a prefix take their gap from its table instead (a setting that
+  is better on the trial services and worse on the live one);
 - --api-key-file (the operator's apiKeySecretRef mount): /v1/* answers 401 without
   `Authorization: Bearer KEY`, as the engine does;
 - at most --max-num-seqs requests stream at once, the rest queue (FIFO) and show in
@@ -91,6 +94,9 @@ itl = table.get(str(args.max_num_seqs), table.get("*", 0.002 * args.max_num_seqs
 slow = [p for p in os.environ.get("FAKE_ENGINE_SLOW_HOSTS", "").split(",") if p]
 if any(os.environ.get("HOSTNAME", "").startswith(p) for p in slow):
     itl *= 50
+for prefix, gaps in json.loads(os.environ.get("FAKE_ENGINE_HOST_ITL", "{}")).items():
+    if os.environ.get("HOSTNAME", "").startswith(prefix):
+        itl = gaps.get(str(args.max_num_seqs), gaps.get("*", itl))
 key = Path(args.api_key_file).read_text().strip() if args.api_key_file else None
 log_dir = os.environ.get("FAKE_ENGINE_REQUEST_LOG")
 request_log = Path(log_dir) / f"{os.environ.get('HOSTNAME', 'pod')}.jsonl" if log_dir else None
