@@ -105,7 +105,15 @@ def measure(url: str, load: LoadSpec, slos: dict, *, workdir: Path, warmup_reque
         run_load(load, url=url, workdir=workdir, on_progress=progress,
                  progress_interval=progress_interval)
     load_end = time.time()
-    figures = score(load_samples(samples_path), slos)
+    samples = load_samples(samples_path)
+    failed = [r for r in samples.records if not r.get("ok")]
+    if samples.records and len(failed) == len(samples.records):
+        # nothing was served: a setting (or a workload) the server refuses, e.g. prompts
+        # longer than its max_model_len, is a failed trial with the server's reason, not a
+        # measured goodput of 0
+        raise Infeasible(f"every request failed ({len(failed)} of {len(failed)}): "
+                         f"{failed[0].get('error') or 'no error recorded'}")
+    figures = score(samples, slos)
     server: dict[str, float] = {}
     if before is not None:
         try:
