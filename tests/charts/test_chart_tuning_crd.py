@@ -79,3 +79,21 @@ def test_invalid_load_sources_break_a_rule_and_the_operator_and_tuner_refuse_the
 def test_the_schema_bounds_the_new_fields(spec):
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.Draft4Validator(SCHEMA).validate(tuning(**spec))
+
+
+@pytest.mark.parametrize("example", ["chat.yaml", "summarize.yaml"])
+def test_the_tuning_examples_pass_both_crds_the_rules_the_operator_and_the_tuner(example):
+    from chart_tools import crd_validator
+    from chart_tools import ROOT
+
+    from paged_operator.spec import parse_spec
+
+    service, tune = yaml.safe_load_all((ROOT / "examples" / "tuning" / example).read_text())
+    assert not list(crd_validator().iter_errors(service))
+    parse_spec(service["spec"], name=service["metadata"]["name"], namespace="default")
+    jsonschema.Draft4Validator(SCHEMA).validate(tune)
+    assert violations(SCHEMA, tune) == []
+    assert spec_error(tune["spec"]) is None
+    assert tune["spec"]["targetRef"]["name"] == service["metadata"]["name"]
+    parsed = parse_tuning(tune["spec"])
+    assert parsed.workload == example.removesuffix(".yaml")
