@@ -1,18 +1,21 @@
 #!/usr/bin/env python
-"""Mutation testing of the engine's policy code with mutmut 3 (`pip install -e '.[mutation]'`).
+"""Mutation testing of the policy code with mutmut 3 (`pip install -e '.[mutation]'`).
 
-    python scripts/mutation.py [--keep DIR] [--max-children N] [--list-survivors]
+    python scripts/mutation.py [--only FILE ...] [--keep DIR] [--max-children N]
+                               [--list-survivors]
 
-mutmut 3 mutates a copy of the sources under `mutants/` and imports it ahead of the
-installed package; with this project installed editable, the tests could still import the
-unmutated `engine/` from the checkout. So the run happens in a scratch directory that holds
-only what the tests need (the `engine` package without the server and router, the shared
-conftest and the fast tests below), where `engine` resolves to mutmut's copy.
+mutmut 3 mutates a copy of the sources under `mutants/` and puts that directory first on
+sys.path; with this project installed editable, the tests could still import the unmutated
+packages from the checkout, and mutmut only finds packages at the top of its working
+directory (the operator's lives under operator/). So the run happens in a scratch directory
+that holds only what the tests need: the packages of PACKAGES at its top level (so
+`paged_operator` is `<scratch>/paged_operator`, resolved to mutmut's copy), the shared
+conftest and the fast tests of TARGETS (no cluster, model or network).
 
-Mutated: engine/kv_cache_manager.py, engine/scheduler.py, engine/sampler.py. Tests: the
-model-free ones that cover them. Last line: `mutation score: K/N killed (P%)`, where N counts
-every mutant that some test reaches (mutants of lines no selected test executes are listed
-as "no tests" and left out of N). Not in CI: it takes minutes (docs/mutation.md).
+Mutated: the files of TARGETS (`--only` picks some). Last line: `mutation score: K/N killed
+(P%)`, where timeouts count as killed and N counts every mutant that some selected test
+reaches (mutants of lines no selected test executes are listed as "no tests" and left out
+of N). Not in CI: the complete run takes about 15 minutes on two cores (docs/mutation.md).
 """
 from __future__ import annotations
 
@@ -26,30 +29,67 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MUTATED = ["engine/kv_cache_manager.py", "engine/scheduler.py", "engine/sampler.py"]
-TESTS = ["tests/engine/test_sampler_oracle.py", "tests/engine/test_scheduler_policy.py",
-         "tests/engine/test_kv_scheduler_properties.py"]
-NOT_NEEDED = ["entrypoints", "router"]  # engine subpackages the selected tests never import
+# Each mutated file (as the checkout holds it) and the fast tests that cover it. mutmut
+# runs, for each mutant, only the selected tests that executed the mutated function.
+_KV_SCHEDULER_TESTS = ["tests/engine/test_scheduler_policy.py",
+                       "tests/engine/test_scheduler_accounting.py",
+                       "tests/engine/test_kv_cache_accounting.py",
+                       "tests/engine/test_kv_scheduler_properties.py"]
+_OPERATOR_TESTS = ["tests/operator/test_operator_manifests.py",
+                   "tests/operator/test_operator_engine_contract.py",
+                   "tests/operator/test_operator_spec_parsing.py",
+                   "tests/operator/test_operator_manifests_whole.py"]
+TARGETS = {
+    "engine/kv_cache_manager.py": _KV_SCHEDULER_TESTS,
+    "engine/scheduler.py": _KV_SCHEDULER_TESTS,
+    "engine/sampler.py": ["tests/engine/test_sampler_oracle.py",
+                          "tests/engine/test_sampler_draws.py"],
+    "operator/paged_operator/manifests.py": _OPERATOR_TESTS,
+    "operator/paged_operator/spec.py": _OPERATOR_TESTS,
+    "tuner/scoring.py": ["tests/tuner/test_tuner_scoring.py",
+                         "tests/tuner/test_tuner_scoring_figures.py"],
+}
+# Package folder in the checkout -> its importable name, i.e. its place in the scratch dir
+# (pyproject's packages.find also looks under operator/). The root conftest imports the
+# engine, and paged_operator imports engine.settings, so all three are always copied.
+PACKAGES = {"engine": "engine", "operator/paged_operator": "paged_operator", "tuner": "tuner"}
+NOT_NEEDED = ["__pycache__", "*.md"]
+# Only the root conftest: tests/operator's starts the API-server emulator, tests/tuner's
+# adds the load tests' fake server, neither of which the selected tests use.
+CONFTEST = "tests/conftest.py"
 
 CONFIG = """\
 [tool.mutmut]
-source_paths = ["engine"]
+source_paths = {packages}
 only_mutate = {mutated}
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]
 pytest_add_cli_args_test_selection = {tests}
 """
 
 
-def _prepare(work: Path) -> None:
-    shutil.copytree(REPO / "engine", work / "engine",
-                    ignore=shutil.ignore_patterns("__pycache__", *NOT_NEEDED))
-    (work / "tests" / "engine").mkdir(parents=True)
-    shutil.copy(REPO / "tests" / "conftest.py", work / "tests" / "conftest.py")
-    for test in TESTS:
+def _scratch_path(repo_path: str) -> str:
+    """Where a checkout file lies in the scratch dir: operator/paged_operator/x.py ->
+    paged_operator/x.py."""
+    for folder, name in PACKAGES.items():
+        if repo_path.startswith(folder + "/"):
+            return name + repo_path[len(folder):]
+    raise ValueError(f"{repo_path} is in none of {sorted(PACKAGES)}")
+
+
+def _module(repo_path: str) -> str:
+    return _scratch_path(repo_path).removesuffix(".py").replace("/", ".")
+
+
+def _prepare(work: Path, mutated: list[str], tests: list[str]) -> None:
+    for folder, name in PACKAGES.items():
+        shutil.copytree(REPO / folder, work / name, ignore=shutil.ignore_patterns(*NOT_NEEDED))
+    for test in [CONFTEST, *tests]:
+        (work / test).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / test, work / test)
     as_list = lambda items: "[" + ", ".join(f'"{i}"' for i in items) + "]"  # noqa: E731
-    (work / "pyproject.toml").write_text(CONFIG.format(mutated=as_list(MUTATED),
-                                                       tests=as_list(TESTS)))
+    (work / "pyproject.toml").write_text(CONFIG.format(
+        packages=as_list(PACKAGES.values()), mutated=as_list(map(_scratch_path, mutated)),
+        tests=as_list(tests)))
 
 
 def _results(work: Path) -> dict[str, str]:
@@ -63,8 +103,32 @@ def _results(work: Path) -> dict[str, str]:
     return status
 
 
+def _report(status: dict[str, str], mutated: list[str], elapsed: float,
+            list_survivors: bool) -> None:
+    modules = {_module(path): path for path in mutated}
+    per_file: dict[str, collections.Counter] = {path: collections.Counter() for path in mutated}
+    for name, state in status.items():
+        module = max((m for m in modules if name.startswith(m + ".")), key=len)
+        per_file[modules[module]][state] += 1
+    for path, counts in per_file.items():
+        print(f"{path:38} {sum(counts.values()):4} mutants  "
+              + "  ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
+    if list_survivors:
+        survivors = sorted(n for n, s in status.items() if s == "survived")
+        print("survivors:" + "".join(f"\n  {name}" for name in survivors))
+    total = collections.Counter(status.values())
+    reached = sum(v for k, v in total.items() if k != "no tests")
+    killed = total["killed"] + total["timeout"]
+    print(f"{len(status)} mutants, {total['no tests']} on lines no selected test runs; "
+          f"{elapsed:.0f} s")
+    print(f"mutation score: {killed}/{reached} killed ({100 * killed / max(reached, 1):.1f}%)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", choices=sorted(TARGETS), metavar="FILE",
+                        help="mutate only this file (repeatable), with its tests; "
+                        f"one of: {', '.join(TARGETS)}")
     parser.add_argument("--keep", type=Path, help="run in this directory and keep it "
                         "(then `cd DIR && mutmut show NAME` prints a mutant's diff)")
     parser.add_argument("--max-children", type=int, default=2)
@@ -72,36 +136,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if shutil.which("mutmut") is None:
         sys.exit("mutmut is not installed: pip install -e '.[mutation]'")
+    mutated = args.only or list(TARGETS)
+    tests = list(dict.fromkeys(test for path in mutated for test in TARGETS[path]))
     work = args.keep or Path(tempfile.mkdtemp(prefix="mutation-"))
     if work.exists() and any(work.iterdir()):
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
     try:
-        _prepare(work)
+        _prepare(work, mutated, tests)
         started = time.monotonic()
         run = subprocess.run(["mutmut", "run", "--max-children", str(args.max_children)],
-                             cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
-        if run.returncode != 0:
-            sys.stderr.write(run.stderr[-3000:])
+        if run.returncode != 0:  # e.g. a selected test fails on the unmutated code
+            sys.stderr.write(run.stdout[-3000:])
             return run.returncode
-        status = _results(work)
-        elapsed = time.monotonic() - started
-        per_file: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-        for name, state in status.items():
-            per_file[name.split(".x", 1)[0].split("__mutmut")[0].rsplit(".", 1)[0]
-                     if ".x" in name else name.rsplit(".", 1)[0]][state] += 1
-        for module, counts in sorted(per_file.items()):
-            print(f"{module:28} " + "  ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
-        survivors = sorted(n for n, s in status.items() if s == "survived")
-        if args.list_survivors:
-            print("survivors:\n  " + "\n  ".join(survivors))
-        total = collections.Counter(status.values())
-        reached = sum(v for k, v in total.items() if k != "no tests")
-        killed = total["killed"] + total["timeout"]
-        print(f"{len(status)} mutants, {total['no tests']} on lines no selected test runs; "
-              f"{elapsed:.0f} s")
-        print(f"mutation score: {killed}/{reached} killed ({100 * killed / max(reached, 1):.1f}%)")
+        _report(_results(work), mutated, time.monotonic() - started, args.list_survivors)
         return 0
     finally:
         if args.keep is None:
