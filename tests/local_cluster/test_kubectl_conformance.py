@@ -89,6 +89,7 @@ spec: {targetRef: {name: qwen}, workload: summarize, searchSpace: {maxNumSeqs: [
 """)
     k("patch", "pit", "qwen-chat", "--subresource=status", "--type=merge", "-p",
       json.dumps({"status": {"trialsText": "3/4", "best": {"goodput": 6.41},
+                             "workload": {"name": "summarize", "source": "workload"},
                              "gain": {"text": "1.52x [1.31, 1.76]"}, "phase": "Searching"}}))
     header, row = k("get", "pit", "qwen-chat").stdout.splitlines()
     assert header.split() == ["NAME", "TARGET", "WORKLOAD", "TRIALS", "BEST", "GOODPUT",
