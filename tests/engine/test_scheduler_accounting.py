@@ -7,6 +7,7 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
+from test_scheduler_policy import _step  # one step with a fake model
 
 PARAMS = SamplingParams(max_tokens=8)
 
@@ -20,16 +21,6 @@ def _sched(max_num_seqs: int, budget: int, *, num_blocks: int = 32, block_size: 
            prefix: bool = False) -> Scheduler:
     return Scheduler(KVCacheManager(num_blocks, block_size, prefix), max_num_seqs=max_num_seqs,
                      max_num_batched_tokens=budget)
-
-
-def _step(sched: Scheduler):
-    """One step with a fake model: every sequence that reached its end gets token 1."""
-    batch = sched.schedule()
-    for seq, n in zip(batch.seqs, batch.num_new_tokens):
-        sched.advance(seq, n)
-        if seq.num_computed_tokens == seq.num_tokens:
-            seq.token_ids.append(1)
-    return batch
 
 
 def _plan(batch):
