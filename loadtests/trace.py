@@ -11,13 +11,20 @@ per process replays the process's share: a single process sends every request; w
 distributed workers, worker w sends requests i with i % N == w. Users beyond the first
 in a process stay idle.
 
+Distributed, only the master reads --trace-file: at the test's start it sends the trace
+(zlib-compressed) to every worker as a custom message, ahead of the spawn messages on the
+same connection, so a worker in another pod needs no copy of the file. A worker replays
+only a trace it was sent (it waits up to SHIP_TIMEOUT s for it).
+
 By hand: locust -f loadtests/trace.py --headless -u 1 -r 1 -t 60s --host URL
          --trace-file trace.jsonl --samples-file samples.jsonl
 """
 import random
 import time
+import zlib
 
 import gevent
+from gevent.event import Event
 import requests
 from locust import events
 
@@ -26,9 +33,13 @@ from loadtests.common import StreamingUser, _state, _write
 from loadtests.client import Sample
 from loadtests.workloads.base import SingleShot
 from loadtests.workloads.base import words
-from loadtests.workloads.trace import FALLBACK_TOKENS, WORKLOAD, build_request, read_trace
+from loadtests.workloads.trace import (FALLBACK_TOKENS, WORKLOAD, build_request, parse_trace,
+                                       read_trace)
 
 _replaying: set = set()  # processes' first user (one replay per process)
+TRACE_MESSAGE = "paged_trace"
+SHIP_TIMEOUT = 60.0
+_shipped: dict = {"event": Event(), "trace": None}  # a worker's trace, from the master
 
 
 @events.init_command_line_parser.add_listener
@@ -36,6 +47,41 @@ def _add_trace_options(parser) -> None:
     parser.add_argument("--trace-file", default="", help="trace to replay (JSONL)")
     parser.add_argument("--trace-speed", type=float, default=1.0,
                         help="replay speed: arrival times are divided by it")
+
+
+@events.init.add_listener
+def _on_init(environment, **_) -> None:
+    if distributed.role(environment) == "worker":
+        environment.runner.register_message(TRACE_MESSAGE, _receive_trace)
+
+
+def _receive_trace(environment, msg, **_) -> None:
+    text = zlib.decompress(msg.data["trace"]).decode("utf-8")
+    _shipped["trace"] = parse_trace(text, f"the trace {msg.data['name']} from the master")
+    _shipped["event"].set()
+
+
+@events.test_start.add_listener
+def _ship_trace(environment, **_) -> None:
+    """The master sends the trace to its workers before it spawns their users."""
+    if distributed.role(environment) != "master":
+        return
+    path = environment.parsed_options.trace_file
+    if not path:
+        return  # the workers' users report the missing option
+    with open(path, "rb") as f:
+        data = zlib.compress(f.read(), 6)
+    environment.runner.send_message(TRACE_MESSAGE, {"trace": data, "name": path})
+
+
+def _trace(environment) -> list:
+    """This process's copy of the trace: the file, or on a worker the master's message."""
+    opts = environment.parsed_options
+    if distributed.role(environment) != "worker":
+        return read_trace(opts.trace_file)
+    if not _shipped["event"].wait(timeout=SHIP_TIMEOUT):
+        raise ValueError(f"no trace from the master within {SHIP_TIMEOUT:.0f} s")
+    return _shipped["trace"]
 
 
 def _max_model_len(host: str) -> int | None:
@@ -73,7 +119,7 @@ class TraceUser(StreamingUser):
             raise ValueError("the trace workload needs --trace-file")
         if not opts.trace_speed > 0:
             raise ValueError(f"--trace-speed must be positive, got {opts.trace_speed}")
-        trace = read_trace(opts.trace_file)
+        trace = _trace(self.environment)
         shards, shard = distributed.worker_count(self.environment), distributed.worker_index(
             self.environment)
         max_len, vocab = _max_model_len(self.host), _vocab(self.host)

@@ -1,4 +1,5 @@
-"""`python -m tuner sweep|report|bench` (see tuner/README.md)."""
+"""`python -m tuner sweep|report|trace|bench` (see tuner/README.md); `tune` and
+`load-worker` are the in-cluster tuning's Job and load-worker pods."""
 from __future__ import annotations
 
 import argparse
@@ -18,6 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["tune"]:  # the PagedInferenceTuning Job's program (tuner/cluster.py)
         from tuner import cluster
         return cluster.main(argv[1:])
+    if argv[:1] == ["load-worker"]:  # a load-worker pod of a tuning (tuner/load_worker.py)
+        from tuner import load_worker
+        return load_worker.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "bench":

@@ -13,8 +13,9 @@ The trace workload adds --trace-file F --trace-speed S. With `workers` > 1 Locus
 distributed: this command with --master --expect-workers N, plus N worker processes
 (`locust -f ... --worker --master-port P`) whose samples the master merges
 (loadtests/distributed.py); the master alone is stopped early (pruning), the workers
-follow it. Every Locust process is in its own session and dies with the tuner
-(tuner.lifeline).
+follow it. With `master_port` set the workers are pods (tuner.load_worker, made by the
+operator): the master listens on $POD_IP:master_port and no worker starts here. Every
+Locust process is in its own session and dies with the tuner (tuner.lifeline).
 """
 from __future__ import annotations
 
@@ -52,11 +53,15 @@ class LoadSpec:
     trace: str | None = None   # the trace workload's file (loadtests/workloads/trace.py)
     trace_speed: float = 1.0   # its arrival times are divided by this
     workers: int = 1           # > 1: Locust's distributed mode, N worker processes
+    master_port: int | None = None  # workers > 1 run elsewhere (pods) and connect here
     ignore_eos: bool = True    # False: the model's EOS ends replies (Locust --real-eos)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError(f"load workers must be >= 1, got {self.workers}")
+        if self.master_port is not None and self.workers < 2:
+            raise ValueError("a Locust master port is for load workers elsewhere: "
+                             f"workers must be >= 2, got {self.workers}")
         if (self.workload == "trace") != (self.trace is not None):
             raise ValueError("the trace workload needs a trace file, and only it takes one")
         if self.trace is not None and not self.ignore_eos:
@@ -84,13 +89,24 @@ def locust_command(spec: LoadSpec, *, url: str, samples: Path, csv_prefix: Path)
     return command
 
 
+def worker_wait(spec: LoadSpec) -> int:
+    """Seconds a master waits for its workers: processes start in seconds, pods may be
+    starting (or restarting their worker after the previous master) for longer."""
+    return 300 if spec.master_port else 60
+
+
 def distributed_commands(spec: LoadSpec, *, url: str, samples: Path, csv_prefix: Path,
                          port: int) -> tuple[list[str], list[list[str]]]:
-    """The master's command and the workers' (Locust's own distributed mode)."""
+    """The master's command and the workers' (Locust's own distributed mode); no worker
+    commands when the workers are pods (spec.master_port)."""
+    bind = (os.environ.get("POD_IP") or "*") if spec.master_port else "127.0.0.1"
     master = [*locust_command(spec, url=url, samples=samples, csv_prefix=csv_prefix),
-              "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
-              "--expect-workers", str(spec.workers), "--expect-workers-max-wait", "60",
+              "--master", "--master-bind-host", bind, "--master-bind-port", str(port),
+              "--expect-workers", str(spec.workers),
+              "--expect-workers-max-wait", str(worker_wait(spec)),
               "--users-total", str(max(1, spec.users))]
+    if spec.master_port:
+        return master, []
     worker = [sys.executable, "-m", "locust", "-f", master[4], "--worker",
               "--master-host", "127.0.0.1", "--master-port", str(port),
               "--loglevel", "WARNING"]
@@ -114,7 +130,8 @@ def run_load(spec: LoadSpec, *, url: str, workdir: Path,
     csv_prefix = workdir / "locust"
     if spec.workers > 1:
         command, worker_commands = distributed_commands(
-            spec, url=url, samples=samples, csv_prefix=csv_prefix, port=free_port())
+            spec, url=url, samples=samples, csv_prefix=csv_prefix,
+            port=spec.master_port or free_port())
     else:
         command, worker_commands = locust_command(
             spec, url=url, samples=samples, csv_prefix=csv_prefix), []
@@ -148,8 +165,8 @@ def run_load(spec: LoadSpec, *, url: str, workdir: Path,
 
 def _wait(proc: subprocess.Popen, spec: LoadSpec, start: float,
           on_progress: Callable[[float], bool] | None, progress_interval: float) -> None:
-    # A distributed master first waits (up to 60 s) for its workers to connect.
-    limit = spec.duration + 120 + (60 if spec.workers > 1 else 0)
+    # A distributed master first waits for its workers to connect.
+    limit = spec.duration + 120 + (worker_wait(spec) if spec.workers > 1 else 0)
     while True:
         try:
             proc.wait(timeout=progress_interval)

@@ -77,13 +77,18 @@ def read_trace(path: str | Path) -> list[TraceRequest]:
     """The trace's requests in arrival order; ValueError naming the file and line."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"trace {path}: cannot read it ({exc.strerror})") from None
-    requests = [parse_trace_line(line, f"trace {path} line {n}")
-                for n, line in enumerate(lines, 1) if line.strip()]
+    return parse_trace(text, f"trace {path}")
+
+
+def parse_trace(text: str, where: str) -> list[TraceRequest]:
+    """A trace's text (JSONL) as requests in arrival order; `where` names it in errors."""
+    requests = [parse_trace_line(line, f"{where} line {n}")
+                for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not requests:
-        raise ValueError(f"trace {path} holds no requests")
+        raise ValueError(f"{where} holds no requests")
     return sorted(requests, key=lambda r: r.timestamp)
 
 
