@@ -7,8 +7,9 @@
   default selector: the target's pods). The non-synthetic sources come with a workload
   document (what was inferred, what was assumed) for the status and the recommendation.
 - `load_spec`: the LoadSpec and SLOs every measurement of the tuning uses, with
-  spec.loadWorkers Locust worker processes (distributed mode; their samples merge into one
-  set at the master, loadtests/distributed.py).
+  spec.loadWorkers Locust workers (distributed mode; their samples merge into one set at
+  the master, loadtests/distributed.py): the operator's load-worker pods, whose master
+  listens on $TUNER_LOCUST_MASTER_PORT, or worker processes here when that is unset.
 - `measure_capacity`: the highest open-loop load one replica with the winning settings
   takes within the SLOs (tuner.capacity's search, each probe a trialDuration load on one
   trial service `<tuning>-cap`), and the autoscaler's target it implies: the value of the
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from tuner.cluster import Tuning
 
 TRACE_FILE_ENV = "TUNER_TRACE_FILE"
+MASTER_PORT_ENV = "TUNER_LOCUST_MASTER_PORT"   # load workers are pods (tuner.load_worker)
 MAX_TRACE_BYTES = 256 << 20   # a trace URL's body: ~2.5 million requests
 # spec.autoscaling.metric -> the poller's per-pod mean during a probe (tuner.metrics)
 AUTOSCALER_FIGURES = {"queueDepth": "num_requests_waiting_mean",
@@ -86,6 +88,7 @@ def workload_source(spec: TuningSpec, *, namespace: str, out_dir: Path) -> Workl
 def load_spec(spec: TuningSpec, source: WorkloadSource, *,
               model_name: str | None) -> tuple[LoadSpec, dict]:
     """The load of every measurement, and the SLOs it is scored against."""
+    port = os.environ.get(MASTER_PORT_ENV)
     overrides = dict(spec.slo)
     slos = {kind: {**limits, **overrides} for kind, limits in source.spec.slos.items()}
     load = LoadSpec(
@@ -93,6 +96,7 @@ def load_spec(spec: TuningSpec, source: WorkloadSource, *,
         users=spec.users or (1 if spec.rate else source.spec.users),
         arrival="open" if spec.rate else "closed", rate=spec.rate or 1.0, seed=spec.seed,
         length_scale=spec.length_scale, model_name=model_name, workers=spec.load_workers,
+        master_port=int(port) if port and spec.load_workers > 1 else None,
         trace=str(source.trace) if source.trace is not None else None)
     return source.load(load), slos
 

@@ -30,6 +30,7 @@ async def serve(cluster_dir: Path, host: str, port: int, info: dict[str, str]) -
         kubelet = Kubelet(api, cluster_dir, cluster_dir / "kubeconfig")
         controllers = Controllers(kubelet)
         network = Network(kubelet, cluster_dir, {"api": f"http://{host}:{port}", **info})
+        kubelet.service_env = network.service_env
         written = ""
         try:
             while not stop.is_set():

@@ -30,7 +30,8 @@ TUNING = Kind(tm.API_VERSION, tm.TUNING_PLURAL)
 PIS = Kind(tm.API_VERSION, PLURAL)
 JOB = Kind("batch/v1", "jobs", ("BatchV1Api", "job"))
 CHILD_KINDS = {"ServiceAccount": KINDS["ServiceAccount"], "Role": KINDS["Role"],
-               "RoleBinding": KINDS["RoleBinding"], "Job": JOB}
+               "RoleBinding": KINDS["RoleBinding"], "Job": JOB,
+               "Service": KINDS["Service"], "Deployment": KINDS["Deployment"]}
 TUNER_SELECTOR = {"app.kubernetes.io/managed-by": tm.MANAGED_BY,
                   "app.kubernetes.io/component": "tuner"}
 FINAL = ("Succeeded", "Failed")
@@ -69,12 +70,24 @@ def _refused(status: dict[str, Any]) -> bool:
 
 
 async def _stop(api: KubeApi, namespace: str, name: str) -> None:
-    """Delete the Job with its pod (Background: the pod is not orphaned) and the trials."""
+    """Delete the Job with its pod (Background: the pod is not orphaned), the load-worker
+    pods and the trials."""
     batch = api._api("BatchV1Api")
     await api._call(batch.delete_namespaced_job, tm.tuner_name(name), namespace,
                     propagation_policy="Background")
+    await _stop_load_workers(api, namespace, name)
     for trial in await api.list(PIS, namespace, labels={f"{GROUP}/tuning": name}):
         await api.delete(PIS, namespace, trial["metadata"]["name"])
+
+
+async def _stop_load_workers(api: KubeApi, namespace: str, name: str) -> None:
+    """The load-worker Deployments and their Services (spec.loadWorkers > 1)."""
+    selector = {"app.kubernetes.io/instance": name,
+                "app.kubernetes.io/component": "load-worker",
+                "app.kubernetes.io/managed-by": tm.MANAGED_BY}
+    for kind in (KINDS["Deployment"], KINDS["Service"]):
+        for obj in await api.list(kind, namespace, labels=selector):
+            await api.delete(kind, namespace, obj["metadata"]["name"])
 
 
 @kopf.on.resume(GROUP, VERSION, tm.TUNING_PLURAL)
@@ -124,17 +137,23 @@ async def reconcile_tuning(body: kopf.Body, memo: Any, logger: kopf.Logger, **_:
 
 @kopf.on.event("batch", "v1", "jobs", labels=TUNER_SELECTOR)
 async def tuner_job_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
-    """A Job that gave up (backoffLimit exceeded) turns its tuning Failed."""
+    """A finished Job's load-worker pods go; a Job that gave up (backoffLimit exceeded)
+    turns its tuning Failed."""
     if type == "DELETED":
         return
-    failed = next((c for c in (body.get("status") or {}).get("conditions") or []
-                   if c.get("type") == "Failed" and c.get("status") == "True"), None)
+    conditions = [c for c in (body.get("status") or {}).get("conditions") or []
+                  if c.get("status") == "True"]
+    failed = next((c for c in conditions if c.get("type") == "Failed"), None)
     owner = next((r["name"] for r in body["metadata"].get("ownerReferences") or []
                   if r.get("kind") == tm.TUNING_KIND), None)
-    if failed is None or owner is None:
+    if owner is None:
         return
     api, _, _ = _shared(memo)
     namespace = body["metadata"]["namespace"]
+    if failed is not None or any(c.get("type") == "Complete" for c in conditions):
+        await _stop_load_workers(api, namespace, owner)
+    if failed is None:
+        return
     tuning = await api.get(TUNING, namespace, owner)
     if tuning is None or (tuning.get("status") or {}).get("phase") in FINAL:
         return

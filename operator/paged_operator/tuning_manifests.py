@@ -9,8 +9,14 @@
   engine has it; no Role rule on Secrets), named by $TUNER_API_KEY_FILE: the load sends it.
   spec.workloadFrom.trace.configMapRef is mounted the same way ($TUNER_TRACE_FILE; no Role
   rule on ConfigMaps beyond writing the recommendation); a trace URL the tuner fetches.
-  spec.loadWorkers Locust worker processes run in the Job's pod: one CPU each is requested.
   spec.tunerPods N > 1 makes it an Indexed Job of N pods sharing spec.storage's study.
+- spec.loadWorkers W > 1: Locust's distributed mode across pods. Per tuner pod i, a
+  Service `<tuning>-load[-i]` in front of that pod's Locust master port (the pod's
+  completion index selects it) and a Deployment of the same name with W load-worker pods
+  (`python -m tuner load-worker`: a Locust worker in a loop, as every measurement is a new
+  master; no API access). The Service is made before the Deployment, so the workers find
+  the master in their `<SERVICE>_SERVICE_HOST` variables (or by DNS). The operator deletes
+  both when the Job has finished.
 All are owned by the tuning resource: deleting it deletes them (and its trial services).
 """
 from __future__ import annotations
@@ -27,6 +33,11 @@ MANAGED_BY = "paged-inference-operator"
 BACKOFF_LIMIT = 3
 TRACE_DIR = "/etc/paged-inference/trace"
 TRACE_FILE = f"{TRACE_DIR}/trace.jsonl"
+MASTER_PORT = 5557              # Locust's default master port (tuner.load_worker)
+MASTER_PORT_NAME = "locust-master"
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+TRACE_WORKLOAD = "trace"        # the locustfile of every workloadFrom source
+DEFAULT_WORKLOAD = "chat"       # the tuner's, when neither workload nor workloadFrom is given
 
 
 def spec_error(spec: dict[str, Any]) -> str | None:
@@ -140,18 +151,24 @@ def job(name: str, namespace: str, spec: dict[str, Any], *, image: str,
         mounts.append({"name": "trace", "mountPath": TRACE_DIR, "readOnly": True})
         env.append({"name": "TUNER_TRACE_FILE", "value": TRACE_FILE})
     workers = int(spec.get("loadWorkers") or 1)
+    ports: list[dict[str, Any]] = []
+    if workers > 1:   # the Locust master listens for the load-worker pods
+        env += [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                {"name": "TUNER_LOCUST_MASTER_PORT", "value": str(MASTER_PORT)}]
+        ports.append({"name": MASTER_PORT_NAME, "containerPort": MASTER_PORT,
+                      "protocol": "TCP"})
     container = {
         "name": "tuner", "image": spec.get("image") or image,
         "command": ["python", "-m", "tuner", "tune", "--cluster", "--name", name,
                     "--out-dir", "/tmp/tuner-out"],
         "env": env,
-        # the tuner and the Locust master, plus one CPU per Locust worker process
-        "resources": {"requests": {"cpu": str(1 + workers if workers > 1 else 1),
-                                   "memory": f"{512 + 256 * (workers - 1)}Mi"},
-                      "limits": {"memory": f"{2048 + 512 * (workers - 1)}Mi"}},
+        # the tuner and the Locust master; the workers are pods of their own
+        "resources": {"requests": {"cpu": "1", "memory": "512Mi"},
+                      "limits": {"memory": "2048Mi"}},
         "securityContext": copy.deepcopy(CONTAINER_SECURITY),
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": mounts,
+        **({"ports": ports} if ports else {}),
     }
     pods = int(spec.get("tunerPods") or 1)
     # several pods: an Indexed Job, $JOB_COMPLETION_INDEX 0 confirms and applies
@@ -168,11 +185,83 @@ def job(name: str, namespace: str, spec: dict[str, Any], *, image: str,
                          "volumes": volumes}}}}
 
 
+def load_name(name: str, index: int, pods: int) -> str:
+    return f"{name}-load" if pods == 1 else f"{name}-load-{index}"
+
+
+def load_labels(name: str, index: int) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "paged-inference-load-worker",
+            "app.kubernetes.io/instance": name,
+            "app.kubernetes.io/component": "load-worker",
+            "app.kubernetes.io/managed-by": MANAGED_BY,
+            f"{GROUP}/tuner-index": str(index)}
+
+
+def load_services(name: str, namespace: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per tuner pod, the Service its load-worker pods reach its Locust master by."""
+    pods = int(spec.get("tunerPods") or 1)
+    out = []
+    for i in range(pods):
+        selector = {**labels(name), **({INDEX_LABEL: str(i)} if pods > 1 else {})}
+        out.append({"apiVersion": "v1", "kind": "Service", "metadata": {
+            "name": load_name(name, i, pods), "namespace": namespace,
+            "labels": load_labels(name, i)},
+            "spec": {"selector": selector, "ports": [
+                {"name": MASTER_PORT_NAME, "port": MASTER_PORT, "protocol": "TCP",
+                 "targetPort": MASTER_PORT_NAME}]}})
+    return out
+
+
+def load_deployments(name: str, namespace: str, spec: dict[str, Any], *, image: str,
+                     api_key: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Per tuner pod, spec.loadWorkers Locust worker pods (tuner.load_worker)."""
+    pods, workers = int(spec.get("tunerPods") or 1), int(spec.get("loadWorkers") or 1)
+    workload = TRACE_WORKLOAD if spec.get("workloadFrom") else (
+        spec.get("workload") or DEFAULT_WORKLOAD)
+    env: list[dict[str, Any]] = [{"name": "HOME", "value": "/tmp"}]
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    if api_key:   # the load sends the target's key, as the Job's Locust does
+        volumes.append({"name": "api-key", "secret": {
+            "secretName": api_key["name"], "defaultMode": 0o440, "optional": True,
+            "items": [{"key": api_key.get("key") or "api-key", "path": "api-key"}]}})
+        mounts.append({"name": "api-key", "mountPath": SECRET_DIR, "readOnly": True})
+        env.append({"name": "TUNER_API_KEY_FILE", "value": API_KEY_FILE})
+    out = []
+    for i in range(pods):
+        service = load_name(name, i, pods)
+        pod_labels = load_labels(name, i)
+        out.append({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {
+            "name": service, "namespace": namespace, "labels": pod_labels},
+            "spec": {"replicas": workers,
+                     "selector": {"matchLabels": pod_labels},
+                     "template": {"metadata": {"labels": pod_labels}, "spec": {
+                         "automountServiceAccountToken": False,
+                         "securityContext": copy.deepcopy(POD_SECURITY),
+                         "containers": [{
+                             "name": "load-worker", "image": spec.get("image") or image,
+                             "command": ["python", "-m", "tuner", "load-worker",
+                                         "--master-service", service,
+                                         "--workload", workload],
+                             "env": copy.deepcopy(env),
+                             "resources": {"requests": {"cpu": "1", "memory": "256Mi"},
+                                           "limits": {"memory": "1Gi"}},
+                             "securityContext": copy.deepcopy(CONTAINER_SECURITY),
+                             "volumeMounts": copy.deepcopy(mounts)}],
+                         "volumes": copy.deepcopy(volumes)}}}})
+    return out
+
+
 def children(name: str, namespace: str, spec: dict[str, Any], *, image: str,
              api_key: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """In creation order: the identity before the Job that uses it."""
+    """In creation order: the identity before the Job that uses it; with load workers,
+    their Services before their Deployments (for the Service variables) and the Job."""
+    load: list[dict[str, Any]] = []
+    if int(spec.get("loadWorkers") or 1) > 1:
+        load = [*load_services(name, namespace, spec),
+                *load_deployments(name, namespace, spec, image=image, api_key=api_key)]
     return [service_account(name, namespace), role(name, namespace),
-            role_binding(name, namespace),
+            role_binding(name, namespace), *load,
             job(name, namespace, spec, image=image, api_key=api_key)]
 
 

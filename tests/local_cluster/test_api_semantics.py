@@ -103,3 +103,28 @@ def test_secret_volume_items_and_modes(tmp_path) -> None:
     pod["spec"]["volumes"][0]["secret"]["items"] = [{"key": "token", "path": "../../escape"}]
     with pytest.raises(CannotRun, match="leaves the volume"):
         volumes(pod, tmp_path / "pod", tmp_path, lookup)
+
+
+def test_service_variables_come_before_the_containers_env_unless_links_are_off(
+        tmp_path) -> None:
+    """Kubernetes' NAME_SERVICE_HOST/_PORT variables (enableServiceLinks): the pod's
+    namespace's, as the network hands them out; the container's own env wins."""
+    asked = []
+
+    def services(namespace: str) -> dict[str, str]:
+        asked.append(namespace)
+        return {"T_LOAD_SERVICE_HOST": "127.0.1.7", "T_LOAD_SERVICE_PORT": "5557",
+                "OTHER_SERVICE_HOST": "127.0.1.8"}
+
+    pod = {"metadata": {"name": "p", "namespace": "team"}, "spec": {}}
+    container = {"command": ["true"], "env": [{"name": "OTHER_SERVICE_HOST", "value": "own"}]}
+    out = launch_mod.launch(pod, container, "127.0.0.9", {}, tmp_path, tmp_path / "kc",
+                            lambda *a: None, services=services)
+    assert asked == ["team"]
+    assert out.env["T_LOAD_SERVICE_HOST"] == "127.0.1.7" and out.env["T_LOAD_SERVICE_PORT"] == \
+        "5557"
+    assert out.env["OTHER_SERVICE_HOST"] == "own" and out.env["POD_IP"] == "127.0.0.9"
+    pod["spec"]["enableServiceLinks"] = False
+    out = launch_mod.launch(pod, container, "127.0.0.9", {}, tmp_path, tmp_path / "kc",
+                            lambda *a: None, services=services)
+    assert "T_LOAD_SERVICE_HOST" not in out.env and asked == ["team"]

@@ -311,7 +311,8 @@ def served(logs: Path, prefix: str) -> dict[str, list[dict]]:
 def test_a_trace_in_a_config_map_replays_on_two_load_workers(
         target: LocalCluster, request_logs: Path) -> None:
     """spec.workloadFrom.trace.configMapRef, mounted into the Job; spec.loadWorkers 2:
-    Locust's master and two worker processes, whose samples merge into one set."""
+    Locust's master in the Job's pod and two load-worker pods, whose samples merge into
+    one set per measurement."""
     trace = [{"timestamp": round(0.3 * i, 2), "prompt_tokens": 24, "output_tokens": 3 + i,
               "prefix_group": "sys-a" if i % 3 else "sys-b", "prefix_tokens": 16}
              for i in range(10)]   # output_tokens name the request in the engine's log
@@ -319,11 +320,31 @@ def test_a_trace_in_a_config_map_replays_on_two_load_workers(
                   "data": {"requests.jsonl": "".join(json.dumps(r) + "\n" for r in trace)}}
     apply(target, config_map, service("replay", request_log=str(request_logs)))
     target.kubectl("wait", "pis/replay", "--for=condition=Ready", "--timeout=90s", timeout=100)
+    seen: dict[str, str] = {}   # load-worker pod -> its log, while it runs
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.5):
+            for pod in target.pods("app.kubernetes.io/instance=replay,"
+                                   "app.kubernetes.io/component=load-worker"):
+                log = (target.dir / "pods" / "default" / pod["metadata"]["name"] / "logs" /
+                       "load-worker.log")
+                try:
+                    seen[pod["metadata"]["name"]] = log.read_text()
+                except OSError:
+                    pass
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     apply(target, tuning("replay", "replay", trials=1, space={"maxNumSeqs": [4]},
                          duration="5s", workload=None, users=None, lengthScale=None,
                          loadWorkers=2, workloadFrom={"trace": {"configMapRef": {
                              "name": "replay-trace", "key": "requests.jsonl"}}}))
-    status = finished(target, "replay")["status"]
+    try:
+        status = finished(target, "replay")["status"]
+    finally:
+        stop.set()
+        watcher.join()
     workload = status["workload"]
     assert workload["source"] == "workloadFrom.trace" and workload["loadWorkers"] == 2
     assert "prefix groups: 2 holding 10 of 10 requests" in workload["document"]
@@ -346,13 +367,25 @@ def test_a_trace_in_a_config_map_replays_on_two_load_workers(
         for r, want in zip(requests, trace):
             assert abs((r["t"] - start) - want["timestamp"]) < 0.25, (pod, r, want)
     assert len(pods[search_pod]) == status["history"][0]["requests"]
-    # two worker processes really ran, in the Job's pod
+    # the two workers were pods, which found the Job pod's master through the Service's
+    # variables and served every measurement (the search trial, 2 rounds x 2): none ran in
+    # the Job's pod
     (job_pod,) = target.pods("app.kubernetes.io/instance=replay,"
                              "app.kubernetes.io/component=tuner")
     trial_dir = (target.dir / "pods" / "default" / job_pod["metadata"]["name"] / "volumes" /
                  "tmp" / "tuner-out" / "replay" / "trials" / "trial-0000")
-    assert sorted(p.name for p in trial_dir.glob("locust-worker-*.log")) == [
-        "locust-worker-0.log", "locust-worker-1.log"]
+    assert (trial_dir / "samples.jsonl").is_file()
+    assert not list(trial_dir.glob("locust-worker-*.log"))
+    assert len(seen) == 2 and all(p.startswith("replay-load-") for p in seen), seen
+    for pod, log in seen.items():
+        assert "Locust master at 127.0.1." in log and ":5557, workload trace" in log, log
+        assert "run 4 ended (0)" in log, (pod, log)
+    # the Job is done: the operator deleted the workers and their Service
+    target.wait_for(lambda: not target.pods("app.kubernetes.io/instance=replay,"
+                                            "app.kubernetes.io/component=load-worker")
+                    and all(target.kubectl("get", kind, "replay-load", check=False).returncode
+                            for kind in ("deploy", "svc")),
+                    60, "the load workers to go")
     job = target.json("get", "job", "replay-tuner")["spec"]["template"]["spec"]
     (volume,) = [v for v in job["volumes"] if v["name"] == "trace"]
     assert volume["configMap"]["name"] == "replay-trace"

@@ -1,6 +1,7 @@
 """What a PagedInferenceTuning becomes, pinned without a cluster: the Job's trace mount
-(spec.workloadFrom.trace.configMapRef), its CPU for spec.loadWorkers, the Role (still only
-the loop's calls), and the specs the operator refuses before making any Job."""
+(spec.workloadFrom.trace.configMapRef), the load-worker pods and Services of
+spec.loadWorkers, the Role (still only the loop's calls), and the specs the operator
+refuses before making any Job."""
 from __future__ import annotations
 
 import pytest
@@ -42,17 +43,86 @@ def test_the_key_defaults_to_trace_jsonl():
     assert volume["configMap"]["items"] == [{"key": "trace.jsonl", "path": "trace.jsonl"}]
 
 
-@pytest.mark.parametrize("workers, cpu, memory", [(None, "1", "512Mi"), (1, "1", "512Mi"),
-                                                  (2, "3", "768Mi"), (4, "5", "1280Mi")])
-def test_load_workers_get_a_cpu_each_beside_the_tuner(workers, cpu, memory):
+def children_of(**spec):
+    return tm.children("tune", "team", {**BASE, **spec}, image="engine:1",
+                       api_key=spec.pop("_api_key", None))
+
+
+@pytest.mark.parametrize("workers", [None, 1])
+def test_one_load_worker_is_locust_in_the_jobs_pod_with_no_pods_of_its_own(workers):
     spec = {} if workers is None else {"loadWorkers": workers}
-    requests = job_of(**spec)["containers"][0]["resources"]["requests"]
-    assert requests == {"cpu": cpu, "memory": memory}
+    kinds = [c["kind"] for c in children_of(**spec)]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "Job"]
+    (container,) = job_of(**spec)["containers"]
+    assert "ports" not in container
+    assert not {"POD_IP", "TUNER_LOCUST_MASTER_PORT"} & {e["name"] for e in container["env"]}
+    assert container["resources"]["requests"] == {"cpu": "1", "memory": "512Mi"}
+
+
+@pytest.mark.parametrize("spec, workload", [
+    ({"workload": "rag"}, "rag"), ({}, "chat"),
+    ({"workloadFrom": {"trace": {"url": "https://x/t.jsonl"}}}, "trace"),
+    ({"workloadFrom": {"prometheus": {}}, "prometheus": {"url": "http://p"}}, "trace")])
+def test_load_workers_are_pods_that_find_the_jobs_master_through_a_service(spec, workload):
+    made = children_of(loadWorkers=3, **spec)
+    assert [c["kind"] for c in made] == ["ServiceAccount", "Role", "RoleBinding", "Service",
+                                         "Deployment", "Job"]   # the Service before its pods
+    service, deployment, job = made[3:]
+    assert service["metadata"]["name"] == deployment["metadata"]["name"] == "tune-load"
+    template = job["spec"]["template"]
+    # the Service selects the Job's pod, by the port the Job's container names
+    assert service["spec"]["selector"] == template["metadata"]["labels"]
+    (port,) = service["spec"]["ports"]
+    (container,) = template["spec"]["containers"]
+    assert container["ports"] == [{"name": port["targetPort"], "containerPort": 5557,
+                                   "protocol": "TCP"}] and port["port"] == 5557
+    env = {e["name"]: e for e in container["env"]}
+    assert env["TUNER_LOCUST_MASTER_PORT"]["value"] == "5557"
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert container["resources"]["requests"]["cpu"] == "1"   # the workers are not in it
+    # the worker pods: not selected by the Service, no API access, the tuning's locustfile
+    pod = deployment["spec"]["template"]
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["selector"]["matchLabels"] == pod["metadata"]["labels"]
+    assert not set(service["spec"]["selector"].items()) <= set(pod["metadata"]["labels"].items())
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    (worker,) = pod["spec"]["containers"]
+    assert worker["command"] == ["python", "-m", "tuner", "load-worker", "--master-service",
+                                 "tune-load", "--workload", workload]
+    assert worker["image"] == "engine:1" and worker["resources"]["requests"]["cpu"] == "1"
+    assert "TUNER_API_KEY_FILE" not in {e["name"] for e in worker["env"]}
+
+
+def test_each_tuner_pod_gets_its_own_master_service_and_workers():
+    made = children_of(loadWorkers=2, tunerPods=2, storage={"secretRef": {"name": "db"}})
+    services = [c for c in made if c["kind"] == "Service"]
+    deployments = [c for c in made if c["kind"] == "Deployment"]
+    assert [s["metadata"]["name"] for s in services] == ["tune-load-0", "tune-load-1"]
+    assert [d["metadata"]["name"] for d in deployments] == ["tune-load-0", "tune-load-1"]
+    for i, (service, deployment) in enumerate(zip(services, deployments)):
+        assert service["spec"]["selector"][tm.INDEX_LABEL] == str(i)
+        command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert command[command.index("--master-service") + 1] == f"tune-load-{i}"
+        assert deployment["spec"]["replicas"] == 2
+    labels = [d["spec"]["template"]["metadata"]["labels"] for d in deployments]
+    assert labels[0] != labels[1]   # each Deployment's selector holds only its own pods
+
+
+def test_load_worker_pods_send_the_targets_api_key():
+    made = children_of(loadWorkers=2, _api_key={"name": "key", "key": "token"})
+    (deployment,) = [c for c in made if c["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "api-key"]
+    assert volume["secret"]["secretName"] == "key"
+    assert volume["secret"]["items"] == [{"key": "token", "path": "api-key"}]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "api-key"]
+    assert env["TUNER_API_KEY_FILE"].startswith(mount["mountPath"])
 
 
 def test_the_role_still_allows_only_the_loops_calls():
-    """The trace comes as a mount and the load workers are processes of the Job's pod: no
-    rule on pods, on reading ConfigMaps, or on Secrets."""
+    """The trace comes as a mount and the operator makes the load-worker pods: no rule on
+    pods, services or deployments, on reading ConfigMaps, or on Secrets."""
     rules = tm.role("tune", "team")["rules"]
     granted = {(group, resource, verb) for r in rules for group in r["apiGroups"]
                for resource in r["resources"] for verb in r["verbs"]}

@@ -167,7 +167,10 @@ def _env_value(item: dict[str, Any], pod: dict[str, Any], lookup: Lookup) -> str
 
 
 def launch(pod: dict[str, Any], container: dict[str, Any], ip: str, vols: dict[str, Path],
-           pod_dir: Path, kubeconfig: Path, lookup: Lookup) -> Launch:
+           pod_dir: Path, kubeconfig: Path, lookup: Lookup,
+           services: Callable[[str], dict[str, str]] = lambda namespace: {}) -> Launch:
+    """`services(namespace)`: the Service variables Kubernetes gives a pod there (unless
+    spec.enableServiceLinks is false); the container's own env comes after them."""
     argv = _python(list(container.get("command") or entrypoint(container.get("image", ""))))
     argv += list(container.get("args") or [])
     mounts = sorted(((m["mountPath"], vols[m["name"]]) for m in
@@ -181,6 +184,8 @@ def launch(pod: dict[str, Any], container: dict[str, Any], ip: str, vols: dict[s
     for key in ("PYTHONPATH", "VIRTUAL_ENV"):
         if key in os.environ:
             env[key] = os.environ[key]
+    if pod["spec"].get("enableServiceLinks", True) is not False:
+        env.update(services(pod["metadata"]["namespace"]))
     if pod["spec"].get("automountServiceAccountToken", True) is not False:
         env["KUBECONFIG"] = str(kubeconfig)   # the pod may talk to the API, as in-cluster
     for item in container.get("env") or []:

@@ -82,6 +82,33 @@ class Network:
         self._written: str = ""
         self._own_targets: set[str] = set()   # files others write there (the tuner's) stay
 
+    def address(self, namespace: str, name: str) -> str:
+        """The Service's address (its forwarder's), taken now if the forwarder is not made
+        yet: a pod started in the same pass gets it in its Service variables."""
+        key = (namespace, name)
+        if key not in self.forwarders:
+            self.forwarders[key] = Forwarder(self, namespace, name, self.ips.take())
+        return self.forwarders[key].ip
+
+    def service_env(self, namespace: str) -> dict[str, str]:
+        """Kubernetes' Service variables for a pod of `namespace` (enableServiceLinks):
+        NAME_SERVICE_HOST, NAME_SERVICE_PORT (the first port), NAME_SERVICE_PORT_PORTNAME,
+        with the local address of each Service there now."""
+        env: dict[str, str] = {}
+        for svc in self.kubelet.api.store.items(self.kubelet.kind("services")):
+            meta, ports = svc["metadata"], svc["spec"].get("ports") or []
+            if meta["namespace"] != namespace or meta.get("deletionTimestamp"):
+                continue
+            prefix = meta["name"].upper().replace("-", "_")
+            env[f"{prefix}_SERVICE_HOST"] = self.address(namespace, meta["name"])
+            if ports:
+                env[f"{prefix}_SERVICE_PORT"] = str(ports[0]["port"])
+            for port in ports:
+                if port.get("name"):
+                    env[f"{prefix}_SERVICE_PORT_{port['name'].upper().replace('-', '_')}"] = \
+                        str(port["port"])
+        return env
+
     async def sync(self) -> None:
         services = {(s["metadata"]["namespace"], s["metadata"]["name"]): s for s in
                     self.kubelet.api.store.items(self.kubelet.kind("services"))}
@@ -90,8 +117,7 @@ class Network:
             fwd.close()
             self.ips.give_back(fwd.ip)
         for key, svc in services.items():
-            if key not in self.forwarders:
-                self.forwarders[key] = Forwarder(self, *key, self.ips.take())
+            self.address(*key)
             try:
                 await self.forwarders[key].sync(svc["spec"].get("ports") or [])
             except OSError as e:   # reported, retried on the next pass

@@ -8,7 +8,7 @@ import copy
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..api.server import ApiServer
 from ..api.store import Event
@@ -83,6 +83,8 @@ class Kubelet:
         self.workers: dict[str, PodWorker] = {}   # by pod uid
         self.tasks: set[asyncio.Task[None]] = set()
         self.wake = asyncio.Event()
+        # namespace -> the Service variables of its pods (the daemon sets the network's)
+        self.service_env: Callable[[str], dict[str, str]] = lambda namespace: {}
         api.store.graceful_pods = True
         api.store.hooks.append(self._on_event)
         api.log_source = self.log_path

@@ -126,7 +126,8 @@ class PodWorker:
         vols = volumes(pod, self.dir, self.kubelet.dir, self.kubelet.get)
         for c in self.containers:
             self.launches[c.name] = launch(pod, c.spec, self.ip, vols, self.dir,
-                                           self.kubelet.kubeconfig, self.kubelet.get)
+                                           self.kubelet.kubeconfig, self.kubelet.get,
+                                           services=self.kubelet.service_env)
 
     async def step(self, pod: dict[str, Any]) -> None:
         mono = time.monotonic()
