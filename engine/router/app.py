@@ -9,9 +9,12 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from engine.router.hashing import CharChunkHasher, TokenBlockHasher
 from engine.router.metrics import RouterMetrics
@@ -54,7 +57,7 @@ def _authorized(request: Request, api_key: str | None) -> bool:
     return hmac.compare_digest(token.encode(), api_key.encode())
 
 
-def build_app(config: RouterConfig) -> FastAPI:
+def build_app(config: RouterConfig) -> Starlette:
     metrics = RouterMetrics()
     policy = make_policy(config.policy, load_factor=config.load_factor,
                          hit_load_factor=config.hit_load_factor,
@@ -67,7 +70,7 @@ def build_app(config: RouterConfig) -> FastAPI:
     pool.set_urls(config.backends)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         forwarder = app.state.forwarder = Forwarder(pool, policy, hasher, metrics,
                                                     connect_timeout=config.connect_timeout)
         watcher = None
@@ -86,10 +89,6 @@ def build_app(config: RouterConfig) -> FastAPI:
                 await watcher.stop()
             await forwarder.aclose()
 
-    app = FastAPI(title="paged-inference router", lifespan=lifespan, docs_url=None,
-                  redoc_url=None, openapi_url=None)
-    app.state.pool, app.state.policy, app.state.metrics = pool, policy, metrics
-
     def unauthorized() -> JSONResponse:
         return error("missing or invalid API key: send 'Authorization: Bearer <key>'", 401,
                      "invalid_api_key", **{"WWW-Authenticate": "Bearer"})
@@ -106,26 +105,35 @@ def build_app(config: RouterConfig) -> FastAPI:
             return error("the request body must be a JSON object", 400, "invalid_json")
         forwarder: Forwarder = app.state.forwarder
         route = forwarder.route_request(body, request.headers)
-        return await forwarder.forward(request, "POST", request.url.path, raw, route)
+        return await forwarder.forward(request, "POST", request.scope["path"], raw, route)
 
-    app.add_api_route("/v1/completions", generate, methods=["POST"])
-    app.add_api_route("/v1/chat/completions", generate, methods=["POST"])
-
-    @app.get("/v1/models")
     async def models(request: Request) -> Response:
         if not _authorized(request, config.api_key):
             return unauthorized()
         return await app.state.forwarder.forward(request, "GET", "/v1/models", b"",
                                                  RouteRequest())
 
-    @app.get("/health")
-    async def health() -> Response:
+    async def health(request: Request) -> Response:
         n = len(pool.available())
         body = {"healthy_backends": n, "backends": len(pool.all()), "policy": policy.name}
         return JSONResponse(body, status_code=200 if n else 503)
 
-    @app.get("/metrics")
-    async def prometheus() -> Response:
+    async def prometheus(request: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)  # 404, 405: in FastAPI's shape, as before
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code,
+                            headers=exc.headers)
+
+    # plain Starlette: FastAPI's dependency solving and middleware cost ~0.2 ms a request
+    # (scripts/bench_router_latency.py), and this app has no schema to offer
+    app = Starlette(routes=[
+        Route("/v1/completions", generate, methods=["POST"]),
+        Route("/v1/chat/completions", generate, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", prometheus, methods=["GET"]),
+    ], exception_handlers={HTTPException: http_error}, lifespan=lifespan)
+    app.state.pool, app.state.policy, app.state.metrics = pool, policy, metrics
     return app

@@ -111,9 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         app = build_app(config)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+    # httptools: uvicorn's C parser, ~0.3 ms a request less than h11 (scripts/
+    # bench_router_latency.py); the event loop is uvloop where installed, else asyncio
     server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False,
                                            lifespan="on", log_level=args.log_level,
-                                           timeout_graceful_shutdown=30))
+                                           http="httptools", timeout_graceful_shutdown=30))
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
     sock = listen_socket(args.host, args.port)
     host, port = sock.getsockname()[:2]

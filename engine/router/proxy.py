@@ -5,6 +5,10 @@ ejected and the request goes once to the next candidate; after the first byte re
 the client there is no retry. Response bytes pass through as they arrive (SSE is never
 buffered); a client that goes away closes the upstream connection, which makes the engine
 abort the request.
+
+The upstream client is aiohttp (its C HTTP parser and lean request path cost a fraction
+of httpx's per request), one keep-alive pool for all backends; the request is served by
+the one task uvicorn runs it in, plus one that waits for the client's disconnect.
 """
 from __future__ import annotations
 
@@ -14,20 +18,23 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import anyio
-import httpx
+import aiohttp
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from engine.router.metrics import RouterMetrics
-from engine.router.policies import Policy, RouteRequest
+from engine.router.policies import Choice, Policy, RouteRequest
 from engine.router.pool import Backend, BackendPool
 
 logger = logging.getLogger("engine.router")
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
               "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
 OWN_HEADERS = {"date", "server"}  # uvicorn adds the router's own
+_DROPPED = {h.encode() for h in HOP_BY_HOP | OWN_HEADERS}  # response header names, bytes
 ATTEMPTS = 2  # the pick and one retry
+# below the engine's (uvicorn's) 5 s keep-alive, so the router never reuses a connection
+# the engine is closing
+KEEPALIVE_S = 4.0
 
 
 def error(message: str, status: int, code: str, **headers: str) -> JSONResponse:
@@ -37,41 +44,94 @@ def error(message: str, status: int, code: str, **headers: str) -> JSONResponse:
                                    "code": code}}, status_code=status, headers=headers)
 
 
-class RelayResponse(StreamingResponse):
-    """Streams an upstream response through; whatever happens to the client (even a
-    disconnect before the first byte), the upstream connection is closed and the
-    backend's in-flight count released exactly once."""
+class ClientWatch:
+    """Cancels the task serving a request when its client disconnects, while armed.
 
-    def __init__(self, upstream: httpx.Response, release: Callable[[], None], **kw: Any
-                 ) -> None:
-        super().__init__(upstream.aiter_raw(), **kw)
-        self.upstream, self._release = upstream, release
+    One task awaits the ASGI `receive` (the body has been read already, so the next
+    message is the disconnect); the serving task sends upstream and relays, so a client
+    that leaves while the backend is silent (connecting, a long prefill) interrupts it at
+    once and the upstream connection is closed."""
+
+    def __init__(self, receive: Any) -> None:
+        self.task, self.armed = asyncio.current_task(), False
+        self.gone = asyncio.ensure_future(self._disconnected(receive))
+        self.gone.add_done_callback(self._interrupt)
+
+    @staticmethod
+    async def _disconnected(receive: Any) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    def _interrupt(self, gone: asyncio.Future) -> None:
+        if self.armed and not gone.cancelled():
+            self.task.cancel()
+
+    def arm(self) -> None:
+        """Watch on behalf of the current task (from its next await on)."""
+        self.task, self.armed = asyncio.current_task(), True
+        if self.gone.done():  # the client left while nobody watched
+            self._interrupt(self.gone)
+
+    def left(self) -> bool:
+        """After a CancelledError: True if the client's leaving caused it (which is then
+        consumed), False if the task is being cancelled from outside."""
+        if not self.gone.done() or self.gone.cancelled():
+            return False
+        uncancel = getattr(self.task, "uncancel", None)  # Python >= 3.11
+        if uncancel is not None:
+            uncancel()
+        return True
+
+    def close(self) -> None:
+        self.armed = False
+        self.gone.cancel()
+
+
+class RelayResponse(Response):
+    """Relays an upstream response chunk by chunk as it arrives; whatever happens to the
+    client (even a disconnect before the first byte), the upstream connection is closed
+    unless the whole body went through, and the backend's in-flight count is released
+    exactly once."""
+
+    def __init__(self, upstream: aiohttp.ClientResponse, release: Callable[[], None],
+                 watch: ClientWatch, headers: list[tuple[bytes, bytes]]) -> None:
+        self.upstream, self._release, self.watch = upstream, release, watch
+        self.status_code, self.raw_headers, self.background = upstream.status, headers, None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.watch.arm()
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})
+            content = self.upstream.content
+            while chunk := await content.readany():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not self.watch.left():
+                raise  # cancelled from outside (shutdown), not by the client leaving
         finally:
-            with anyio.CancelScope(shield=True):  # closing must finish even when cancelled
-                await self.upstream.aclose()
+            self.watch.close()
+            if self.upstream.content.at_eof():
+                self.upstream.release()  # the whole body went through: reuse the connection
+            else:
+                self.upstream.close()  # the engine sees the connection drop and aborts
             self._release()
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client goes away (the body has been read already)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 class Forwarder:
     def __init__(self, pool: BackendPool, policy: Policy, hasher: Any,
                  metrics: RouterMetrics, *, connect_timeout: float = 2.0) -> None:
         self.pool, self.policy, self.hasher, self.metrics = pool, policy, hasher, metrics
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=connect_timeout, read=None, write=60.0, pool=None),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+        # made inside the running loop (the app's lifespan); no limit on connections, no
+        # read timeout (a long generation is normal), compressed bodies pass as they are
+        self.client = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
+            timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout),
+            auto_decompress=False)
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        await self.client.close()
 
     def route_request(self, body: dict[str, Any], headers: Any) -> RouteRequest:
         session = headers.get("x-session-id") or body.get("user")
@@ -87,36 +147,57 @@ class Forwarder:
             return error("no healthy backend: every engine replica is down or ejected; "
                          "retry shortly", 503, "no_healthy_backend", **{"Retry-After": "1"})
         choice = self.policy.choose(route, backends)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        url_tail = path + (f"?{request.url.query}" if request.url.query else "")
+        headers = {k: v for k, v in request.headers.items() if k not in HOP_BY_HOP}
+        query = request.scope.get("query_string", b"")
+        url_tail = path + ("?" + query.decode("latin-1") if query else "")
+        watch = ClientWatch(request.receive)
+        watch.arm()
+        relayed = False
+        try:
+            response = await self._attempts(watch, choice, route, method, url_tail, headers,
+                                            body, start)
+            relayed = isinstance(response, RelayResponse)
+            return response
+        except asyncio.CancelledError:
+            if not watch.left():
+                raise
+            return Response(status_code=499)  # the client went away while the backend worked
+        finally:
+            if relayed:
+                watch.armed = False  # the relay arms it again when it starts
+            else:
+                watch.close()
+
+    async def _attempts(self, watch: ClientWatch, choice: Choice, route: RouteRequest,
+                        method: str, url_tail: str, headers: dict[str, str], body: bytes,
+                        start: float) -> Response:
         last: Response | None = None
         for attempt, backend in enumerate(choice.order[:ATTEMPTS]):
             decision = choice.decision if attempt == 0 else "retry"
             routed = time.perf_counter()
             backend.in_flight += 1
             self._export(backend)
-            upstream = self.client.build_request(method, backend.url + url_tail,
-                                                 headers=headers, content=body)
             try:
-                response = await self._send(request, upstream)
-            except httpx.TransportError as exc:  # refused, reset or dropped before headers
+                response = await self.client.request(
+                    method, backend.url + url_tail, headers=headers, data=body or None,
+                    allow_redirects=False)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                # refused, reset or dropped before the response headers
                 self._release(backend)
-                reason = "connect_failed" if isinstance(exc, httpx.ConnectError) else "dropped"
+                reason = ("connect_failed" if isinstance(exc, aiohttp.ClientConnectorError)
+                          else "dropped")
                 self.pool.eject(backend, reason)
                 if attempt + 1 < min(ATTEMPTS, len(choice.order)):
                     self.metrics.retries.labels(reason=reason).inc()
                 logger.warning("backend %s failed before responding: %r", backend.url, exc)
                 last = error(f"backend {backend.url} unreachable", 502, "backend_unreachable")
                 continue
-            except asyncio.CancelledError:
+            except asyncio.CancelledError:  # aiohttp has closed the connection
                 self._release(backend)
                 raise
-            if response is None:  # the client went away while the backend worked
-                self._release(backend)
-                return Response(status_code=499)
             answered = time.perf_counter()
-            if response.status_code == 503 and attempt + 1 < min(ATTEMPTS, len(choice.order)):
-                await response.aclose()
+            if response.status == 503 and attempt + 1 < min(ATTEMPTS, len(choice.order)):
+                response.close()
                 self._release(backend)
                 self.pool.eject(backend, "status_503")
                 self.metrics.retries.labels(reason="status_503").inc()
@@ -125,30 +206,15 @@ class Forwarder:
             if self.policy.name == "prefix":
                 self.policy.record(route, backend)
                 self.metrics.prefix(len(route.hashes), choice.hit_chunks if attempt == 0 else 0)
-            out_headers = {k: v for k, v in response.headers.items()
-                           if k.lower() not in HOP_BY_HOP and k.lower() not in OWN_HEADERS}
-            out_headers["x-routed-to"] = backend.url
+            out_headers = [(k.lower(), v) for k, v in response.raw_headers
+                           if k.lower() not in _DROPPED]
+            out_headers.append((b"x-routed-to", backend.url.encode()))
             self.metrics.overhead.observe((routed - start) + (time.perf_counter() - answered))
-            return RelayResponse(response, lambda b=backend: self._release(b),
-                                 status_code=response.status_code, headers=out_headers)
+            return RelayResponse(response, lambda b=backend: self._release(b), watch,
+                                 out_headers)
         self.metrics.failures.labels(reason="all_candidates_failed").inc()
         assert last is not None
         return last
-
-    async def _send(self, request: Request, upstream: httpx.Request) -> httpx.Response | None:
-        """Sends upstream while watching the client; None if the client left first."""
-        send = asyncio.ensure_future(self.client.send(upstream, stream=True))
-        gone = asyncio.ensure_future(_disconnected(request))
-        try:
-            await asyncio.wait({send, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not send.done():
-                send.cancel()
-        if not send.done() or send.cancelled():
-            await asyncio.gather(send, return_exceptions=True)
-            return None
-        return send.result()
 
     def _release(self, backend: Backend) -> None:
         backend.in_flight -= 1

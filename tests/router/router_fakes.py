@@ -1,10 +1,12 @@
 """Small OpenAI-style backends on their own loopback addresses, for the router tests.
 
 Each one answers `/v1/completions` and `/v1/chat/completions` (streamed or not) after a
-set delay, says who it is in every reply, and counts what happened: requests, in-flight
-and the most in flight at once, streams the client abandoned. `fail_next(n, status)`
-makes the next n generation requests fail with that status before any byte is sent;
-`health_status` is what `/health` answers. `/metrics` shows vLLM's load gauges.
+set delay (a stream sends its headers first, then its first token `ttft` later), says who
+it is in every reply, and counts what happened: requests, in-flight and the most in flight
+at once, streams the client abandoned, the connections requests came on. `fail_next(n,
+status)` makes the next n generation requests fail with that status before any byte is
+sent (status 0: the connection is dropped without an answer); `health_status` is what
+`/health` answers. `/metrics` shows vLLM's load gauges.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ class FakeBackend:
     def __init__(self, host: str = "127.0.0.1", *, delay: float = 0.0, itl: float = 0.005,
                  tokens: int = 4, port: int = 0) -> None:
         self.host, self.delay, self.itl, self.tokens = host, delay, itl, tokens
+        self.ttft = 0.0
+        self.connections: set[tuple[str, int]] = set()  # client address of each request
         self.port = port
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
@@ -83,10 +87,14 @@ class FakeBackend:
         body = await request.json()
         self.requests.append(body)
         self.headers.append(dict(request.headers))
+        self.connections.add(request.transport.get_extra_info("peername")[:2])
         if self._fail:
             status = self._fail.pop(0)
             if self._unhealthy_after_fail:
                 self.health_status = 503
+            if status == 0:
+                request.transport.abort()  # reset, no answer
+                raise web.HTTPInternalServerError()  # never reaches the router
             return web.json_response({"error": {"message": "injected"}}, status=status)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -97,6 +105,7 @@ class FakeBackend:
                                           "choices": [{"index": 0, "text": "ok"}]})
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
+            await asyncio.sleep(self.ttft)
             for i in range(self.tokens):
                 chunk = {"served_by": self.url, "choices": [{"index": 0, "text": f"t{i} "}]}
                 await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")

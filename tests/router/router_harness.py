@@ -28,7 +28,8 @@ class RouterThread:
         self.pool, self.policy, self.metrics = (self.app.state.pool, self.app.state.policy,
                                                 self.app.state.metrics)
         self.server = uvicorn.Server(uvicorn.Config(self.app, log_config=None, lifespan="on",
-                                                    access_log=False, log_level="warning"))
+                                                    access_log=False, log_level="warning",
+                                                    http="httptools"))  # as the CLI's
         self.url = ""
 
     def __enter__(self) -> "RouterThread":

@@ -59,6 +59,20 @@ def test_a_refused_connection_is_retried_on_the_next_backend(fakes):
         assert [b.url for b in router.pool.available()] == order[1:]
 
 
+def test_a_connection_dropped_before_the_answer_is_retried_on_the_next_backend(fakes):
+    with RouterThread(backends=[f.url for f in fakes], policy="round-robin",
+                      health_interval=60) as router:
+        order = [b.url for b in router.pool.available()]
+        dropping = next(f for f in fakes if f.url == order[0])
+        dropping.fail_next(1, 0)  # reads the request, then resets the connection
+        r = httpx.post(router.url + "/v1/completions", json={"prompt": "hi"})
+        assert r.status_code == 200 and r.json()["served_by"] == order[1]
+        assert len(dropping.requests) == 1
+        assert router.sample("paged_router_retries_total", reason="dropped") == 1
+        assert router.sample("paged_router_ejections_total", backend=dropping.url,
+                             reason="dropped") == 1
+
+
 def test_retry_happens_once_then_the_backends_answer_goes_to_the_client(fakes):
     for f in fakes:
         f.fail_next(1, 503)
@@ -120,6 +134,28 @@ def test_a_client_disconnect_aborts_the_upstream_request(fakes):
             httpx.post(router.url + "/v1/completions", json={"prompt": "p"}, timeout=0.5)
         wait_for(lambda: a.abandoned == 2 and a.in_flight == 0)
         wait_for(lambda: router.pool.available()[0].in_flight == 0)
+
+
+def test_a_client_leaving_before_the_first_token_aborts_the_upstream_request(fakes):
+    a = fakes[0]
+    a.ttft = 5.0  # the stream's headers at once, then a long prefill
+    with RouterThread(backends=[a.url]) as router:
+        with httpx.stream("POST", router.url + "/v1/completions",
+                          json={"prompt": "p", "stream": True}) as r:
+            assert r.status_code == 200  # headers relayed; the client leaves before a token
+        # at once, not when the first token would have come
+        wait_for(lambda: a.abandoned == 1 and a.in_flight == 0, timeout=3.0)
+        wait_for(lambda: router.pool.available()[0].in_flight == 0)
+
+
+def test_upstream_connections_are_kept_alive_between_requests(fakes):
+    a = fakes[0]
+    with RouterThread(backends=[a.url]) as router:
+        for i in range(6):
+            r = httpx.post(router.url + "/v1/completions",
+                           json={"prompt": "p", "stream": i % 2 == 0})
+            assert r.status_code == 200
+        assert len(a.requests) == 6 and len(a.connections) == 1
 
 
 def test_api_key_is_checked_and_the_header_forwarded(fakes):
