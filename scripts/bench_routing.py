@@ -7,7 +7,9 @@ Starts N engines (one CPU thread each, a small KV pool each via --num-gpu-blocks
 so that one replica holds only a fraction of all tenants' system prompts) on 127.0.0.2..,
 plus one "large" reference replica whose pool is the N pools together. The workload: T
 system prompts of about 1-2k tokens (one per tenant), a short unique question each, tenants
-drawn from a Zipf distribution, C closed-loop users. Every policy runs the same workload
+drawn from a Zipf distribution, C closed-loop users (or, with --rate R, Poisson arrivals at
+R requests/s in the measured phase: an offered load above what a policy serves shows as
+a queue, and TTFT, growing through the phase). Every policy runs the same workload
 shape through its own `python -m engine router`; each phase gets its own fresh set of system
 prompts (same lengths, same tenant sequence), so no phase profits from an earlier one's
 cache, and each measures only after the same warm-up. The large replica gets the same
@@ -108,39 +110,55 @@ def system_prompts(url: str, n: int, lo: int, hi: int, seed: int) -> list[str]:
 
 
 async def run_load(url: str, prompts: list[str], tenants: list[int], users: int,
-                   max_tokens: int, seed: int) -> dict:
-    """Closed loop: `users` workers take the next (tenant, question) until none is left."""
+                   max_tokens: int, seed: int, rate: float | None = None) -> dict:
+    """Closed loop: `users` workers take the next (tenant, question) until none is left.
+    Open loop (`rate`): request i is sent at its Poisson arrival time (`rate` requests/s,
+    seeded), whatever the server's latency, as the issue's peers measure a rate."""
     queue = list(enumerate(tenants))
     ttfts: list[float] = []
     out_tokens = errors = 0
 
-    async def worker(client: httpx.AsyncClient) -> None:
+    async def send(client: httpx.AsyncClient, i: int, tenant: int) -> None:
         nonlocal out_tokens, errors
+        body = {"prompt": f"{prompts[tenant]}\nUser {seed}-{i}: question {i}?\nAnswer:",
+                "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+                "temperature": 0}
+        start, first = time.perf_counter(), None
+        try:
+            async with client.stream("POST", url + "/v1/completions", json=body) as r:
+                if r.status_code != 200:
+                    errors += 1
+                    return
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {") and first is None:
+                        first = time.perf_counter() - start
+                    if line.startswith("data: {"):
+                        out_tokens += 1
+        except httpx.HTTPError:
+            errors += 1
+            return
+        if first is not None:
+            ttfts.append(first)
+
+    async def worker(client: httpx.AsyncClient) -> None:
         while queue:
-            i, tenant = queue.pop(0)
-            body = {"prompt": f"{prompts[tenant]}\nUser {seed}-{i}: question {i}?\nAnswer:",
-                    "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-                    "temperature": 0}
-            start, first = time.perf_counter(), None
-            try:
-                async with client.stream("POST", url + "/v1/completions", json=body) as r:
-                    if r.status_code != 200:
-                        errors += 1
-                        continue
-                    async for line in r.aiter_lines():
-                        if line.startswith("data: {") and first is None:
-                            first = time.perf_counter() - start
-                        if line.startswith("data: {"):
-                            out_tokens += 1
-            except httpx.HTTPError:
-                errors += 1
-                continue
-            if first is not None:
-                ttfts.append(first)
+            await send(client, *queue.pop(0))
+
+    async def arrivals(client: httpx.AsyncClient) -> None:
+        rng, at, t0, tasks = random.Random(seed), 0.0, time.perf_counter(), []
+        for i, tenant in queue:
+            at += rng.expovariate(rate)
+            await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
+            tasks.append(asyncio.create_task(send(client, i, tenant)))
+        await asyncio.gather(*tasks)
 
     start = time.perf_counter()
-    async with httpx.AsyncClient(timeout=600) as client:
-        await asyncio.gather(*(worker(client) for _ in range(users)))
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        if rate:
+            await arrivals(client)
+        else:
+            await asyncio.gather(*(worker(client) for _ in range(users)))
     wall = time.perf_counter() - start
     return {"ttfts": ttfts, "wall": wall, "out_tokens": out_tokens, "errors": errors}
 
@@ -154,7 +172,8 @@ def phase(name: str, target: str, engine_urls: list[str], args, prompts: list[st
           tenants_warm: list[int], tenants: list[int], seed: int) -> dict:
     asyncio.run(run_load(target, prompts, tenants_warm, args.users, args.max_tokens, seed))
     h0, q0 = prefix_counters(engine_urls)
-    res = asyncio.run(run_load(target, prompts, tenants, args.users, args.max_tokens, seed + 1))
+    res = asyncio.run(run_load(target, prompts, tenants, args.users, args.max_tokens, seed + 1,
+                               rate=args.rate))
     h1, q1 = prefix_counters(engine_urls)
     row = {"policy": name, "hit_rate": (h1 - h0) / max(q1 - q0, 1.0),
            "ttft_p50": pct(res["ttfts"], 50), "ttft_p90": pct(res["ttfts"], 90),
@@ -208,6 +227,9 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=32, help="requests before measuring")
     p.add_argument("--requests", type=int, default=64, help="measured requests per phase")
     p.add_argument("--users", type=int, default=8, help="concurrent closed-loop clients")
+    p.add_argument("--rate", type=float, default=None,
+                   help="measure open loop instead: Poisson arrivals at this many requests/s "
+                        "(the warm-up stays closed loop)")
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--latency-requests", type=int, default=200)
     p.add_argument("--policies", default="prefix,least-load,round-robin",
@@ -260,7 +282,8 @@ def main() -> int:
         for e in procs:
             e.stop()
     print(f"\n{args.replicas} replicas x {args.blocks} blocks, {args.tenants} tenants "
-          f"({lo}-{hi} token system prompts, Zipf {args.zipf}), {args.users} users, "
+          f"({lo}-{hi} token system prompts, Zipf {args.zipf}), "
+          f"{f'open loop at {args.rate:g} req/s' if args.rate else f'{args.users} users'}, "
           f"{args.requests} measured requests after {args.warmup} warm-up, "
           f"max_tokens {args.max_tokens}; total {time.perf_counter() - t0:.0f}s\n")
     print("| policy | prefix hit rate | TTFT p50 (s) | TTFT p90 (s) | req/s | tokens/s | errors |")
