@@ -81,13 +81,15 @@ async def _stop(api: KubeApi, namespace: str, name: str) -> None:
 
 
 async def _stop_load_workers(api: KubeApi, namespace: str, name: str) -> None:
-    """The load-worker Deployments and their Services (spec.loadWorkers > 1)."""
+    """The load-worker Deployments (spec.loadWorkers > 1) and their Services, which share
+    their names (the operator's Role lists Deployments, not Services)."""
     selector = {"app.kubernetes.io/instance": name,
                 "app.kubernetes.io/component": "load-worker",
                 "app.kubernetes.io/managed-by": tm.MANAGED_BY}
-    for kind in (KINDS["Deployment"], KINDS["Service"]):
-        for obj in await api.list(kind, namespace, labels=selector):
-            await api.delete(kind, namespace, obj["metadata"]["name"])
+    for deployment in await api.list(KINDS["Deployment"], namespace, labels=selector):
+        # the Service first: a failure in between leaves the Deployment to find next time
+        await api.delete(KINDS["Service"], namespace, deployment["metadata"]["name"])
+        await api.delete(KINDS["Deployment"], namespace, deployment["metadata"]["name"])
 
 
 @kopf.on.resume(GROUP, VERSION, tm.TUNING_PLURAL)

@@ -78,8 +78,8 @@ def test_rbac_is_minimal_and_has_no_wildcards():
     # create/delete: the tuner Job's Role grants them for trial services (PagedInferenceTuning)
     assert granted[("serving.pagedinference.dev", "pagedinferenceservices")] == {
         "get", "list", "watch", "patch", "create", "delete"}
-    # delete: only the router's Deployment when spec.router is turned off (the engine's
-    # goes with its owner, by garbage collection)
+    # delete: the router's Deployment when spec.router is turned off and a finished
+    # tuning's load workers (the engine's goes with its owner, by garbage collection)
     assert granted[("apps", "deployments")] == {"get", "list", "watch", "create", "patch",
                                                 "delete"}
     assert granted[("", "events")] == {"create"}

@@ -43,7 +43,8 @@ The operator's permissions: only the verbs on the resources it uses, no wildcard
 kopf watches and patches PagedInferenceServices and posts Events; it watches the engine
 pods (to report an engine that cannot start). The reconciler reads, creates and patches
 the children, and deletes only optional ones it no longer wants (model-cache claim,
-autoscalers, PodMonitor, NetworkPolicy, the router's objects). It may read EndpointSlices
+autoscalers, PodMonitor, NetworkPolicy, the router's objects, a finished tuning's
+load-worker Deployments and Services). It may read EndpointSlices
 because it grants exactly that to the router's Role (RBAC forbids granting more than one
 holds).
 */}}
