@@ -43,7 +43,8 @@ WORDS = ("order refund shipping account invoice warranty return parcel courier p
 
 # a policy name, or one of these variants of it (for an ablation in the same run)
 VARIANTS = {"prefix-ring-only": ["--policy", "prefix", "--cache-balance", "off"],
-            "prefix-one-bound": ["--policy", "prefix", "--hit-load-factor", "0.25"]}
+            "prefix-one-bound": ["--policy", "prefix", "--hit-load-factor", "0.25"],
+            "prefix-hit-2": ["--policy", "prefix", "--hit-load-factor", "2.0"]}
 
 
 class Proc:

@@ -88,6 +88,7 @@ def simulate(policy, *, replicas: int, blocks: int, tenants: int, zipf: float, u
 
 VARIANTS = {
     "prefix (defaults)": lambda: PrefixPolicy(),
+    "prefix, hit factor 2.0": lambda: PrefixPolicy(hit_load_factor=2.0),
     "prefix, cache balance off": lambda: PrefixPolicy(cache_balance=None),
     "prefix, one tight bound": lambda: PrefixPolicy(hit_load_factor=0.25),
     "prefix, one tight bound, ring only": lambda: PrefixPolicy(hit_load_factor=0.25,

@@ -31,6 +31,7 @@ class Router:
     enabled: bool = False
     policy: str = "prefix"
     replicas: int = 1
+    hit_load_factor: float | None = None  # the prefix policy's --hit-load-factor; None: its default
 
 
 def parse_api_key(ref: Mapping[str, Any] | None) -> SecretKeyRef | None:
@@ -63,5 +64,8 @@ def parse_router(router: Mapping[str, Any]) -> Router:
                                f"got {policy!r}")
     replicas = positive(get_field(router, "replicas", "router.", int, 1), "router.replicas")
     assert replicas is not None
+    hit = get_field(router, "hitLoadFactor", "router.", (int, float))
+    if hit is not None and not 0 <= hit <= 16:
+        raise InvalidSpecError(f"spec.router.hitLoadFactor must be in 0..16, got {hit!r}")
     return Router(enabled=get_field(router, "enabled", "router.", bool, False), policy=policy,
-                  replicas=replicas)
+                  replicas=replicas, hit_load_factor=None if hit is None else float(hit))

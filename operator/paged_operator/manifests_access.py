@@ -90,7 +90,9 @@ def router_args(spec: ServiceSpec) -> list[str]:
     # No API key here: the router forwards the client's Authorization header and the
     # engines (spec.apiKeySecretRef) check it; `python -m engine router` takes its key only
     # as --api-key / $VLLM_API_KEY today, and a key never goes into argv or env.
+    hit = spec.router.hit_load_factor
     return ["--discover", engine_service_name(spec), "--policy", spec.router.policy,
+            *(["--hit-load-factor", format(hit, "g")] if hit is not None else []),
             "--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
 
 

@@ -28,7 +28,7 @@ FULL = {
     "runtimeClassName": "nvidia",
     "apiKeySecretRef": {"name": "engine-key", "key": "token"},
     "networkPolicy": {"enabled": False, "allowFrom": [{"podSelector": {}}]},
-    "router": {"enabled": True, "policy": "least-load", "replicas": 2},
+    "router": {"enabled": True, "policy": "least-load", "replicas": 2, "hitLoadFactor": 2},
 }
 
 
@@ -57,7 +57,7 @@ def test_every_field_of_a_full_spec_lands_in_service_spec():
         node_selector={"pool": "h100"}, runtime_class_name="nvidia",
         api_key=SecretKeyRef(name="engine-key", key="token"),
         network_policy=NetworkPolicy(enabled=False, allow_from=({"podSelector": {}},)),
-        router=Router(enabled=True, policy="least-load", replicas=2))
+        router=Router(enabled=True, policy="least-load", replicas=2, hit_load_factor=2.0))
 
 
 def test_an_empty_spec_takes_the_documented_defaults():
@@ -74,7 +74,7 @@ def test_an_empty_spec_takes_the_documented_defaults():
                         startup_timeout_seconds=1800),
         model_cache=None, env=(), tolerations=(), node_selector={}, runtime_class_name=None,
         api_key=None, network_policy=NetworkPolicy(enabled=True, allow_from=()),
-        router=Router(enabled=False, policy="prefix", replicas=1))
+        router=Router(enabled=False, policy="prefix", replicas=1, hit_load_factor=None))
 
 
 def test_null_fields_fall_back_to_their_defaults():
@@ -143,6 +143,10 @@ INVALID = [
     ({"apiKeySecretRef": []}, "spec.apiKeySecretRef must be an object, got []"),
     ({"networkPolicy": []}, "spec.networkPolicy must be an object, got []"),
     ({"router": []}, "spec.router must be an object, got []"),
+    ({"router": {"hitLoadFactor": -0.5}}, "spec.router.hitLoadFactor must be in 0..16, got -0.5"),
+    ({"router": {"hitLoadFactor": 17}}, "spec.router.hitLoadFactor must be in 0..16, got 17"),
+    ({"router": {"hitLoadFactor": "2"}},
+     "spec.router.hitLoadFactor must be an integer or a number, got '2'"),
     # resources
     ({"resources": {"gpus": "2"}}, "spec.resources.gpus must be an integer, got '2'"),
     ({"resources": {"gpus": -1}}, "spec.resources.gpus must be >= 0, got -1"),
