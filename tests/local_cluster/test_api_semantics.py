@@ -128,3 +128,37 @@ def test_service_variables_come_before_the_containers_env_unless_links_are_off(
     out = launch_mod.launch(pod, container, "127.0.0.9", {}, tmp_path, tmp_path / "kc",
                             lambda *a: None, services=services)
     assert "T_LOAD_SERVICE_HOST" not in out.env and asked == ["team"]
+
+
+def test_the_network_names_each_service_of_the_namespace_by_its_local_address(tmp_path):
+    """Network.service_env: HOST is the address the Service's forwarder listens on (taken
+    at once if the forwarder is not made yet), PORT the first port, PORT_<NAME> each named
+    one; other namespaces' and deleted Services are left out."""
+    from types import SimpleNamespace
+
+    from paged_localcluster.kubelet.network import Network
+
+    def svc(ns, name, ports, deleted=False):
+        meta = {"namespace": ns, "name": name,
+                **({"deletionTimestamp": "2026-12-01T00:00:00Z"} if deleted else {})}
+        return {"metadata": meta, "spec": {"ports": ports}}
+
+    services = [svc("team", "t-load", [{"name": "locust-master", "port": 5557}]),
+                svc("team", "web", [{"port": 80}, {"name": "metrics", "port": 9090}]),
+                svc("other", "elsewhere", [{"port": 1}]),
+                svc("team", "gone", [{"port": 2}], deleted=True)]
+    store = SimpleNamespace(items=lambda kind: services)
+    kubelet = SimpleNamespace(api=SimpleNamespace(store=store), kind=lambda plural: plural)
+    network = Network(kubelet, tmp_path, {})
+    try:
+        env = network.service_env("team")
+        assert set(env) == {"T_LOAD_SERVICE_HOST", "T_LOAD_SERVICE_PORT",
+                            "T_LOAD_SERVICE_PORT_LOCUST_MASTER", "WEB_SERVICE_HOST",
+                            "WEB_SERVICE_PORT", "WEB_SERVICE_PORT_METRICS"}
+        assert env["T_LOAD_SERVICE_HOST"] == network.forwarders[("team", "t-load")].ip
+        assert env["T_LOAD_SERVICE_HOST"].startswith("127.0.1.")
+        assert env["WEB_SERVICE_HOST"] != env["T_LOAD_SERVICE_HOST"]
+        assert (env["WEB_SERVICE_PORT"], env["WEB_SERVICE_PORT_METRICS"]) == ("80", "9090")
+        assert network.service_env("team") == env   # the same addresses each time
+    finally:
+        network.close()
