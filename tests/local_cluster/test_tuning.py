@@ -232,6 +232,38 @@ def test_deleting_mid_run_leaves_no_trial_and_no_process(target: LocalCluster) -
                                                check=False).returncode == 0, 30, "Job gone")
 
 
+def test_suspend_stops_the_job_its_load_workers_and_trials_and_unsuspend_makes_them_again(
+        target: LocalCluster) -> None:
+    """spec.suspend: the Job, the load-worker pods with their Service and the trial
+    services go; suspend false makes a new Job and new workers."""
+    apply(target, tuning("pause", "chat", trials=3, duration="60s", loadWorkers=2,
+                         space={"maxNumSeqs": [4, 8, 16]}))
+    workers = "app.kubernetes.io/instance=pause,app.kubernetes.io/component=load-worker"
+
+    def under_way() -> bool:
+        running = [p for p in target.pods(workers)
+                   if (p.get("status") or {}).get("phase") == "Running"]
+        return len(running) == 2 and bool(trial_services(target, "pause"))
+    target.wait_for(under_way, 90, "two running load workers and a trial")
+    first = {p["metadata"]["name"] for p in target.pods(workers)}
+    target.kubectl("patch", "pit", "pause", "--type=merge", "-p", '{"spec": {"suspend": true}}')
+
+    def gone() -> bool:
+        return (not target.pods(workers) and not trial_services(target, "pause")
+                and all(target.kubectl("get", kind, name, check=False).returncode
+                        for kind, name in (("deploy", "pause-load"), ("svc", "pause-load"),
+                                           ("job", "pause-tuner"))))
+    target.wait_for(gone, 90, "the Job, the load workers and the trials to go")
+    target.kubectl("patch", "pit", "pause", "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    again = target.wait_for(lambda: len(target.pods(workers)) == 2 and target.kubectl(
+        "get", "job", "pause-tuner", check=False).returncode == 0 and target.pods(workers),
+        90, "a new Job and two new load workers")
+    assert not first & {p["metadata"]["name"] for p in again}
+    target.kubectl("delete", "pit", "pause", timeout=90)
+    target.wait_for(lambda: not target.pods(workers) and not trial_services(target, "pause"),
+                    90, "everything of the tuning to go")
+
+
 def test_a_killed_job_pod_resumes_without_re_running_finished_trials(
         target: LocalCluster) -> None:
     apply(target, tuning("resume", "chat", trials=3, space={"maxNumSeqs": [4, 8, 16]}))
