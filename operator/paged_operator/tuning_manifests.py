@@ -121,6 +121,25 @@ def role_binding(name: str, namespace: str) -> dict[str, Any]:
                           "namespace": namespace}]}
 
 
+def _load_files(api_key: dict[str, str] | None) -> tuple[list[dict[str, Any]],
+                                                          list[dict[str, Any]],
+                                                          list[dict[str, Any]]]:
+    """Volumes, mounts and env of a pod that sends load (the Job's, a load worker's): /tmp,
+    and the target's API key as a file ($TUNER_API_KEY_FILE) when it has one. Optional: a
+    missing Secret does not hold the pod in ContainerCreating; the tuner then fails the
+    tuning with a message naming it."""
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    env: list[dict[str, Any]] = []
+    if api_key:
+        volumes.append({"name": "api-key", "secret": {
+            "secretName": api_key["name"], "defaultMode": 0o440, "optional": True,
+            "items": [{"key": api_key.get("key") or "api-key", "path": "api-key"}]}})
+        mounts.append({"name": "api-key", "mountPath": SECRET_DIR, "readOnly": True})
+        env.append({"name": "TUNER_API_KEY_FILE", "value": API_KEY_FILE})
+    return volumes, mounts, env
+
+
 def job(name: str, namespace: str, spec: dict[str, Any], *, image: str,
         api_key: dict[str, str] | None = None) -> dict[str, Any]:
     """`api_key`: the target's apiKeySecretRef ({name, key}), mounted for the load."""
@@ -131,16 +150,8 @@ def job(name: str, namespace: str, spec: dict[str, Any], *, image: str,
     if secret.get("name"):
         env.append({"name": "TUNER_STORAGE_URL", "valueFrom": {"secretKeyRef": {
             "name": secret["name"], "key": secret.get("key") or "url"}}})
-    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
-    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
-    if api_key:
-        # optional: a missing Secret does not hold the pod in ContainerCreating; the tuner
-        # then fails the tuning with a message naming it
-        volumes.append({"name": "api-key", "secret": {
-            "secretName": api_key["name"], "defaultMode": 0o440, "optional": True,
-            "items": [{"key": api_key.get("key") or "api-key", "path": "api-key"}]}})
-        mounts.append({"name": "api-key", "mountPath": SECRET_DIR, "readOnly": True})
-        env.append({"name": "TUNER_API_KEY_FILE", "value": API_KEY_FILE})
+    volumes, mounts, key_env = _load_files(api_key)
+    env += key_env
     trace_ref = (((spec.get("workloadFrom") or {}).get("trace") or {}).get("configMapRef")
                  or None)
     if trace_ref:
@@ -218,15 +229,8 @@ def load_deployments(name: str, namespace: str, spec: dict[str, Any], *, image: 
     pods, workers = int(spec.get("tunerPods") or 1), int(spec.get("loadWorkers") or 1)
     workload = TRACE_WORKLOAD if spec.get("workloadFrom") else (
         spec.get("workload") or DEFAULT_WORKLOAD)
-    env: list[dict[str, Any]] = [{"name": "HOME", "value": "/tmp"}]
-    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
-    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
-    if api_key:   # the load sends the target's key, as the Job's Locust does
-        volumes.append({"name": "api-key", "secret": {
-            "secretName": api_key["name"], "defaultMode": 0o440, "optional": True,
-            "items": [{"key": api_key.get("key") or "api-key", "path": "api-key"}]}})
-        mounts.append({"name": "api-key", "mountPath": SECRET_DIR, "readOnly": True})
-        env.append({"name": "TUNER_API_KEY_FILE", "value": API_KEY_FILE})
+    volumes, mounts, key_env = _load_files(api_key)   # the load sends the target's key
+    env: list[dict[str, Any]] = [{"name": "HOME", "value": "/tmp"}, *key_env]
     out = []
     for i in range(pods):
         service = load_name(name, i, pods)
