@@ -1,118 +1,32 @@
 """Closed-loop tuning in the local cluster: a PagedInferenceTuning applied with kubectl
 becomes the operator's tuner Job, whose trials are real PagedInferenceServices run by the
-process kubelet, measured with real Locust, decided with intervals, and applied.
-
-The engines are tests/local_cluster/fake_engine_pkg (the target's spec.env puts it first on
-PYTHONPATH, and trials copy the target's spec): with maxNumSeqs 4 its inter-token gap is
-5 ms, else 200 ms, over the 100 ms SLO (goodput 0: the gain over the target's maxNumSeqs 16
-is large whatever the machine's load); blockSize 8 "runs out of memory" at start;
-FAKE_ENGINE_SLOW_HOSTS makes the live service's own pods 50x slower (a gain that does not
-hold after the apply); FAKE_ENGINE_HOST_ITL gives one service's own pods other gaps (a
-setting better on the trial services and worse on the live one, which only PromQL on the
-live traffic sees); at most maxNumSeqs requests stream at once, the rest wait (the
-queueDepth the autoscaler reads); FAKE_ENGINE_REQUEST_LOG makes every pod log the requests
-it receives (the served side of a replayed trace).
+process kubelet, measured with real Locust, decided with intervals, and applied. The
+engines are the stand-in of tests/local_cluster/fake_engine_pkg (tuning_harness.py).
+Tunings that read the live traffic with PromQL or share a study in PostgreSQL:
+test_tuning_live.py.
 """
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import shutil
 import signal
 import tempfile
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import optuna
 import pytest
 import yaml
 
-from cluster_harness import ROOT, LocalCluster, alive
+from cluster_harness import LocalCluster, alive
+from tuning_harness import (AUTOSCALING, PREVIOUS, apply, engine_of, finished, hpa_target,
+                            service, target, trial_services, tuning)
 
 pytestmark = pytest.mark.xdist_group("local_cluster_tuning")
-
-FAKE_ENGINE = ROOT / "tests" / "local_cluster" / "fake_engine_pkg"
-TUNING = "serving.pagedinference.dev/tuning"
-PREVIOUS = "serving.pagedinference.dev/previous-engine"
-AUTOSCALING = {"maxReplicas": 2, "target": "50"}   # queueDepth 50: far above any capacity's
-
-
-def service(name: str, *, slow_hosts: str = "", request_log: str = "",
-            autoscaling: dict | None = None) -> dict:
-    env = [{"name": "PYTHONPATH", "value": str(FAKE_ENGINE)},
-           {"name": "FAKE_ENGINE_ITL", "value": json.dumps({"4": 0.005, "*": 0.2})}]
-    if slow_hosts:
-        env.append({"name": "FAKE_ENGINE_SLOW_HOSTS", "value": slow_hosts})
-    if request_log:
-        env.append({"name": "FAKE_ENGINE_REQUEST_LOG", "value": request_log})
-    body = {"apiVersion": "serving.pagedinference.dev/v1alpha1",
-            "kind": "PagedInferenceService", "metadata": {"name": name},
-            "spec": {"model": {"uri": "builtin://default", "servedName": "fake"},
-                     "replicas": 1, "engine": {"blockSize": 16, "maxNumSeqs": 16},
-                     "resources": {"gpus": 0, "cpu": "1", "memory": "1Gi",
-                                   "sharedMemory": "64Mi"},
-                     "rollout": {"startupTimeoutSeconds": 60}, "env": env}}
-    if autoscaling:
-        body["spec"]["autoscaling"] = autoscaling
-    return body
-
-
-def tuning(name: str, target: str, *, space: dict, trials: int, mode: str = "Manual",
-           min_gain: float = 1.1, duration: str = "3s", parallelism: int = 1,
-           **extra) -> dict:
-    """`extra`: more spec fields; a value None removes the field."""
-    spec = {"targetRef": {"name": target}, "workload": "chat", "trials": trials,
-            "parallelism": parallelism, "trialDuration": duration, "users": 2,
-            "lengthScale": 0.25, "warmupRequests": 1,
-            "slo": {"ttftSeconds": 1.0, "itlSeconds": 0.1},
-            "searchSpace": space, "confirm": {"rounds": 2},
-            "startupTimeout": "60s", "apply": {"mode": mode, "minGain": min_gain}, **extra}
-    return {"apiVersion": "serving.pagedinference.dev/v1alpha1",
-            "kind": "PagedInferenceTuning", "metadata": {"name": name},
-            "spec": {k: v for k, v in spec.items() if v is not None}}
-
-
-def apply(cluster: LocalCluster, *docs: dict) -> None:
-    cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
-
-
-def finished(cluster: LocalCluster, name: str, timeout: float = 150) -> dict:
-    def done() -> dict | None:
-        body = cluster.json("get", "pit", name)
-        return body if (body.get("status") or {}).get("phase") in ("Succeeded", "Failed") \
-            else None
-    body = cluster.wait_for(done, timeout, f"tuning {name} to finish")
-    assert body["status"]["phase"] == "Succeeded", body["status"]
-    return body
-
-
-def trial_services(cluster: LocalCluster, name: str) -> list[str]:
-    return [p["metadata"]["name"] for p in cluster.json("get", "pis", "-l",
-                                                         f"{TUNING}={name}")["items"]]
-
-
-def engine_of(cluster: LocalCluster, name: str) -> dict:
-    return cluster.json("get", "pis", name)["spec"]["engine"]
-
-
-def hpa_target(cluster: LocalCluster, name: str) -> str | None:
-    found = cluster.kubectl("get", "hpa", name, "-o", "json", check=False)
-    if found.returncode != 0:
-        return None
-    return json.loads(found.stdout)["spec"]["metrics"][0]["pods"]["target"]["averageValue"]
-
-
-@pytest.fixture(scope="module")
-def target(local_cluster: LocalCluster) -> LocalCluster:
-    apply(local_cluster, service("chat", autoscaling=AUTOSCALING))
-    local_cluster.kubectl("wait", "pis/chat", "--for=condition=Ready", "--timeout=90s",
-                          timeout=100)
-    return local_cluster
+__all__ = ["target"]   # the module's target service (a fixture)
 
 
 def test_manual_tuning_searches_confirms_and_recommends(target: LocalCluster) -> None:
@@ -455,141 +369,3 @@ def test_a_spec_no_job_can_run_is_refused_with_a_condition_naming_the_field(
     assert status["decision"]["reason"].startswith("spec.workloadFrom.prometheus: ")
     assert [c["status"] for c in status["conditions"]] == ["True"]
     target.kubectl("delete", "pit", "both", "noprom", "--wait=false")
-
-
-class LiveTraffic:
-    """The live service's own traffic: `users` threads each sending short streamed
-    completions (4 tokens) in a loop to the Service's address; `sent` holds the send
-    times (epoch s)."""
-
-    def __init__(self, url: str, users: int = 4, pause: float = 0.1) -> None:
-        self.url, self.pause, self.sent = url + "/v1/completions", pause, []
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._user, daemon=True) for _ in range(users)]
-        for thread in self.threads:
-            thread.start()
-
-    def _user(self) -> None:
-        body = json.dumps({"model": "fake", "prompt": "hi", "max_tokens": 4,
-                           "stream": True}).encode()
-        while not self.stop.is_set():
-            request = urllib.request.Request(self.url, data=body,
-                                             headers={"Content-Type": "application/json"})
-            try:
-                self.sent.append(time.time())
-                with urllib.request.urlopen(request, timeout=30) as response:
-                    response.read()
-            except (OSError, http.client.HTTPException):   # a pod rolling: try again
-                pass
-            self.stop.wait(self.pause)
-
-    def close(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(35)
-
-
-@pytest.fixture(scope="module")
-def live_traffic(target: LocalCluster) -> Iterator[dict[str, LiveTraffic]]:
-    """Two Auto tunings with spec.prometheus.url while traffic drives their live services:
-    `liveok` (the gain holds on the live traffic: its maxNumSeqs 16 streams 200 ms gaps,
-    the winner's 4 streams 5 ms ones) and `livedrop` (FAKE_ENGINE_HOST_ITL: its own pods
-    are fast at 16 and slow at 4, the trial services the other way round)."""
-    drop = service("livedrop")
-    drop["spec"]["env"].append({"name": "FAKE_ENGINE_HOST_ITL",
-                                "value": json.dumps({"livedrop-": {"16": 0.005, "*": 0.3}})})
-    apply(target, service("liveok"), drop)
-    for name in ("liveok", "livedrop"):
-        target.kubectl("wait", f"pis/{name}", "--for=condition=Ready", "--timeout=90s",
-                       timeout=100)
-    traffic = {name: LiveTraffic(target.service_url(name)) for name in ("liveok", "livedrop")}
-    try:
-        spec = {"prometheus": {"url": target.info["prometheus"]},
-                "apply": {"mode": "Auto", "minGain": 1.2, "verifyWindow": "8s"}}
-        apply(target, tuning("promok", "liveok", trials=1, space={"maxNumSeqs": [4]}, **spec),
-              tuning("promdrop", "livedrop", trials=1, space={"maxNumSeqs": [4]}, **spec))
-        yield traffic
-    finally:
-        for load in traffic.values():
-            load.close()
-        target.kubectl("delete", "pis", "liveok", "livedrop", "--wait=false")
-
-
-def sent_in(traffic: LiveTraffic, figures: dict, window: float) -> int:
-    return sum(figures["end"] - window < t <= figures["end"] for t in traffic.sent)
-
-
-def test_auto_verifies_the_gain_with_promql_on_the_live_traffic(
-        target: LocalCluster, live_traffic: dict[str, LiveTraffic]) -> None:
-    status = finished(target, "promok", timeout=200)["status"]
-    verification = status["verification"]
-    assert verification["method"] == "promql", verification
-    assert verification["window"] == "8s" and verification["held"] is True
-    assert status["applied"] == "Yes"
-    before, after = verification["promql"]["baseline"], verification["promql"]["live"]
-    # before: the live pods' 200 ms gaps miss the 100 ms ITL SLO; after: 5 ms gaps meet it
-    assert before["goodput"] == 0 and before["shares"]["tpot"] == 0
-    assert after["goodput"] > 1 and after["shares"]["tpot"] > 0.9
-    assert before["requests"] >= 20 and after["requests"] >= 20
-    assert after["end"] - before["end"] >= 8   # the baseline window preceded the apply
-    # the query counted the live service's requests (not the trial services'): as many
-    # as the traffic sent in the window, give or take the scrape edges
-    for figures in (before, after):
-        sent = sent_in(live_traffic["liveok"], figures, 8)
-        assert abs(figures["requests"] - sent) <= max(6, 0.3 * sent), (figures, sent)
-    assert engine_of(target, "liveok") == {"blockSize": 16, "maxNumSeqs": 4}
-
-
-def test_a_regression_on_the_live_traffic_is_caught_by_promql_and_rolled_back(
-        target: LocalCluster, live_traffic: dict[str, LiveTraffic]) -> None:
-    status = finished(target, "promdrop", timeout=200)["status"]
-    verification = status["verification"]
-    assert status["gain"]["low"] > 1.2   # the trial services showed a real gain
-    assert verification["method"] == "promql", verification
-    assert verification["held"] is False and status["applied"] == "RolledBack"
-    before, after = verification["promql"]["baseline"], verification["promql"]["live"]
-    assert before["goodput"] > 1 and before["shares"]["tpot"] > 0.9
-    assert after["goodput"] < before["goodput"] and after["shares"]["tpot"] < 0.5
-    assert after["requests"] >= 20
-    assert "rolled back" in status["decision"]["reason"]
-    assert "live goodput" in status["decision"]["reason"]
-    live = target.json("get", "pis", "livedrop")
-    assert live["spec"]["engine"] == {"blockSize": 16, "maxNumSeqs": 16}
-    assert PREVIOUS not in (live["metadata"].get("annotations") or {})
-
-
-def test_two_tuner_pods_share_one_study_in_postgresql_and_one_confirms(
-        target: LocalCluster) -> None:
-    """spec.tunerPods 2 with spec.storage.secretRef: an Indexed Job of two pods (the
-    local Job controller sets JOB_COMPLETION_INDEX as Kubernetes does), both measuring
-    trials of one Optuna study in the cluster's PostgreSQL; pod 0 alone confirms."""
-    url = target.info["postgres"]
-    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "optuna-db"},
-              "stringData": {"url": url}}
-    apply(target, secret, tuning("pair", "chat", trials=4, tunerPods=2,
-                                 storage={"secretRef": {"name": "optuna-db"}},
-                                 space={"maxNumSeqs": [4, 8, 16, 32]}))
-    status = finished(target, "pair", timeout=240)["status"]
-    job = target.json("get", "job", "pair-tuner")
-    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 2
-    pods = {p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]:
-            p["metadata"]["name"] for p in target.pods(
-                "app.kubernetes.io/instance=pair,app.kubernetes.io/component=tuner")}
-    assert sorted(pods) == ["0", "1"], pods
-    target.kubectl("wait", "job/pair-tuner", "--for=condition=Complete", "--timeout=60s",
-                   timeout=70)
-    # the search: four trials, none twice, measured by both pods
-    assert status["trialsText"] == "4/4"
-    history = status["history"]
-    assert sorted(e["engine"]["maxNumSeqs"] for e in history) == [4, 8, 16, 32]
-    assert {e["pod"] for e in history} == set(pods.values()), history
-    study = optuna.load_study(study_name="default-pair", storage=url)
-    trials = [t for t in study.get_trials() if not t.user_attrs.get("surplus")]
-    assert sorted(t.user_attrs["entry"]["pod"] for t in trials) == \
-        sorted(e["pod"] for e in history)
-    # one confirmation, by pod 0: its trial services appear in its log only
-    lead, other = (target.kubectl("logs", pods[i]).stdout for i in ("0", "1"))
-    assert "pair-r0-baseline: ready" in lead and "pair-r1-c1: ready" in lead
-    assert "-r0-" not in other and "pod 1: the study holds its trials" in other
-    assert [a["label"] for a in status["confirmation"]] == ["baseline", "C1"]
-    assert status["phase"] == "Succeeded" and trial_services(target, "pair") == []

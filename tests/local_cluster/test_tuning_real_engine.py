@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from test_tuning import apply, finished, trial_services
+from tuning_harness import apply, finished, trial_services
 
 pytestmark = pytest.mark.xdist_group("local_cluster_tuning_real")
 
