@@ -102,13 +102,16 @@ def test_sse_streams_arrive_intact_through_the_router(engines, front):
     direct = list(openai.OpenAI(base_url=home + "/v1", api_key="unused")
                   .chat.completions.create(**kwargs))
 
-    def shape(chunks):
-        return [(c.choices[0].delta.content, c.choices[0].finish_reason)
-                for c in chunks if c.choices]
+    def text_and_end(chunks):
+        parts = [c.choices[0] for c in chunks if c.choices]
+        return "".join(p.delta.content or "" for p in parts), parts[-1].finish_reason
 
-    assert len(via_router) == len(direct) > 3
-    assert shape(via_router) == shape(direct)
-    assert "".join(d or "" for d, _ in shape(via_router))
+    # the same text and ending, streamed in several events each; how many events is the
+    # reader's timing (the engine coalesces deltas a slow reader has not taken yet:
+    # engine/entrypoints/request_group.py), so the two counts may differ by a few
+    assert len(via_router) > 3 and len(direct) > 3
+    assert text_and_end(via_router) == text_and_end(direct)
+    assert text_and_end(via_router)[0]
 
 
 def test_killing_a_replica_mid_load_loses_no_request_that_had_not_started_streaming(engines,
