@@ -10,7 +10,7 @@ gathers its sequences' blocks into one padded ``[n, ctx, kv_heads, D]`` tensor (
 
 Why this shape: on CPU the twin's many tiny per-block matmuls cost far more than one
 flash-attention call over the padded context (tests/kernels hold both to the same answers;
-scripts/bench_decode.py measures the difference in the engine).
+benchmarks/bench_decode.py measures the difference in the engine).
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def _decode(query, key, value, p: _Pass, scale, out) -> None:
     """One query per sequence: per KV head, two batched matmuls over the gathered blocks in
     place (``key[:, h]`` is a strided ``[n, ctx, D]`` batch BLAS takes without a copy) and a
     masked softmax; GQA by grouping each KV head's query heads, so K/V are never expanded.
-    On CPU this beats SDPA for a single query row (about 2.7x in scripts/bench_decode.py's
+    On CPU this beats SDPA for a single query row (about 2.7x in benchmarks/bench_decode.py's
     shapes); SDPA stays for chunks of several queries, where it wins."""
     q = query[p.token]
     n, num_heads, head_dim = q.shape

@@ -2,7 +2,7 @@
 
 Run as `locust -f loadtests/chat.py --master --expect-workers N --headless ...
 --samples-file F` plus N × `locust -f loadtests/chat.py --worker --master-host H`
-(`tuner.loadgen` starts them; in a cluster, a master pod and N worker pods). The master's
+(`tuner.measure.loadgen` starts them; in a cluster, a master pod and N worker pods). The master's
 custom options (seed, arrival, rate, ...) reach the workers with every spawn message.
 
 - Workers never write a samples file: each sample line is buffered and sent to the master

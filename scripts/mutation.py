@@ -46,7 +46,7 @@ TARGETS = {
                           "tests/engine/test_sampler_draws.py"],
     "operator/paged_operator/manifests.py": _OPERATOR_TESTS,
     "operator/paged_operator/spec.py": _OPERATOR_TESTS,
-    "tuner/scoring.py": ["tests/tuner/test_tuner_scoring.py",
+    "tuner/measure/scoring.py": ["tests/tuner/test_tuner_scoring.py",
                          "tests/tuner/test_tuner_scoring_figures.py"],
 }
 # Package folder in the checkout -> its importable name, i.e. its place in the scratch dir

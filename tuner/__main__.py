@@ -16,21 +16,21 @@ from tuner.cli import (CPU_MODEL_PROFILES, DEFAULT_TRIALS, TINY_MODELS, TINY_PRO
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["tune"]:  # the PagedInferenceTuning Job's program (tuner/cluster.py)
-        from tuner import cluster
+    if argv[:1] == ["tune"]:  # the PagedInferenceTuning Job's program (tuner/incluster/job.py)
+        from tuner.incluster import job as cluster
         return cluster.main(argv[1:])
-    if argv[:1] == ["load-worker"]:  # a load-worker pod of a tuning (tuner/load_worker.py)
-        from tuner import load_worker
+    if argv[:1] == ["load-worker"]:  # a load-worker pod of a tuning (tuner/measure/load_worker.py)
+        from tuner.measure import load_worker
         return load_worker.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "bench":
-        from tuner import bench_offline  # written separately; imported only when asked
+        from benchmarks import bench_offline  # an engine benchmark; imported only when asked
         return bench_offline.main(args.rest) or 0
     if args.command == "report":
         return _report(parser, args)
     if args.command == "trace":
-        from tuner import trace
+        from loadtests.sources import request_log as trace
         return trace.main(args)
     return _sweep(parser, args)
 
@@ -76,7 +76,7 @@ def _profile(args: argparse.Namespace) -> tuple[str, dict]:
 def _slos_and_load(parser: argparse.ArgumentParser, args: argparse.Namespace, source):
     """The SLOs and the LoadSpec of a sweep: the workload's, the CPU profile's scaling
     (tuner/cli.py), then the command line's overrides; plus the profile applied."""
-    from tuner.loadgen import LoadSpec
+    from tuner.measure.loadgen import LoadSpec
 
     workload = source.spec
     label, profile = _profile(args)
@@ -120,10 +120,10 @@ def _engine_flags(args: argparse.Namespace, profile: dict) -> tuple[str, ...]:
 
 
 def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from tuner.space import SpaceError, build_space, parse_param
+    from tuner.search.space import SpaceError, build_space, parse_param
 
-    from tuner import workload_source
-    from tuner.loadgen import LoadError
+    from loadtests.sources import workload_source
+    from tuner.measure.loadgen import LoadError
 
     _check_common(parser, args)
     if args.load_workers < 1:
@@ -131,7 +131,7 @@ def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.capacity < 0:
         parser.error("--capacity takes a number of probes >= 1")
     tag = Path(args.model).name if args.model else "default"
-    try:  # --workload, --trace or --workload-from-prometheus (tuner/workload_source.py)
+    try:  # --workload, --trace or --workload-from-prometheus (loadtests/sources/workload_source.py)
         source = workload_source.resolve(args, out_dir=Path(args.out_dir or Path("tuner-out") / (
             args.study_name or f"trace-{args.objective}-{tag}")))
     except (ValueError, LoadError) as exc:
@@ -155,10 +155,10 @@ def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             fixed[param.name] = param.choices[0]
     except SpaceError as exc:
         parser.error(str(exc))
-    from tuner.confirm import load_baseline
-    from tuner.promql import PrometheusReader
-    from tuner.sweep import SweepConfig, run_sweep
-    from tuner.trial import EngineLaunch
+    from tuner.search.confirm import load_baseline
+    from tuner.measure.promql import PrometheusReader
+    from tuner.search.sweep import SweepConfig, run_sweep
+    from tuner.measure.trial import EngineLaunch
 
     try:
         baseline = load_baseline(args.baseline, fixed=fixed, searched=[p.name for p in space])
@@ -183,7 +183,7 @@ def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                          confirm_rounds=args.confirm_rounds, baseline=baseline,
                          min_gain=args.min_gain, prometheus=prometheus, seed=args.seed,
                          fixed=fixed, warmup_requests=args.warmup_requests)
-    from tuner.loadgen import LoadError
+    from tuner.measure.loadgen import LoadError
     try:
         study = run_sweep(config, show_progress=not args.no_progress)
     except ValueError as exc:  # e.g. the study exists with another objective
@@ -196,15 +196,15 @@ def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     code = _print_results(study, out=Path(args.out) if args.out else out_dir / "best.yaml",
                           out_dir=out_dir)
     if code == 0 and args.capacity:
-        from tuner.capacity import for_sweep
+        from tuner.measure.capacity import for_sweep
         print(for_sweep(study, config, trace_rate=source.trace_rate,
                         max_probes=args.capacity).line())
     return code
 
 
 def _print_results(study, *, out: Path, out_dir: Path, top: int = 5) -> int:
-    from tuner.plots import save_plots
-    from tuner.report import (best_table, confirmation_table, context, engine_patch,
+    from tuner.search.plots import save_plots
+    from tuner.search.report import (best_table, confirmation_table, context, engine_patch,
                               patch_yaml, result_line, validate_patch)
 
     print(f"\nstudy {study.study_name!r}: {context(study)}")
@@ -238,8 +238,8 @@ def _print_results(study, *, out: Path, out_dir: Path, top: int = 5) -> int:
 def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     import optuna
 
-    from tuner.study import make_storage
-    from tuner.sweep import quiet_optuna
+    from tuner.search.study import make_storage
+    from tuner.search.sweep import quiet_optuna
     quiet_optuna()
     storage = make_storage(args.storage)
     names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
@@ -254,7 +254,7 @@ def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def _bench_target(parser: argparse.ArgumentParser, args: argparse.Namespace, load, slos) -> int:
     """--target-url: measure a running server (no tuning), print and save the figures."""
-    from tuner.trial import measure
+    from tuner.measure.trial import measure
 
     url = args.target_url.rstrip("/")
     try:

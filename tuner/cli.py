@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--capacity", type=int, nargs="?", const=8, default=0, metavar="PROBES",
                        help="after the sweep, search the highest open-loop rate per replica "
                             "that meets the SLOs with the winning settings, in at most PROBES "
-                            "loads of --duration (default 8; tuner/capacity.py)")
+                            "loads of --duration (default 8; tuner/measure/capacity.py)")
     sweep.add_argument("--trials", type=int, default=None,
                        help=f"total search trials in the study (default {DEFAULT_TRIALS}; "
                             "with --target-url: repeats, default 1)")

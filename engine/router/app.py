@@ -127,7 +127,7 @@ def build_app(config: RouterConfig) -> Starlette:
                             headers=exc.headers)
 
     # plain Starlette: FastAPI's dependency solving and middleware cost ~0.2 ms a request
-    # (scripts/bench_router_latency.py), and this app has no schema to offer
+    # (benchmarks/bench_router_latency.py), and this app has no schema to offer
     app = Starlette(routes=[
         Route("/v1/completions", generate, methods=["POST"]),
         Route("/v1/chat/completions", generate, methods=["POST"]),

@@ -1,7 +1,7 @@
 """What a PagedInferenceTuning becomes: the tuner Job and its identity.
 
 - ServiceAccount `<tuning>-tuner`, a Role allowing exactly the Job's calls
-  (tuner/cluster_kube.py lists them) in the namespace, and the RoleBinding;
+  (tuner/incluster/kube.py lists them) in the namespace, and the RoleBinding;
 - the Job `<tuning>-tuner`: `python -m tuner tune --cluster --name <tuning>` in the
   engine image (it holds the tuner and the Locust workloads), restartPolicy Never and a
   backoffLimit, so a failed pod is replaced and the new one resumes from status.history.
@@ -33,7 +33,7 @@ MANAGED_BY = "paged-inference-operator"
 BACKOFF_LIMIT = 3
 TRACE_DIR = "/etc/paged-inference/trace"
 TRACE_FILE = f"{TRACE_DIR}/trace.jsonl"
-MASTER_PORT = 5557              # Locust's default master port (tuner.load_worker)
+MASTER_PORT = 5557              # Locust's default master port (tuner.measure.load_worker)
 MASTER_PORT_NAME = "locust-master"
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 TRACE_WORKLOAD = "trace"        # the locustfile of every workloadFrom source
@@ -225,7 +225,7 @@ def load_services(name: str, namespace: str, spec: dict[str, Any]) -> list[dict[
 
 def load_deployments(name: str, namespace: str, spec: dict[str, Any], *, image: str,
                      api_key: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """Per tuner pod, spec.loadWorkers Locust worker pods (tuner.load_worker)."""
+    """Per tuner pod, spec.loadWorkers Locust worker pods (tuner.measure.load_worker)."""
     pods, workers = int(spec.get("tunerPods") or 1), int(spec.get("loadWorkers") or 1)
     workload = TRACE_WORKLOAD if spec.get("workloadFrom") else (
         spec.get("workload") or DEFAULT_WORKLOAD)

@@ -10,7 +10,7 @@ from cel_tools import violations
 from chart_tools import CHART
 
 from paged_operator.tuning_manifests import spec_error
-from tuner.cluster_spec import parse_tuning
+from tuner.incluster.spec import parse_tuning
 
 CRD = yaml.safe_load((CHART / "crds" / "pagedinferencetunings.yaml").read_text())
 SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]

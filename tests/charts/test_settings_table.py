@@ -18,7 +18,7 @@ from engine.config import EngineConfig
 from engine.entrypoints.cli import ENGINE_FLAGS, add_serve_arguments, build_parser, engine_kwargs
 from paged_operator import manifests
 from paged_operator.spec import MANAGED_FLAGS, EngineSettings, InvalidSpecError, parse_spec
-from tuner import space
+from tuner.search import space
 
 SCHEMA = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 ENGINE_SCHEMA = SCHEMA["properties"]["spec"]["properties"]["engine"]

@@ -170,7 +170,7 @@ def test_offline_bench_eos_lengths_are_transformers_lengths_to_eos(smollm2_dir, 
                                                                     references):
     """`bench offline --output-lengths eos` fixes each request's length as the greedy output
     up to and including EOS (capped): the lengths transformers itself produces."""
-    from tuner.bench_peers import PagedPeer
+    from benchmarks.bench_peers import PagedPeer
 
     peer = PagedPeer(smollm2_dir, num_blocks=64, block_size=16, max_model_len=256,
                      max_num_seqs=8, device="cpu", dtype="float32")

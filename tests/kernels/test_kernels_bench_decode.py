@@ -1,4 +1,4 @@
-"""scripts/bench_decode.py end to end on a tiny checkpoint: it must keep running (scripts rot
+"""benchmarks/bench_decode.py end to end on a tiny checkpoint: it must keep running (scripts rot
 otherwise) and print one row per backend plus the ceiling, with ratios. Speed is not asserted."""
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ import pytest
 
 from fake_openai_server import FakeOpenAIServer
 from loadtests.workloads.trace import TraceRequest, write_trace
-from tuner.loadgen import LoadSpec, run_load
-from tuner.scoring import load_samples
+from tuner.measure.loadgen import LoadSpec, run_load
+from tuner.measure.scoring import load_samples
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,7 +44,7 @@ def test_a_trace_is_split_between_workers_and_sent_once(tmp_path):
 
 def _worker_pod(port: int, workload: str, log):
     """What the operator's load-worker pod runs, as a process: the Service's variables
-    point it at the master (tuner.load_worker)."""
+    point it at the master (tuner.measure.load_worker)."""
     import os
     import subprocess
     import sys
@@ -57,7 +57,7 @@ def _worker_pod(port: int, workload: str, log):
 def test_worker_pods_outlive_each_master_and_get_each_measurements_trace(tmp_path, monkeypatch):
     """Two measurements, one master each, the same two long-lived load-worker loops: each
     master's trace (different lengths) reaches the workers, every request once."""
-    from tuner.loadgen import free_port
+    from tuner.measure.loadgen import free_port
     port = free_port()
     monkeypatch.setenv("POD_IP", "127.0.0.1")
     logs = [open(tmp_path / f"pod-{i}.log", "wb") for i in range(2)]

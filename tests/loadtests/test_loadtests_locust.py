@@ -4,8 +4,8 @@ import json
 import pytest
 
 from fake_openai_server import FakeOpenAIServer
-from tuner.loadgen import LoadSpec, run_load
-from tuner.scoring import load_samples
+from tuner.measure.loadgen import LoadSpec, run_load
+from tuner.measure.scoring import load_samples
 
 
 def _records(path):

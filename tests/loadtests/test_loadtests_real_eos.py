@@ -4,8 +4,8 @@ import requests
 
 from fake_openai_server import FakeOpenAIServer
 from loadtests.client import stream_request
-from tuner.loadgen import LoadSpec, run_load
-from tuner.scoring import load_samples
+from tuner.measure.loadgen import LoadSpec, run_load
+from tuner.measure.scoring import load_samples
 
 
 def test_the_client_sends_ignore_eos_only_when_asked():

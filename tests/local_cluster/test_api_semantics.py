@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from paged_localcluster.api.patch import json_patch, merge_patch, strategic_merge
-from paged_localcluster.api.selectors import field_selector, label_selector, match_labels
-from paged_localcluster.api.tables import jsonpath
-from paged_localcluster.api.kinds import BUILTIN
-from paged_localcluster.api.writes import ApiError, normalize
-from paged_localcluster.kubelet import launch as launch_mod
-from paged_localcluster.kubelet.launch import CannotRun, rebind, volumes
+from localcluster.api.patch import json_patch, merge_patch, strategic_merge
+from localcluster.api.selectors import field_selector, label_selector, match_labels
+from localcluster.api.tables import jsonpath
+from localcluster.api.kinds import BUILTIN
+from localcluster.api.writes import ApiError, normalize
+from localcluster.kubelet import launch as launch_mod
+from localcluster.kubelet.launch import CannotRun, rebind, volumes
 
 POD_SPEC = {"containers": [{"name": "a", "image": "x:1", "env": [{"name": "A", "value": "1"}],
                             "ports": [{"containerPort": 80}]},
@@ -136,7 +136,7 @@ def test_the_network_names_each_service_of_the_namespace_by_its_local_address(tm
     one; other namespaces' and deleted Services are left out."""
     from types import SimpleNamespace
 
-    from paged_localcluster.kubelet.network import Network
+    from localcluster.kubelet.network import Network
 
     def svc(ns, name, ports, deleted=False):
         meta = {"namespace": ns, "name": name,

@@ -1,4 +1,4 @@
-"""A short run of scripts/soak.py (the README's table comes from a 10-minute one):
+"""A short run of benchmarks/soak.py (the README's table comes from a 10-minute one):
 Locust load, random disconnects, bad requests, slow readers and slow headers at once;
 no unexpected 5xx, the engine alive and serving, no leaked block, backlogs in bound."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.xdist_group("server")
 
 
 def test_short_soak_keeps_the_server_whole():
-    done = subprocess.run([sys.executable, "scripts/soak.py", "--duration", "10", "--users",
+    done = subprocess.run([sys.executable, "benchmarks/soak.py", "--duration", "10", "--users",
                            "3", "--chaos", "1"], cwd=REPO, capture_output=True, text=True,
                           timeout=240)
     table = dict(line.split("  ", 1) for line in done.stdout.splitlines() if "  " in line)

@@ -4,8 +4,8 @@ confirmation would compare as if measured); a load with some failures is still m
 import pytest
 
 from fake_openai_server import FakeOpenAIServer
-from tuner.loadgen import LoadSpec
-from tuner.trial import Infeasible, measure
+from tuner.measure.loadgen import LoadSpec
+from tuner.measure.trial import Infeasible, measure
 
 pytestmark = pytest.mark.timeout(120)
 LOAD = LoadSpec(workload="chat", duration=3, users=2, length_scale=0.1)

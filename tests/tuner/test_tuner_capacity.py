@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from loadtests.workloads.trace import TraceRequest, write_trace
-from tuner.capacity import measure_capacity, search_capacity
-from tuner.loadgen import LoadSpec
-from tuner.scoring import Samples
-from tuner.trial import EngineLaunch
+from tuner.measure.capacity import measure_capacity, search_capacity
+from tuner.measure.loadgen import LoadSpec
+from tuner.measure.scoring import Samples
+from tuner.measure.trial import EngineLaunch
 
 FAKE_ENGINE = f"{sys.executable} {Path(__file__).parent / 'fake_engine.py'}"
 

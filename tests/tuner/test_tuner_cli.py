@@ -114,7 +114,7 @@ def test_the_paged_peer_times_only_pure_decode_steps_near_its_peak_batch():
     """4 prompts in one prefill step, then 5 steps that each decode all 4: the decode rate
     near the peak counts those 5 steps and their 20 tokens only."""
     from engine.model_loader import resolve_model_path
-    from tuner.bench_peers import PagedPeer
+    from benchmarks.bench_peers import PagedPeer
 
     peer = PagedPeer(resolve_model_path("builtin://default"), num_blocks=64, block_size=16,
                      max_model_len=64, max_num_seqs=8, device="cpu", dtype="float32")

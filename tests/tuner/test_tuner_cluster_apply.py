@@ -1,4 +1,4 @@
-"""tuner.cluster_apply without a cluster: a winner let through by a minGain below 1 is
+"""tuner.incluster.apply without a cluster: a winner let through by a minGain below 1 is
 neither recommended nor applied when it measured worse than the baseline; one that
 measured better is recommended (Manual); the capacity's autoscaler target joins the patch,
 Auto applies it with the engine settings, records both in one annotation and rolls both
@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from tuner import cluster_apply
-from tuner.cluster_apply import apply_decision
-from tuner.loadgen import LoadSpec
+from tuner.incluster import apply as cluster_apply
+from tuner.incluster.apply import apply_decision
+from tuner.measure.loadgen import LoadSpec
 
 
 class Run:

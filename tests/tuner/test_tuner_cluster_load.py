@@ -1,4 +1,4 @@
-"""tuner.cluster_load without a cluster: where an in-cluster tuning's load comes from
+"""tuner.incluster.load without a cluster: where an in-cluster tuning's load comes from
 (spec.workload / workloadFrom), the LoadSpec its measurements share (loadWorkers), and the
 capacity search with the autoscaler's target it implies."""
 from __future__ import annotations
@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 
 from loadtests.workloads.trace import TraceRequest, write_trace
-from tuner import cluster_load
-from tuner.cluster_spec import parse_tuning
-from tuner.workload_source import WorkloadSource
+from tuner.incluster import load as cluster_load
+from tuner.incluster.spec import parse_tuning
+from loadtests.sources.workload_source import WorkloadSource
 
 BASE = {"targetRef": {"name": "svc"}, "searchSpace": {"maxNumSeqs": [4, 8]},
         "trialDuration": "10s"}

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import optuna
 
-from tuner import study as st
-from tuner.cluster import Tuning
-from tuner.cluster_spec import search_space
+from tuner.search import study as st
+from tuner.incluster.job import Tuning
+from tuner.incluster.spec import search_space
 
 
 def tuning(pod: str, out_dir: Path, log: list, seconds: float = 0.1) -> Tuning:

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.cluster import pareto
-from tuner.cluster_spec import (CapacitySpec, WorkloadFrom, flags_to_engine, parse_duration,
+from tuner.incluster.job import pareto
+from tuner.incluster.spec import (CapacitySpec, WorkloadFrom, flags_to_engine, parse_duration,
                                 parse_tuning)
-from tuner.space import engine_flags
+from tuner.search.space import engine_flags
 
 BASE = {"targetRef": {"name": "svc"}, "searchSpace": {"maxNumSeqs": [4, 8]}}
 

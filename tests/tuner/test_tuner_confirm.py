@@ -1,4 +1,4 @@
-"""The confirmation loop (tuner.confirm) with a simulated engine: known goodput per
+"""The confirmation loop (tuner.search.confirm) with a simulated engine: known goodput per
 setting, known noise, no processes; and --baseline files."""
 import math
 import random
@@ -7,9 +7,9 @@ import optuna
 import pytest
 import yaml
 
-from tuner.confirm import load_baseline, run_confirmation
-from tuner.report import engine_patch, result_line
-from tuner.trial import Infeasible
+from tuner.search.confirm import load_baseline, run_confirmation
+from tuner.search.report import engine_patch, result_line
+from tuner.measure.trial import Infeasible
 
 TRUE = {"--max-num-seqs 4": 15.0, "--max-num-seqs 2": 10.0, "": 10.0}  # "" = defaults
 

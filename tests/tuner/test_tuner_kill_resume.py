@@ -3,7 +3,7 @@ sweep retries the killed trial once and counts it once.
 
 `python -m tuner sweep` runs on the fake engine in a subprocess; the test kills it while
 trial 1's engine and Locust run. Its children are in their own sessions (so nothing but the
-kernel's parent-death signal reaches them: tuner.lifeline). Every process the sweep started
+kernel's parent-death signal reaches them: tuner.measure.lifeline). Every process the sweep started
 carries a tag in its environment; a process with the tag, or with the test's tmp dir in its
 command line, still alive after the kill is an orphan.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from tuner import study as st
+from tuner.search import study as st
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_ENGINE = f"{sys.executable} {Path(__file__).resolve().parent / 'fake_engine.py'}"

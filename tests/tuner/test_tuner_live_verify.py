@@ -1,4 +1,4 @@
-"""tuner.live_verify and Auto's verification without a cluster: the share of a histogram
+"""tuner.incluster.live_verify and Auto's verification without a cluster: the share of a histogram
 within an SLO, one window's figures from PromQL answers, the verdict (held, rolled back,
 too little traffic), and which method apply_decision uses: PromQL on the live traffic
 when Prometheus is set and both windows hold enough requests, else the short load."""
@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from tuner import cluster_apply, live_verify
-from tuner.live_verify import figures_from, share_within, slo_limits, verdict
-from tuner.metrics import ITL, TTFT
+from tuner.incluster import apply as cluster_apply, live_verify
+from tuner.incluster.live_verify import figures_from, share_within, slo_limits, verdict
+from tuner.measure.server_metrics import ITL, TTFT
 
 from test_tuner_cluster_apply import AutoRun, capacity_of, record
 

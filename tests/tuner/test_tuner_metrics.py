@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from tuner import metrics
+from tuner.measure import server_metrics as metrics
 
 # Two scrapes of the same server: between them 10 TTFT observations were added,
 # 4 in (0, 0.1], 4 in (0.1, 0.5], 2 in (0.5, 1.0]; counters use prometheus_client's

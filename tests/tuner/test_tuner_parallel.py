@@ -1,5 +1,5 @@
 """Two `python -m tuner sweep` workers sharing one study on a real PostgreSQL (Debian's
-binaries, started by paged_localcluster): both complete trials, none is run twice, and the
+binaries, started by localcluster): both complete trials, none is run twice, and the
 study ends with the asked number of trials."""
 import subprocess
 import sys
@@ -8,7 +8,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from paged_localcluster.postgres import remove_postgres_data, start_postgres
+from localcluster.postgres import remove_postgres_data, start_postgres
 
 pytestmark = pytest.mark.timeout(240)
 FAKE_ENGINE = f"{sys.executable} {Path(__file__).resolve().parent / 'fake_engine.py'}"

@@ -7,10 +7,10 @@ import time
 import pytest
 
 from fake_openai_server import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, FakeOpenAIServer
-from paged_localcluster.prometheus import start_prometheus
-from tuner.loadgen import LoadSpec
-from tuner.promql import PrometheusError, PrometheusReader, write_target
-from tuner.trial import measure
+from localcluster.prometheus import start_prometheus
+from tuner.measure.loadgen import LoadSpec
+from tuner.measure.promql import PrometheusError, PrometheusReader, write_target
+from tuner.measure.trial import measure
 
 pytestmark = pytest.mark.timeout(180)
 BUCKETS = {"ttft": TTFT_BUCKETS, "itl": ITL_BUCKETS, "e2e": E2E_BUCKETS}

@@ -3,9 +3,9 @@ import optuna
 import pytest
 import yaml
 
-from tuner import study as st
-from tuner.confirm import Baseline, candidates
-from tuner.report import CRD_PATH, best_table, engine_patch, validate_patch
+from tuner.search import study as st
+from tuner.search.confirm import Baseline, candidates
+from tuner.search.report import CRD_PATH, best_table, engine_patch, validate_patch
 
 CRD = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
        "spec": {"versions": [{"name": "v1alpha1", "schema": {"openAPIV3Schema": {

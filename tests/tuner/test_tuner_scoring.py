@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from tuner.scoring import Samples, load_samples, meets_slo, quantile, score, tpot
+from tuner.measure.scoring import Samples, load_samples, meets_slo, quantile, score, tpot
 
 SLOS = {"chat": {"ttft": 1.0, "tpot": 0.1}, "summarize": {"e2e": 5.0}}
 

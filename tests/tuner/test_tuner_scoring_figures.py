@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from tuner.scoring import Samples, load_samples, meets_slo, quantile, score
+from tuner.measure.scoring import Samples, load_samples, meets_slo, quantile, score
 
 CHAT_SLO = {"chat": {"ttft": 0.4}}
 RECORDS = [

@@ -2,7 +2,7 @@
 import optuna
 import pytest
 
-from tuner.space import SpaceError, build_space, engine_flags, parse_param, to_engine_spec
+from tuner.search.space import SpaceError, build_space, engine_flags, parse_param, to_engine_spec
 
 
 def test_default_space_has_the_four_settings_and_block_sizes_are_powers_of_two():

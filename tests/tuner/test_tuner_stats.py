@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from tuner.stats import decide, paired_gain, t975
+from tuner.search.stats import decide, paired_gain, t975
 
 
 def simulate_rounds(rng, truths, rounds, *, sigma, round_sigma=0.1):
@@ -59,7 +59,7 @@ def test_settings_better_only_by_noise_are_rarely_applied():
 
 
 def test_decision_picks_the_highest_lower_bound_not_the_highest_mean():
-    from tuner.stats import Gain
+    from tuner.search.stats import Gain
     decision = decide({"C1": Gain(1.8, 0.9, 3.6, 3), "C2": Gain(1.3, 1.1, 1.5, 3)})
     assert decision.winner == "C2" and "lower bound above 1" in decision.reason
     none = decide({"C1": Gain(1.8, 0.9, 3.6, 3), "C2": None})

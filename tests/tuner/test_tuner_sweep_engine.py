@@ -6,7 +6,7 @@ import optuna
 import pytest
 import yaml
 
-from tuner.report import engine_schema, validate_patch
+from tuner.search.report import engine_schema, validate_patch
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -8,7 +8,7 @@ import optuna
 import yaml
 
 from tuner.__main__ import main
-from tuner.report import validate_patch
+from tuner.search.report import validate_patch
 
 FAKE_ENGINE = f"{sys.executable} {Path(__file__).resolve().parent / 'fake_engine.py'}"
 

@@ -10,10 +10,10 @@ import httpx
 import pytest
 
 from loadtests.workloads.trace import TraceRequest, read_trace, write_trace
-from tuner import metrics
-from tuner.engine_proc import EngineProcess
-from tuner.loadgen import LoadSpec, run_load
-from tuner.scoring import load_samples
+from tuner.measure import server_metrics as metrics
+from tuner.measure.engine_process import EngineProcess
+from tuner.measure.loadgen import LoadSpec, run_load
+from tuner.measure.scoring import load_samples
 
 pytestmark = pytest.mark.timeout(240)
 SHARED, PROMPT, OUTPUT = 64, 96, 3

@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from engine.entrypoints.metrics import token_buckets
-from paged_localcluster.prometheus import start_prometheus, write_targets
-from tuner.histogram_workload import BucketDistribution, fit_from_prometheus, parse_window
-from tuner.promql import PrometheusReader
+from localcluster.prometheus import start_prometheus, write_targets
+from loadtests.sources.histogram import BucketDistribution, fit_from_prometheus, parse_window
+from tuner.measure.promql import PrometheusReader
 
 EDGES = token_buckets(4096)  # 1, 2, 5, 10, ..., 2000
 

@@ -1,0 +1,135 @@
+#!/usr/bin/env python
+"""A discrete-event model of the routing benchmark, for comparing policy variants quickly.
+
+    python benchmarks/sim_routing.py [--seeds 30] [--users 8] [--requests 128]
+
+The router's real policy objects (engine.router.policies) place requests on N modelled
+replicas; each replica is a FIFO server with an LRU block cache of --blocks blocks (16
+tokens each), a prefill cost per uncached token and a decode cost per output token.
+The workload is benchmarks/bench_routing.py's: T tenants with 1,000-1,600-token system
+prompts, Zipf-chosen, closed-loop users. It prints, per variant, the medians over seeds
+of the token hit rate, TTFT p50/p90 (model seconds) and requests/s, and the hit rate's
+mean and worst seed. A model, not a measurement: the engines batch and share CPUs,
+which it leaves out; use it to rank variants, the benchmark to measure them.
+"""
+from __future__ import annotations
+
+import argparse
+import heapq
+import random
+import statistics
+from collections import OrderedDict
+
+from engine.router.hashing import ring_point
+from engine.router.policies import PrefixPolicy, RouteRequest, make_policy
+from engine.router.pool import Backend
+
+BLOCK = 16
+CHUNK_TOKENS = 32  # the router's 128-character chunks, about 32 tokens of this text
+
+
+def simulate(policy, *, replicas: int, blocks: int, tenants: int, zipf: float, users: int,
+             warmup: int, requests: int, seed: int, prefill_s: float, decode_s: float,
+             out_tokens: int) -> tuple[float, float, float, float]:
+    rng = random.Random(seed)
+    sizes = [rng.randint(1000, 1600) for _ in range(tenants)]
+    weights = [1 / (k + 1) ** zipf for k in range(tenants)]
+    order = rng.choices(range(tenants), weights, k=warmup + requests)
+    backends = [Backend(f"http://replica-{i}") for i in range(replicas)]
+    caches: list[OrderedDict] = [OrderedDict() for _ in range(replicas)]
+    free_at = [0.0] * replicas
+    events: list[tuple] = []
+    hits = queried = 0
+    ttfts: list[float] = []
+    nxt = 0
+
+    def submit(now: float, user: int) -> None:
+        nonlocal nxt, hits, queried
+        if nxt >= len(order):
+            return
+        i, tenant = nxt, order[nxt]
+        nxt += 1
+        hashes = [ring_point(f"{seed}-{tenant}-{k}") for k in range(sizes[tenant] // CHUNK_TOKENS)]
+        request = RouteRequest(hashes=hashes + [ring_point(f"{seed}-question-{i}")])
+        backend = policy.choose(request, backends).order[0]
+        policy.record(request, backend)
+        backend.in_flight += 1
+        r = backends.index(backend)
+        cache, held = caches[r], 0
+        for k in range(sizes[tenant] // BLOCK):  # the longest cached run of the prompt's blocks
+            if (tenant, k) not in cache:
+                break
+            cache.move_to_end((tenant, k))
+            held += 1
+        for k in range(held, sizes[tenant] // BLOCK):
+            cache[(tenant, k)] = None
+        while len(cache) > blocks - 2 * backend.in_flight:  # running requests hold blocks too
+            cache.popitem(last=False)
+        if i >= warmup:
+            hits, queried = hits + held * BLOCK, queried + sizes[tenant]
+        start = max(now, free_at[r])
+        first_token = start + (sizes[tenant] - held * BLOCK + 10) * prefill_s
+        free_at[r] = first_token + out_tokens * decode_s
+        heapq.heappush(events, (free_at[r], user, r, i >= warmup, first_token - now))
+
+    for user in range(users):
+        submit(0.0, user)
+    end = 0.0
+    while events:
+        end, user, r, measured, ttft = heapq.heappop(events)
+        backends[r].in_flight -= 1
+        if measured:
+            ttfts.append(ttft)
+        submit(end, user)
+    ttfts.sort()
+    return (hits / queried, ttfts[len(ttfts) // 2], ttfts[int(len(ttfts) * 0.9)],
+            len(ttfts) / end)
+
+
+VARIANTS = {
+    "prefix (defaults)": lambda: PrefixPolicy(),
+    "prefix, hit factor 2.0": lambda: PrefixPolicy(hit_load_factor=2.0),
+    "prefix, cache balance off": lambda: PrefixPolicy(cache_balance=None),
+    "prefix, one tight bound": lambda: PrefixPolicy(hit_load_factor=0.25),
+    "prefix, one tight bound, ring only": lambda: PrefixPolicy(hit_load_factor=0.25,
+                                                                cache_balance=None),
+    "least-load": lambda: make_policy("least-load"),
+    "round-robin": lambda: make_policy("round-robin"),
+}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, default=30)
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--blocks", type=int, default=400)
+    p.add_argument("--tenants", type=int, default=16)
+    p.add_argument("--zipf", type=float, default=1.1)
+    p.add_argument("--users", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=32)
+    p.add_argument("--requests", type=int, default=128)
+    p.add_argument("--prefill-s", type=float, default=1 / 3000, help="seconds per prompt token")
+    p.add_argument("--decode-s", type=float, default=0.03, help="seconds per output token")
+    p.add_argument("--out-tokens", type=int, default=8)
+    args = p.parse_args()
+    common = dict(blocks=args.blocks, tenants=args.tenants, zipf=args.zipf, users=args.users,
+                  warmup=args.warmup, requests=args.requests, prefill_s=args.prefill_s,
+                  decode_s=args.decode_s, out_tokens=args.out_tokens)
+    rows = [(name, [simulate(make(), replicas=args.replicas, seed=s, **common)
+                    for s in range(args.seeds)]) for name, make in VARIANTS.items()]
+    rows.append(("one large replica (reference)", [
+        simulate(make_policy("round-robin"), replicas=1, seed=s,
+                 **{**common, "blocks": args.blocks * args.replicas}) for s in range(args.seeds)]))
+    print("| variant | hit rate (median) | mean | worst seed | TTFT p50 | TTFT p90 | req/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, runs in rows:
+        hit, p50, p90, rate = (statistics.median(x) for x in zip(*runs))
+        hit_rates = [r[0] for r in runs]
+        print(f"| {name} | {hit:.3f} | {statistics.fmean(hit_rates):.3f} | "
+              f"{min(hit_rates):.3f} | {p50:.2f} | {p90:.2f} | {rate:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

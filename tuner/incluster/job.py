@@ -1,0 +1,369 @@
+"""`python -m tuner tune --cluster --name PIT`: the PagedInferenceTuning Job's program.
+
+Reads the tuning resource and its target PagedInferenceService, then
+1. search: each trial is a trial PagedInferenceService owned by the tuning resource (the
+   target's spec with the candidate spec.engine, one replica): wait for Ready (Degraded =
+   infeasible, with the engine's own message), drive the Locust workload at its ready
+   address, read figures (PromQL with spec.prometheus.url, else /metrics), delete it.
+   `parallelism` trials run at once. A small all-choices space is searched exhaustively.
+   With spec.tunerPods N (an Indexed Job, spec.storage's shared study), N pods ask and
+   tell trials of one study until it holds spec.trials; pod 0 (JOB_COMPLETION_INDEX 0)
+   waits for the others' trials, then alone confirms and applies; the others exit.
+   The load is spec.workload or spec.workloadFrom (a trace, or a fit from Prometheus), by
+   spec.loadWorkers Locust processes (tuner.incluster.load).
+2. confirm: the target's current settings (the baseline) and the best candidates
+   re-measured interleaved on fresh trial services (tuner.search.confirm, tuner.search.stats): gains
+   with 95 % intervals and the decision.
+3. apply (tuner.incluster.apply): the capacity of the winning settings when asked for or
+   needed (Auto on an autoscaled target); Manual writes the recommendation; Auto patches
+   the target (and its autoscaler's target), verifies and rolls back if the gain did not
+   hold.
+Status is written after every step. Search results are kept in status.history, so a
+restarted Job (the operator restarts failed ones) resumes the study where it stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import itertools
+import os
+import signal
+import socket
+import sys
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from tuner.incluster import load as cluster_load
+from tuner.search import study as st
+from tuner.incluster.apply import apply_decision, arm_goodput
+from tuner.incluster.kube import Cluster, current_namespace, load_client
+from tuner.incluster.spec import BY_KEY, TuningSpec, camel, flags_to_engine, parse_tuning
+from tuner.search.confirm import Baseline, run_confirmation
+from tuner.measure.loadgen import LoadError
+from tuner.measure.promql import PrometheusReader
+from tuner.search.space import engine_flags, from_engine_spec
+from tuner.search.sweep import quiet_optuna
+from tuner.measure.trial import Infeasible, measure
+from loadtests.sources.workload_source import WorkloadSource
+
+FINAL = ("Succeeded", "Failed")
+
+
+def log(text: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
+
+
+class Tuning:
+    """One run of the loop for one tuning resource."""
+
+    def __init__(self, cluster: Cluster, body: dict, spec: TuningSpec, target: dict,
+                 out_dir: Path, source: WorkloadSource) -> None:
+        self.cluster, self.body, self.spec, self.target = cluster, body, spec, target
+        self.name = body["metadata"]["name"]
+        self.out_dir, self.source = out_dir, source
+        self.owner = cluster.owner_ref(body)
+        self.status: dict[str, Any] = dict(body.get("status") or {})
+        self.target_engine: dict = dict(target["spec"].get("engine") or {})
+        self.load, self.slos = cluster_load.load_spec(
+            spec, source, model_name=(target["spec"].get("model") or {}).get("servedName")
+            or None)
+        self.prometheus = PrometheusReader(spec.prometheus_url) if spec.prometheus_url else None
+        self.pod = os.environ.get("HOSTNAME") or socket.gethostname()   # in each trial's entry
+
+    def publish(self, **fields: Any) -> None:
+        self.status.update(fields)
+        self.cluster.write_status(fields)
+
+    # ---- one measurement on a trial service ----
+    def measure_engine(self, name: str, engine: dict, seed: int, workdir: Path) -> dict:
+        self.cluster.create_trial(name, self.target, {**self.target_engine, **engine},
+                                  self.owner)
+        try:
+            self.cluster.wait_ready(name, timeout=self.spec.startup_timeout)
+            url = self.cluster.endpoint_url(name)
+            log(f"{name}: ready at {url}, {self.spec.duration:g} s of {self.load.workload}")
+            return measure(url, dataclasses.replace(self.load, seed=seed), self.slos,
+                           workdir=workdir, warmup_requests=self.spec.warmup_requests,
+                           prometheus=self.prometheus, progress_interval=0.5,
+                           on_progress=lambda *_: self.cluster.stopping.is_set())
+        finally:
+            self.cluster.delete_service(name, wait=True)
+
+    # ---- search ----
+    def grid(self) -> list[dict] | None:
+        """Every combination, when the space is all choices and `trials` covers it."""
+        if any(p.choices is None for p in self.spec.space):
+            return None
+        combos = [dict(zip([p.name for p in self.spec.space], values)) for values in
+                  itertools.product(*[p.choices for p in self.spec.space])]
+        return combos if len(combos) <= self.spec.trials else None
+
+    def search(self, study: optuna.Study, *, index: int = 0) -> None:
+        """`index`: this pod's JOB_COMPLETION_INDEX. Pod 0 (the lead, or the only pod)
+        replays status.history into a new study, queues the grid, publishes the phase,
+        and waits for the other pods' trials."""
+        lead = index == 0
+        self._fail_mine(study, index)
+        history: list[dict] = list(self.status.get("history") or [])
+        if lead and not study.trials:
+            for entry in history:   # a restarted Job: replay what was measured
+                self._replay(study, entry)
+        grid = self.grid()
+        total = len(grid) if grid is not None else self.spec.trials
+        if grid is not None and lead:
+            seen = [entry["params"] for entry in history]
+            for combo in grid:
+                if combo not in seen:
+                    study.enqueue_trial(combo, skip_if_exists=True)
+        elif grid is not None:   # the lead queues the grid: wait for it
+            deadline = time.monotonic() + 120
+            while not study.get_trials(deepcopy=False) and time.monotonic() < deadline:
+                time.sleep(0.5)
+        if lead:
+            self.publish(phase="Searching", trialsTotal=total,
+                         trialsText=f"{st.search_trials_done(study)}/{total}")
+        while True:
+            done = st.search_trials_done(study)
+            budget = total - done - len(st.running_trials(study))
+            if budget <= 0:
+                if done >= total or not lead:
+                    break
+                self._fail_stale(study)   # the lead waits for the other pods' trials
+                time.sleep(1.0)
+                continue
+            asked = []
+            for _ in range(min(self.spec.parallelism, budget)):
+                trial = study.ask()
+                trial.set_user_attr("tunerIndex", index)
+                if st.beyond_total(study, trial.number, total):   # another pod raced us
+                    trial.set_user_attr("surplus", True)
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                else:
+                    asked.append(trial)
+            if not asked:
+                continue
+            chosen = [{p.name: p.suggest(t) for p in self.spec.space} for t in asked]
+            with ThreadPoolExecutor(len(asked)) as pool:
+                results = list(pool.map(self._search_trial, asked, chosen))
+            for trial, params, (figures, reason) in zip(asked, chosen, results):
+                entry = {"trial": trial.number, "params": params, "engine": camel(params),
+                         "pod": self.pod}
+                told: dict[str, Any] = {"values": 0.0}
+                if figures is not None:
+                    for key, value in figures.items():
+                        trial.set_user_attr(key, value)
+                    entry.update(goodput=round(figures["goodput"], 4),
+                                 ttftP99=round(figures.get("ttft_p99", 0.0), 4),
+                                 requests=int(figures.get("requests", 0)))
+                    told["values"] = figures["goodput"]
+                elif reason.startswith("infeasible: "):
+                    trial.set_user_attr("infeasible", reason[12:])
+                    entry["infeasible"] = reason[12:]
+                else:
+                    entry["failed"] = reason
+                    told = {"state": optuna.trial.TrialState.FAIL}
+                trial.set_user_attr("entry", entry)   # status.history, from the study
+                study.tell(trial, **told)
+            self._publish_history(study, total)
+        self._publish_history(study, total)
+
+    def _publish_history(self, study: optuna.Study, total: int) -> None:
+        """status.history from the study's trials: all pods' (each trial's `entry`)."""
+        history = sorted((t.user_attrs["entry"] for t in study.get_trials(deepcopy=False)
+                          if "entry" in t.user_attrs), key=lambda e: e["trial"])
+        done = st.search_trials_done(study)
+        self.publish(history=history, trialsDone=done, trialsText=f"{done}/{total}",
+                     best=best_of(history), pareto=pareto(history))
+
+    def _fail_mine(self, study: optuna.Study, index: int) -> None:
+        """Trials left running by this index's previous pod (killed; the Job restarted
+        it): failed, their trial services deleted."""
+        for t in st.running_trials(study):
+            if t.user_attrs.get("tunerIndex") == index:
+                log(f"trial {t.number}: left running by this pod's predecessor")
+                study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+                self.cluster.delete_service(f"{self.name}-t{t.number}")
+
+    def _fail_stale(self, study: optuna.Study) -> None:
+        """Fail another pod's trial running far longer than a measurement can take (its
+        pod died mid-trial): it counts as a failed trial, and the search ends."""
+        limit = self.spec.startup_timeout + 3 * self.spec.duration + 300
+        now = datetime.datetime.now()
+        for t in st.running_trials(study):
+            if t.datetime_start and (now - t.datetime_start).total_seconds() > limit:
+                log(f"trial {t.number}: running for over {limit:.0f} s, its pod is gone")
+                study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+
+    def _search_trial(self, trial: optuna.Trial, params: dict) -> tuple[dict | None, str]:
+        workdir = self.out_dir / "trials" / f"trial-{trial.number:04d}"
+        try:
+            return self.measure_engine(f"{self.name}-t{trial.number}", camel(params),
+                                       self.spec.seed, workdir), ""
+        except Infeasible as exc:
+            log(f"trial {trial.number} {params}: infeasible: {exc.reason}")
+            return None, f"infeasible: {exc.reason}"
+        except LoadError as exc:
+            log(f"trial {trial.number} {params}: harness failed: {exc}")
+            return None, str(exc)
+
+    def _replay(self, study: optuna.Study, entry: dict) -> None:
+        study.enqueue_trial(entry["params"])
+        trial = study.ask()
+        for p in self.spec.space:
+            p.suggest(trial)
+        trial.set_user_attr("entry", entry)
+        if "goodput" in entry:
+            trial.set_user_attr("goodput", entry["goodput"])
+            study.tell(trial, entry["goodput"])
+        elif "infeasible" in entry:
+            trial.set_user_attr("infeasible", entry["infeasible"])
+            study.tell(trial, 0.0)
+        else:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    # ---- confirm ----
+    def confirm(self, study: optuna.Study) -> dict:
+        known = {k: v for k, v in self.target_engine.items() if k in BY_KEY}
+        params = from_engine_spec(known, where=f"{self.spec.target} spec.engine")
+        baseline = Baseline(params, tuple(engine_flags(params)),
+                            f"{self.spec.target}'s spec.engine")
+        self.publish(phase="Confirming")
+
+        def measure_flags(flags: list[str], seed: int, workdir: Path) -> dict:
+            label = workdir.name.lower()
+            name = f"{self.name}-{workdir.parent.name.replace('round-', 'r')}-{label}"
+            return self.measure_engine(name, flags_to_engine(flags), seed, workdir)
+
+        return run_confirmation(study, baseline=baseline, k=self.spec.candidates,
+                                rounds=self.spec.confirm_rounds, seed=self.spec.seed,
+                                floor=0.5 / self.spec.duration, out_dir=self.out_dir,
+                                fixed={}, measure=measure_flags, log=log,
+                                min_gain=self.spec.min_gain)
+
+    def run(self, storage: str | None, *, index: int = 0) -> None:
+        """`index`: this pod's JOB_COMPLETION_INDEX (spec.tunerPods > 1): only pod 0 goes
+        past the search."""
+        quiet_optuna()
+        # trials are asked and told here, not by Study.optimize: its heartbeat warning is noise
+        warnings.filterwarnings("ignore", message="Heartbeat of storage")
+        study = st.open_study(storage=storage or f"sqlite:///{self.out_dir}/study.db",
+                              study_name=f"{self.cluster.ns}-{self.name}", objective="goodput",
+                              seed=self.spec.seed,
+                              n_startup_trials=min(10, max(2, self.spec.trials // 3)))
+        if index > 0:
+            self.search(study, index=index)
+            log(f"pod {index}: the study holds its trials; pod 0 confirms and applies")
+            return
+        self.publish(workload=cluster_load.describe(self.spec, self.source))
+        self.search(study)
+        record = self.confirm(study)
+        base = record["arms"][0]
+        self.publish(baseline={"engine": self.target_engine, **arm_goodput(base)},
+                     confirmation=[{"label": a["label"], "engine": camel(a["params"]),
+                                    "goodputs": [round(g, 4) for g in a["goodput"]],
+                                    "failed": [f for f in a["failed"] if f]}
+                                   for a in record["arms"]])
+        apply_decision(self, record, capacity=self.capacity if cluster_load.wants_capacity(
+            self.spec, self.target) else None)
+
+    def capacity(self, engine: dict, start: float) -> dict:
+        self.publish(phase="MeasuringCapacity")
+        return cluster_load.measure_capacity(self, engine, start=start)
+
+
+def best_of(history: list[dict]) -> dict | None:
+    measured = [e for e in history if "goodput" in e]
+    if not measured:
+        return None
+    top = max(measured, key=lambda e: e["goodput"])
+    return {"engine": top["engine"], "goodput": top["goodput"], "source": "search"}
+
+
+def pareto(history: list[dict], size: int = 5) -> list[dict]:
+    """Search trials no other trial beats on both goodput (higher) and p99 TTFT (lower)."""
+    measured = [e for e in history if "goodput" in e]
+    front = [e for e in measured if not any(
+        o["goodput"] >= e["goodput"] and o["ttftP99"] <= e["ttftP99"]
+        and (o["goodput"], o["ttftP99"]) != (e["goodput"], e["ttftP99"]) for o in measured)]
+    front.sort(key=lambda e: -e["goodput"])
+    return [{"engine": e["engine"], "goodput": e["goodput"], "ttftP99": e["ttftP99"]}
+            for e in front[:size]]
+
+
+def api_key(ref: dict) -> str:
+    """The target's API key from the file the operator mounts ($TUNER_API_KEY_FILE)."""
+    where = f"the Secret {ref.get('name')!r} (key {ref.get('key') or 'api-key'!r})"
+    path = os.environ.get("TUNER_API_KEY_FILE")
+    if not path:
+        raise ValueError(f"spec.targetRef: the target requires an API key but this Job has "
+                         f"none mounted: delete the tuning and apply it again so that the "
+                         f"operator mounts {where}")
+    try:
+        key = Path(path).read_text().strip()
+    except OSError:
+        key = ""
+    if not key:
+        raise ValueError(f"spec.targetRef: the target's apiKeySecretRef names {where}, "
+                         f"which is missing or empty: create it")
+    return key
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tuner tune", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cluster", action="store_true", required=True,
+                        help="tune in the cluster (the only mode so far)")
+    parser.add_argument("--name", required=True, help="the PagedInferenceTuning")
+    parser.add_argument("--namespace", default=None, help="default: the pod's own")
+    parser.add_argument("--out-dir", default="tuner-out", help="logs and raw samples")
+    parser.add_argument("--storage", default=None,
+                        help="Optuna RDB URL (default: SQLite in --out-dir, resumed from "
+                             "status.history); also $TUNER_STORAGE_URL")
+    args = parser.parse_args(argv)
+    cluster = Cluster(load_client(), args.namespace or current_namespace(), args.name)
+    body = cluster.get_tuning()
+    if body is None:
+        log(f"no PagedInferenceTuning {args.name} in namespace {cluster.ns}")
+        return 1
+    if (body.get("status") or {}).get("phase") in FINAL:
+        log(f"{args.name} is {body['status']['phase']} already: nothing to do")
+        return 0
+    try:
+        spec = parse_tuning(body.get("spec") or {})
+        target = cluster.get_service(spec.target)
+        if target is None:
+            raise ValueError(f"spec.targetRef.name: no PagedInferenceService {spec.target!r} "
+                             f"in namespace {cluster.ns}")
+        if target["spec"].get("apiKeySecretRef"):   # the load sends it (loadtests.common)
+            os.environ["PAGED_API_KEY"] = api_key(target["spec"]["apiKeySecretRef"])
+        out_dir = Path(args.out_dir) / args.name
+        out_dir.mkdir(parents=True, exist_ok=True)
+        source = cluster_load.workload_source(spec, namespace=cluster.ns, out_dir=out_dir)
+    except ValueError as exc:   # a spec to fix: no retry would help, the Job succeeds
+        cluster.write_status({"phase": "Failed", "decision": {"reason": str(exc)}})
+        log(str(exc))
+        return 0
+
+    def stop(*_: Any) -> None:
+        # The Job is being deleted (or the tuning suspended): the workers stop their load
+        # and delete their trial services; leftovers are deleted below.
+        cluster.stopping.set()
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        Tuning(cluster, body, spec, target, out_dir, source).run(
+            args.storage or os.environ.get("TUNER_STORAGE_URL") or None,
+            index=int(os.environ.get("JOB_COMPLETION_INDEX") or 0))
+    finally:
+        if cluster.stopping.is_set():
+            for name in cluster.trial_names():
+                cluster.delete_service(name)
+    return 0
+

@@ -1,0 +1,266 @@
+"""A PagedInferenceTuning's spec, read once at the boundary into a `TuningSpec`.
+
+Names follow the CRD (camelCase); `searchSpace` keys are `spec.engine`'s keys, mapped to
+the tuner's settings through the one table of engine settings (tuner.search.space.SETTINGS), so
+the CRD, the tuner and the engine agree. A value is a list of choices or a range
+`{min, max, log, step}`. Errors are ValueErrors naming the field to change.
+
+The load: `workload` (a named synthetic workload) or `workloadFrom` (a trace in a
+ConfigMap or at a URL, or a workload fitted from the target's Prometheus histograms), not
+both; `loadWorkers` Locust processes share it (distributed mode); `capacity` asks for the
+highest load per replica within the SLOs with the winning settings. `apply.verifyWindow`:
+how long Auto reads the live service's traffic (PromQL) before and after the apply.
+`tunerPods`: pods sharing the study, which then lives in spec.storage's database.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from loadtests.workloads import WORKLOAD_NAMES
+from loadtests.sources.histogram import parse_window
+from tuner.search.space import SETTINGS, Param, SpaceError, parse_param
+
+GROUP = "serving.pagedinference.dev"
+VERSION = "v1alpha1"
+TUNINGS = "pagedinferencetunings"
+SERVICES = "pagedinferenceservices"
+MODES = ("Manual", "Auto")
+BY_KEY = {key: name for name, (_, key, _) in SETTINGS.items()}
+# PagedInferenceService names are at most 52 characters; trial names add "-c9-baseline"
+MAX_NAME = 38
+
+
+@dataclass(frozen=True)
+class WorkloadFrom:
+    """spec.workloadFrom: `trace` (config_map (name, key) or url) or `prometheus`."""
+    kind: str                                # "trace" | "prometheus"
+    config_map: tuple[str, str] | None = None
+    url: str | None = None
+    window: str = "24h"                      # prometheus: the window to fit over
+    selector: str | None = None              # prometheus: label matchers; None: the target's
+
+
+@dataclass(frozen=True)
+class CapacitySpec:
+    """spec.capacity: the rate search on the winning settings (tuner.measure.capacity)."""
+    max_probes: int = 6
+    attainment: float = 0.9
+
+
+@dataclass(frozen=True)
+class TuningSpec:
+    target: str
+    workload: str
+    space: tuple[Param, ...]
+    trials: int = 24
+    parallelism: int = 1
+    duration: float = 120.0         # seconds of load per measurement
+    users: int | None = None        # closed loop; None: the workload's
+    rate: float | None = None       # open loop instead (requests/s)
+    slo: tuple[tuple[str, float], ...] = ()   # (ttft|tpot|e2e, seconds) overrides
+    length_scale: float = 1.0
+    warmup_requests: int = 2
+    confirm_rounds: int = 3
+    candidates: int = 1
+    prometheus_url: str | None = None
+    mode: str = "Manual"
+    min_gain: float = 1.0
+    verify_window: float = 300.0    # Auto with prometheus_url: PromQL on the live traffic
+    startup_timeout: float = 600.0
+    seed: int = 0
+    workload_from: WorkloadFrom | None = None
+    load_workers: int = 1
+    capacity: CapacitySpec | None = None     # None: only for Auto on an autoscaled target
+    tuner_pods: int = 1             # pods sharing the study (spec.storage's database)
+
+
+def parse_duration(value: Any, field: str) -> float:
+    """`120`, `"120s"`, `"2m"`, `"1.5m"` -> seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*", str(value))
+        if not found:
+            raise ValueError(f"spec.{field}: {value!r} is not a duration such as 120s or 2m")
+        seconds = float(found[1]) * {"s": 1, "m": 60, "h": 3600, None: 1}[found[2]]
+    if seconds <= 0:
+        raise ValueError(f"spec.{field} must be positive, got {value!r}")
+    return seconds
+
+
+def _number(spec: dict, field: str, kind: type, default: Any, *, low: float) -> Any:
+    value = spec.get(field, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or (kind is int and float(value) != int(value)):
+        raise ValueError(f"spec.{field}: expected {kind.__name__}, got {value!r}")
+    if value < low:
+        raise ValueError(f"spec.{field} must be at least {low:g}, got {value!r}")
+    return kind(value)
+
+
+def search_space(space: Any) -> tuple[Param, ...]:
+    """`{blockSize: [16, 32], maxNumSeqs: {min: 8, max: 512, log: true}}` -> Params."""
+    if not isinstance(space, dict) or not space:
+        raise ValueError("spec.searchSpace: give at least one engine setting, e.g. "
+                         "{maxNumSeqs: {min: 8, max: 256, log: true}}")
+    out = []
+    for key, value in space.items():
+        if key not in BY_KEY:
+            raise ValueError(f"spec.searchSpace.{key}: unknown engine setting; known: "
+                             f"{', '.join(BY_KEY)}")
+        if isinstance(value, dict):
+            unknown = set(value) - {"min", "max", "log", "step"}
+            if unknown or not {"min", "max"} <= set(value):
+                raise ValueError(f"spec.searchSpace.{key}: a range is {{min, max, log, step}}")
+            value = {"low": value["min"], "high": value["max"],
+                     **{k: value[k] for k in ("log", "step") if k in value}}
+        elif not isinstance(value, list):
+            raise ValueError(f"spec.searchSpace.{key}: expected a list of values or "
+                             "{min, max, log, step}")
+        try:
+            param = parse_param(BY_KEY[key], value)
+        except SpaceError as exc:
+            raise ValueError(f"spec.searchSpace.{key}: {exc}") from None
+        if param is not None:
+            out.append(param)
+    return tuple(out)
+
+
+def workload_from(spec: dict[str, Any]) -> WorkloadFrom | None:
+    """spec.workloadFrom, checked against spec.workload and spec.prometheus.url."""
+    given = spec.get("workloadFrom")
+    if given is None:
+        return None
+    if spec.get("workload") is not None:
+        raise ValueError("spec.workload and spec.workloadFrom: give one (a named workload, or "
+                         "where to take the workload from), not both")
+    if not isinstance(given, dict) or len({"trace", "prometheus"} & set(given)) != 1 \
+            or set(given) - {"trace", "prometheus"}:
+        raise ValueError("spec.workloadFrom: give exactly one of trace: {configMapRef: "
+                         "{name, key}} or {url}, or prometheus: {window}")
+    if "prometheus" in given:
+        prom = given["prometheus"] or {}
+        if not (spec.get("prometheus") or {}).get("url"):
+            raise ValueError("spec.workloadFrom.prometheus needs spec.prometheus.url: the "
+                             "Prometheus that scrapes the target's engines")
+        window = str(prom.get("window") or "24h")
+        try:
+            parse_window(window)
+        except ValueError:
+            raise ValueError(f"spec.workloadFrom.prometheus.window: {window!r} is not a "
+                             "duration such as 30m, 24h or 7d") from None
+        return WorkloadFrom("prometheus", window=window.strip(),
+                            selector=prom.get("selector") or None)
+    trace = given["trace"] or {}
+    ref, url = trace.get("configMapRef"), trace.get("url")
+    if (ref is None) == (url is None):
+        raise ValueError("spec.workloadFrom.trace: give configMapRef: {name, key} or url, "
+                         "one of them")
+    if url is not None:
+        if not re.match(r"^https?://", str(url)):
+            raise ValueError(f"spec.workloadFrom.trace.url: {url!r} is not an http(s) URL")
+        return WorkloadFrom("trace", url=str(url))
+    if not isinstance(ref, dict) or not ref.get("name"):
+        raise ValueError("spec.workloadFrom.trace.configMapRef.name: name the ConfigMap "
+                         "holding the trace")
+    return WorkloadFrom("trace", config_map=(ref["name"], ref.get("key") or "trace.jsonl"))
+
+
+def tuner_pods(spec: dict[str, Any]) -> int:
+    """spec.tunerPods (default 1): more than one share a study, which SQLite in a pod
+    cannot hold."""
+    pods = _number(spec, "tunerPods", int, 1, low=1)
+    if pods > 1 and not ((spec.get("storage") or {}).get("secretRef") or {}).get("name"):
+        raise ValueError(f"spec.tunerPods {pods} needs spec.storage.secretRef: the pods "
+                         "share one Optuna study in that database (PostgreSQL)")
+    return pods
+
+
+def verify_window(spec: dict[str, Any]) -> float:
+    """spec.apply.verifyWindow (default 5m), which only a Prometheus can read."""
+    given = (spec.get("apply") or {}).get("verifyWindow")
+    if given is not None and not (spec.get("prometheus") or {}).get("url"):
+        raise ValueError("spec.apply.verifyWindow needs spec.prometheus.url: the live "
+                         "service's traffic is read from Prometheus")
+    return parse_duration("5m" if given is None else given, "apply.verifyWindow")
+
+
+def parse_tuning(spec: dict[str, Any]) -> TuningSpec:
+    target = (spec.get("targetRef") or {}).get("name")
+    if not target:
+        raise ValueError("spec.targetRef.name: name the PagedInferenceService to tune")
+    source = workload_from(spec)
+    workload = spec.get("workload") or "chat"
+    if workload not in WORKLOAD_NAMES:
+        raise ValueError(f"spec.workload: {workload!r} is not one of {', '.join(WORKLOAD_NAMES)}")
+    slo = []
+    for field, name in (("ttftSeconds", "ttft"), ("itlSeconds", "tpot"), ("e2eSeconds", "e2e")):
+        value = (spec.get("slo") or {}).get(field)
+        if value is not None:
+            slo.append((name, _number(spec["slo"], field, float, None, low=1e-6)))
+    apply = spec.get("apply") or {}
+    mode = apply.get("mode", "Manual")
+    if mode not in MODES:
+        raise ValueError(f"spec.apply.mode: {mode!r} is not Manual or Auto")
+    confirm = spec.get("confirm") or {}
+    rounds = _number(confirm, "rounds", int, 3, low=2)
+    if spec.get("users") is not None and spec.get("rate") is not None:
+        raise ValueError("spec.users and spec.rate: give one (closed or open loop), not both")
+    capacity = spec.get("capacity")
+    if capacity is not None:
+        if not isinstance(capacity, dict):
+            raise ValueError("spec.capacity: expected {maxProbes, attainment}")
+        attainment = _number(capacity, "attainment", float, 0.9, low=1e-6)
+        if attainment > 1:
+            raise ValueError(f"spec.capacity.attainment is a share in (0, 1], got {attainment}")
+        capacity = CapacitySpec(max_probes=_number(capacity, "maxProbes", int, 6, low=1),
+                                attainment=attainment)
+    return TuningSpec(
+        target=target, workload=workload, space=search_space(spec.get("searchSpace")),
+        trials=_number(spec, "trials", int, 24, low=1),
+        parallelism=_number(spec, "parallelism", int, 1, low=1),
+        duration=parse_duration(spec.get("trialDuration", "120s"), "trialDuration"),
+        users=_number(spec, "users", int, None, low=1),
+        rate=_number(spec, "rate", float, None, low=1e-6), slo=tuple(slo),
+        length_scale=_number(spec, "lengthScale", float, 1.0, low=1e-3),
+        warmup_requests=_number(spec, "warmupRequests", int, 2, low=0),
+        confirm_rounds=rounds, candidates=_number(confirm, "candidates", int, 1, low=1),
+        prometheus_url=(spec.get("prometheus") or {}).get("url") or None,
+        mode=mode, min_gain=_number(apply, "minGain", float, 1.0, low=0),
+        verify_window=verify_window(spec),
+        startup_timeout=parse_duration(spec.get("startupTimeout", "600s"), "startupTimeout"),
+        seed=_number(spec, "seed", int, 0, low=0), workload_from=source,
+        load_workers=_number(spec, "loadWorkers", int, 1, low=1), capacity=capacity,
+        tuner_pods=tuner_pods(spec))
+
+
+def camel(settings: dict[str, Any]) -> dict[str, Any]:
+    """snake_case settings -> spec.engine keys (values as the CRD takes them)."""
+    from tuner.search.space import to_engine_spec
+    return to_engine_spec(settings)
+
+
+def flags_to_engine(flags: list[str]) -> dict[str, Any]:
+    """Engine flags (tuner.search.space.engine_flags) back to spec.engine keys: tuner.search.confirm
+    hands its measure callback flags, a trial service needs spec.engine."""
+    by_flag = {flag: name for name, (flag, _, _) in SETTINGS.items()}
+    settings: dict[str, Any] = {}
+    i = 0
+    while i < len(flags):
+        flag = flags[i]
+        if flag.startswith("--no-") and "--" + flag[5:] in by_flag:
+            settings[by_flag["--" + flag[5:]]] = False
+        elif SETTINGS.get(by_flag.get(flag, ""), (0, 0, None))[2] is bool:
+            settings[by_flag[flag]] = True
+        elif flag in by_flag:
+            i += 1
+            settings[by_flag[flag]] = SETTINGS[by_flag[flag]][2](float(flags[i])) \
+                if SETTINGS[by_flag[flag]][2] is int else float(flags[i])
+        else:
+            raise ValueError(f"not an engine setting flag: {flag!r}")
+        i += 1
+    return camel(settings)

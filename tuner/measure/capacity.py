@@ -1,0 +1,148 @@
+"""Capacity for the autoscaler: the highest open-loop load one replica takes within SLOs.
+
+A short rate search around the tuned point, on one engine with the winning settings:
+
+1. start at `start` req/s (the winner's measured throughput);
+2. bracket: double while a probe passes, halve while it fails (at most `max_probes`);
+3. bisect geometrically until hi/lo <= 1 + `rel_tol`.
+
+A probe at rate r runs the workload open-loop (Poisson at r, or a trace replayed at the
+speed that gives r) for `duration` s and passes when at least `attainment` (default 0.9)
+of the requests sent in the first 75 % of the window met every SLO. Requests still
+running at the stop count as misses only when sent that early (by then they have run for
+a quarter of the window: an overloaded queue), so a short window does not penalise the
+last few requests of a healthy run. One measurement per probe: the search assumes that
+a higher rate never does better, and its answer is known to within the final bracket.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from tuner.measure.loadgen import LoadSpec
+from tuner.measure.scoring import Samples, load_samples, meets_slo
+
+SETTLED_FRACTION = 0.75
+
+
+def settled_attainment(samples: Samples, slos: dict) -> tuple[float, int]:
+    """(share of early requests that met their SLOs, how many early requests)."""
+    if samples.start is None or samples.stop is None:
+        raise ValueError("the samples have no start/stop markers")
+    cutoff = samples.start + SETTLED_FRACTION * (samples.stop - samples.start)
+    early = [r for r in samples.records if r["start"] <= cutoff]
+    if not early:
+        return 0.0, 0
+    good = sum(meets_slo(r, slos.get(r.get("kind"), {})) for r in early)
+    return good / len(early), len(early)
+
+
+@dataclass
+class CapacityResult:
+    rate: float                # highest passing rate found (req/s per replica); 0: none
+    upper: float | None        # lowest failing rate (None: every probe passed)
+    attainment: float
+    probes: list[dict] = field(default_factory=list)
+
+    def line(self) -> str:
+        bound = f", the lowest failing {self.upper:.2f} req/s" if self.upper else \
+            " (no probe failed: the search's ceiling)"
+        return (f"capacity: {self.rate:.2f} req/s per replica meets the SLOs for >= "
+                f"{self.attainment:.0%} of requests{bound}; {len(self.probes)} probes")
+
+
+def search_capacity(probe: Callable[[float], Samples], slos: dict, *, start: float,
+                    attainment: float = 0.9, rel_tol: float = 0.15,
+                    max_probes: int = 8) -> CapacityResult:
+    """Bracket then bisect the open-loop rate; `probe(rate)` runs one load."""
+    if not start > 0:
+        raise ValueError(f"the capacity search needs a positive start rate, got {start}")
+    if not 0 < attainment <= 1:
+        raise ValueError(f"attainment must be in (0, 1], got {attainment}")
+    result = CapacityResult(rate=0.0, upper=None, attainment=attainment)
+
+    def passes(rate: float) -> bool:
+        share, count = settled_attainment(probe(rate), slos)
+        ok = count > 0 and share >= attainment
+        result.probes.append({"rate": rate, "attainment": share, "requests": count,
+                              "passed": ok})
+        return ok
+
+    lo, hi, rate = None, None, start
+    while len(result.probes) < max_probes and (lo is None or hi is None):
+        if passes(rate):
+            lo, rate = rate, rate * 2
+        else:
+            hi, rate = rate, rate / 2
+    while (lo is not None and hi is not None and hi / lo > 1 + rel_tol
+           and len(result.probes) < max_probes):
+        mid = math.sqrt(lo * hi)
+        if passes(mid):
+            lo = mid
+        else:
+            hi = mid
+    result.rate, result.upper = lo or 0.0, hi
+    return result
+
+
+def rate_load(load: LoadSpec, rate: float, *, trace_rate: float | None = None) -> LoadSpec:
+    """The open-loop load at `rate`: Poisson arrivals, or the trace at the matching speed."""
+    if load.trace is not None:
+        if not trace_rate:
+            raise ValueError("a trace load needs the trace's own rate to scale it")
+        return dataclasses.replace(load, trace_speed=rate / trace_rate)
+    return dataclasses.replace(load, arrival="open", rate=rate)
+
+
+def measure_capacity(flags: list[str], launch, load: LoadSpec, slos: dict, *, workdir: Path,
+                     start: float, trace_rate: float | None = None, **search) -> CapacityResult:
+    """One engine with `flags` (tuner.measure.trial.EngineLaunch), probed at several rates."""
+    from tuner.measure.engine_process import EngineProcess, EngineStartError
+    from tuner.measure.trial import Infeasible, measure
+
+    engine = EngineProcess(flags=[*flags, *launch.extra_flags], model=launch.model,
+                           log_path=workdir / "engine.log", engine_cmd=launch.engine_cmd,
+                           env=dict(launch.env))
+    probes = iter(range(1000))
+
+    def probe(rate: float) -> Samples:
+        where = workdir / f"probe-{next(probes):02d}"
+        measure(engine.url, rate_load(load, rate, trace_rate=trace_rate), slos,
+                workdir=where, warmup_requests=0)
+        return load_samples(where / "samples.jsonl")
+
+    try:
+        try:
+            engine.start(timeout=launch.startup_timeout)
+        except EngineStartError as exc:
+            raise Infeasible(exc.reason) from None
+        return search_capacity(probe, slos, start=start, **search)
+    finally:
+        engine.stop()
+
+
+def for_sweep(study, config, *, trace_rate: float | None = None,
+              max_probes: int = 8) -> CapacityResult:
+    """The capacity search for a finished sweep: its winner's settings (or the baseline's,
+    when nothing beat it), starting at the winner's measured goodput; written to
+    <out-dir>/capacity.json."""
+    import json
+
+    from tuner.search.report import summary
+    from tuner.search.space import engine_flags
+
+    s = summary(study)
+    if s is None:
+        raise ValueError("no feasible trial: no settings to measure the capacity of")
+    start = max(s["goodput"], 0.5 / config.load.duration)
+    workdir = config.out_dir / "capacity"
+    result = measure_capacity(engine_flags({**config.fixed, **s["params"]}), config.launch,
+                              config.load, config.slos, workdir=workdir, start=start,
+                              trace_rate=trace_rate, max_probes=max_probes)
+    (config.out_dir / "capacity.json").write_text(json.dumps(
+        {"settings": s["params"], "rate_per_replica": result.rate, "upper": result.upper,
+         "attainment": result.attainment, "probes": result.probes}, indent=2))
+    return result
