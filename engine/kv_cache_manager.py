@@ -126,7 +126,7 @@ class KVCacheManager:
 
         The last token is never served from the cache: its logits are needed.
         """
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or seq.wants_prompt_logits:
             return []
         hits: list[int] = []
         for h in self._full_block_hashes(seq, (seq.num_tokens - 1) // self.block_size):

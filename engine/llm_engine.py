@@ -143,6 +143,9 @@ class LLMEngine:
         seq = Sequence(request_id=request_id, token_ids=list(ids), num_prompt_tokens=len(ids),
                        params=params, priority=priority, arrival_order=next(self._arrivals),
                        cache_salt=cache_salt, logprobs=[] if params.logprobs is not None else None)
+        if params.prompt_logprobs is not None:
+            req.prompt_logprobs = [None]  # the first token has no context
+            seq.wants_prompt_logits = len(ids) > 1
         self.output.add_seq(req, seq)
         self._requests[request_id] = req
         self.scheduler.add(seq)
@@ -199,10 +202,23 @@ class LLMEngine:
             outputs.append(self._fail(self._requests[request_id], exc, now))
         return outputs
 
-    def _run(self, batch: ScheduledBatch) -> list[tuple[Sequence, Sequence | None, tuple]]:
+    def _run(self, batch: ScheduledBatch
+             ) -> tuple[list[tuple[Sequence, Sequence | None, tuple]], dict[int, list]]:
         """Model and sampler, without committing anything: (sample seq, its parent if it is a
-        new fork, (token, logprob, top logprobs)) for each sampled sequence."""
-        logits, rows = self.runner.execute(batch)
+        new fork, (token, logprob, top logprobs)) for each sampled sequence, and the prompt
+        logprobs of this step's chunks by seq_id."""
+        prompt_logits: dict = {}
+        if any(s.wants_prompt_logits for s in batch.seqs):
+            logits, rows = self.runner.execute(batch, prompt_logits)
+        else:
+            logits, rows = self.runner.execute(batch)
+        # seq_id -> logprob entries of the prompt tokens this chunk's positions predict
+        prompt_lps = {}
+        for i, lg in prompt_logits.items():
+            seq = batch.seqs[i]
+            c = seq.num_computed_tokens
+            prompt_lps[seq.seq_id] = self.sampler.prompt_logprobs(
+                lg, seq.token_ids[c + 1:c + 1 + lg.shape[0]], seq.params.prompt_logprobs)
         sample_seqs: list[Sequence] = []
         parents: list[Sequence | None] = []
         sample_rows: list[int] = []
@@ -217,10 +233,10 @@ class LLMEngine:
                     parents.append(seq)
                     sample_rows.append(row)
         if not sample_seqs:
-            return []
+            return [], prompt_lps
         r = self.sampler(logits[sample_rows], sample_seqs)
         return [(s, parent, token) for s, parent, token in zip(
-            sample_seqs, parents, zip(r.token_ids, r.logprobs, r.top_logprobs))]
+            sample_seqs, parents, zip(r.token_ids, r.logprobs, r.top_logprobs))], prompt_lps
 
     def _run_each_request(self, batch: ScheduledBatch):
         """The failed step again, one request's sequences at a time (in batch order, so a
@@ -242,10 +258,11 @@ class LLMEngine:
                 failed[request_id] = exc
         return done, failed
 
-    def _commit(self, batch: ScheduledBatch, samples, failed: dict[str, Exception]
+    def _commit(self, batch: ScheduledBatch, result, failed: dict[str, Exception]
                 ) -> list[RequestOutput]:
         """Apply a successful run, one request at a time: a request whose output processing
         raises is failed alone (its partial state goes with its blocks)."""
+        samples, prompt_lps = result
         work: dict[str, list] = {}
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             work.setdefault(seq.request_id, [[], []])[0].append((seq, n))
@@ -257,6 +274,9 @@ class LLMEngine:
             req = self._requests[request_id]
             try:
                 for seq, n in computed:
+                    if seq.seq_id in prompt_lps:
+                        self.output.add_prompt_logprobs(req, seq, seq.num_computed_tokens,
+                                                        prompt_lps[seq.seq_id])
                     self.scheduler.advance(seq, n)
                 for seq, parent, (token, logprob, top) in sampled:
                     if parent is not None:

@@ -162,14 +162,20 @@ class ModelRunner:
         return "CUDA error" in message or "device-side assert" in message
 
     # ---- one step -------------------------------------------------------------------------
-    def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
+    def execute(self, batch: ScheduledBatch, prompt_logits: dict[int, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, list[int]]:
         """Run one step. Returns logits [num_sampled, vocab] (fp32) and, for each row, the
-        index into batch.seqs of the sequence whose chunk reached its last token."""
+        index into batch.seqs of the sequence whose chunk reached its last token.
+
+        `prompt_logits`, if given, receives for each sequence with `wants_prompt_logits` the
+        logits [m, vocab] of its chunk's first m positions that predict a prompt token
+        (positions c .. c+m-1 predict prompt tokens c+1 .. c+m; c = num_computed_tokens).
+        """
         if batch.blocks_to_copy:
             mapping = torch.tensor(batch.blocks_to_copy, dtype=torch.int64, device=self.device)
             self.backend.copy_blocks([k for k, _ in self.kv_caches],
                                      [v for _, v in self.kv_caches], mapping)
-        token_ids, starts, lens, tables, sample_rows = [], [], [], [], []
+        token_ids, starts, lens, tables, sample_rows, prompt_rows = [], [], [], [], [], []
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             c = seq.num_computed_tokens
             token_ids.append(seq.token_ids[c:c + n])
@@ -178,12 +184,20 @@ class ModelRunner:
             tables.append(seq.block_table)
             if c + n == seq.num_tokens:
                 sample_rows.append(i)
-        logits = self._forward(token_ids, starts, lens, tables, sample_rows)
-        return logits, sample_rows
+            m = min(n, seq.num_prompt_tokens - 1 - c)
+            if prompt_logits is not None and seq.wants_prompt_logits and m > 0:
+                prompt_rows.append((i, m))
+        logits = self._forward(token_ids, starts, lens, tables, sample_rows, prompt_rows)
+        if prompt_logits is not None:
+            rest = logits[len(sample_rows):]
+            for (i, m), part in zip(prompt_rows, rest.split([m for _, m in prompt_rows])):
+                prompt_logits[i] = part
+        return logits[:len(sample_rows)], sample_rows
 
     @torch.inference_mode()
     def _forward(self, token_ids: list[list[int]], starts: list[int], lens: list[int],
-                 tables: list[list[int]], sample_rows: list[int]) -> torch.Tensor:
+                 tables: list[list[int]], sample_rows: list[int],
+                 prompt_rows: list[tuple[int, int]] = ()) -> torch.Tensor:
         q_lens = np.array([len(t) for t in token_ids], dtype=np.int64)
         cu = np.zeros(len(q_lens) + 1, dtype=np.int64)
         np.cumsum(q_lens, out=cu[1:])
@@ -205,8 +219,9 @@ class ModelRunner:
             seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
             block_tables=torch.from_numpy(table_arr).to(dev, torch.int32),
             kv_caches=self.kv_caches, backend=self.backend)
-        keep = torch.from_numpy(cu[1:][sample_rows] - 1).to(dev) if sample_rows else (
-            torch.zeros(0, dtype=torch.int64, device=dev))
+        # the last token of each sampled row, then the prompt positions asked for
+        keep_idx = [cu[1:][sample_rows] - 1] + [np.arange(cu[i], cu[i] + m) for i, m in prompt_rows]
+        keep = torch.from_numpy(np.concatenate(keep_idx).astype(np.int64)).to(dev)
         out = self.model(input_ids=torch.from_numpy(flat_ids).to(dev)[None],
                          position_ids=torch.from_numpy(positions).to(dev)[None],
                          logits_to_keep=keep, paged_metadata=meta, use_cache=False)

@@ -32,6 +32,7 @@ class RequestState:
     metrics: RequestMetrics
     seqs: list[Sequence] = field(default_factory=list)
     detoks: dict[int, IncrementalDetokenizer] = field(default_factory=dict)
+    prompt_logprobs: list[dict[int, float] | None] | None = None  # filled chunk by chunk
 
 
 class OutputProcessor:
@@ -49,6 +50,20 @@ class OutputProcessor:
         req.detoks[seq.index] = IncrementalDetokenizer(
             self.tokenizer, skip_special_tokens=p.skip_special_tokens, stop=p.stop_list,
             include_stop_str_in_output=p.include_stop_str_in_output)
+
+    @staticmethod
+    def add_prompt_logprobs(req: RequestState, seq: Sequence, start: int,
+                            entries: list[dict[int, float]]) -> None:
+        """Entries for prompt tokens start+1, start+2, ...; positions already held (a chunk
+        computed again after a preemption) are kept. The last one ends the prompt's need for
+        logits (and lets later recomputes read the prefix cache)."""
+        held = req.prompt_logprobs
+        assert held is not None
+        for position, entry in enumerate(entries, start + 1):
+            if position == len(held):
+                held.append(entry)
+        if len(held) >= seq.num_prompt_tokens:
+            seq.wants_prompt_logits = False
 
     def retire(self, seq: Sequence, reason: str) -> None:
         self.scheduler.finish(seq, reason)
@@ -97,7 +112,7 @@ class OutputProcessor:
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs,
                              req.metrics.finished_time is not None, req.metrics,
                              num_cached_tokens=req.seqs[0].num_cached_tokens,
-                             priority=req.priority)
+                             priority=req.priority, prompt_logprobs=req.prompt_logprobs)
 
     def fail(self, req: RequestState, exc: BaseException, now: float) -> RequestOutput:
         """Finish a request whose work raised: every unfinished sample ends with "error" and

@@ -37,6 +37,9 @@ class RequestOutput:
     metrics: RequestMetrics
     num_cached_tokens: int = 0
     priority: int = 0
+    # SamplingParams.prompt_logprobs: one entry per prompt token (None for the first), each
+    # {token id: logprob} holding the prompt's token and the top alternatives
+    prompt_logprobs: list[dict[int, float] | None] | None = None
     extra: dict = field(default_factory=dict)
     # Set (a short message) when the engine failed this request: it comes out once, finished,
     # with its unfinished samples' finish_reason "error"; other requests carry on.

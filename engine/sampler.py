@@ -26,6 +26,11 @@ class Sampler:
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self._seq_generators: dict[int, torch.Generator] = {}
 
+    @staticmethod
+    def prompt_logprobs(logits: torch.Tensor, targets: list[int], k: int
+                        ) -> list[dict[int, float]]:
+        return prompt_logprobs(logits, targets, k)
+
     def forget(self, seq: Sequence) -> None:
         self._seq_generators.pop(seq.seq_id, None)
 
@@ -129,6 +134,24 @@ class Sampler:
         return truncate(logits, torch.tensor(top_k, device=dev),
                         torch.tensor(top_p, device=dev, dtype=torch.float64),
                         torch.tensor(min_p, device=dev, dtype=logits.dtype))
+
+
+def prompt_logprobs(logits: torch.Tensor, targets: list[int], k: int
+                    ) -> list[dict[int, float]]:
+    """Log-probabilities of `targets` under the model's raw distribution, with the top k
+    alternatives: logits [m, vocab] at positions p .. p+m-1, targets the tokens at p+1 ..
+    p+m (as vLLM's prompt_logprobs: no penalty, temperature or bias applies to the prompt)."""
+    lps = torch.log_softmax(logits.float(), dim=-1)
+    ids = torch.tensor(targets, dtype=torch.int64, device=lps.device)
+    chosen = lps.gather(1, ids.unsqueeze(1)).squeeze(1).tolist()
+    if k > 0:
+        top_vals, top_ids = lps.topk(k, dim=-1)
+        tops = [dict(zip(i, v)) for i, v in zip(top_ids.tolist(), top_vals.tolist())]
+    else:
+        tops = [{} for _ in targets]
+    for top, t, lp in zip(tops, targets, chosen):
+        top[t] = lp
+    return tops
 
 
 def truncate(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,

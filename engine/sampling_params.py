@@ -46,6 +46,9 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
+    # Log-probabilities of the prompt's tokens (each position given the ones before it),
+    # with this many alternatives; the first position has none (None in the list).
+    prompt_logprobs: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -79,6 +82,8 @@ class SamplingParams:
                 f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, low=0, high=20)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, low=0, high=20)
         _check_float("presence_penalty", self.presence_penalty, low=-2.0, high=2.0)
         _check_float("frequency_penalty", self.frequency_penalty, low=-2.0, high=2.0)
         _check_float("repetition_penalty", self.repetition_penalty)

@@ -43,6 +43,10 @@ class Sequence:
     logprobs: list[dict[int, float]] | None = None
     cumulative_logprob: float = 0.0
     has_forked: bool = False
+    # While the prompt's logprobs are still to be computed: the runner returns the logits of
+    # every prompt position, and the prefix cache is not read for it (cached positions would
+    # have none).
+    wants_prompt_logits: bool = False
 
     @property
     def num_tokens(self) -> int:
