@@ -41,6 +41,8 @@ class EngineConfig:
     cpu_threads: int | None = field(default_factory=lambda: env_default("cpu_threads"))
     attention_backend: str | None = _d("attention_backend")  # "torch" | "triton"; None: by device
     disable_log_stats: bool = _d("disable_log_stats")
+    # n-gram speculative decoding (vLLM's dict; None: off), checked and completed by the table
+    speculative_config: dict | None = _d("speculative_config")
 
     def __post_init__(self) -> None:
         """Each field against its row of the settings table, then the cross-setting rules

@@ -201,6 +201,16 @@ class KVCacheManager:
         needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
         seq.block_table.extend(self._take().block_id for _ in range(needed))
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back the blocks past seq's computed tokens: after a speculative step, those
+        that only rejected drafts reached (never registered in the prefix cache: only full
+        computed blocks are)."""
+        keep = self.blocks_for(seq.num_computed_tokens)
+        while len(seq.block_table) > keep:
+            block_id = seq.block_table.pop()
+            assert self.blocks[block_id].block_hash is None, "a rejected draft's block is cached"
+            self._release(block_id)
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Child shares all of parent's blocks, the partially filled last one included."""
         child.block_table = list(parent.block_table)

@@ -6,6 +6,10 @@ prompt is split across steps (chunked prefill) and mixed with decodes. When bloc
 out, the lowest-priority running sequence is preempted by recompute: its blocks are
 freed and it goes back to the waiting queue in its original order; on readmission its
 prefix-cached blocks make the recompute cheap.
+
+With speculative decoding, a running decode also carries the proposer's drafts: its row
+computes 1 + len(drafts) tokens (they count against the token budget and need their KV
+slots, and never take the budget or the blocks another running sequence needs).
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from dataclasses import dataclass, field
 
 from engine.kv_cache_manager import KVCacheManager
 from engine.sequence import Sequence, SequenceStatus
+from engine.spec_decode.ngram_proposer import NgramProposer
 
 
 @dataclass
@@ -22,6 +27,9 @@ class ScheduledBatch:
     num_new_tokens: list[int] = field(default_factory=list)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # per sequence, the draft tokens its row verifies after its last token ([]: none);
+    # they are included in num_new_tokens
+    draft_token_ids: list[list[int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -33,8 +41,11 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 policy: str = "fcfs") -> None:
+                 policy: str = "fcfs", proposer: NgramProposer | None = None,
+                 max_model_len: int | None = None) -> None:
         self.kv = kv
+        self.proposer = proposer
+        self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy = policy
@@ -71,6 +82,24 @@ class Scheduler:
         seq.num_computed_tokens += num_new_tokens
         self.kv.cache_full_blocks(seq, num_new_tokens)
 
+    def rollback(self, seq: Sequence) -> None:
+        """After a speculative step's commit: free the blocks only rejected drafts used."""
+        self.kv.trim(seq)
+
+    def _drafts(self, seq: Sequence, budget: int) -> list[int]:
+        """Drafts for a running decode (one uncomputed token after >= 1 output token), within
+        `budget` extra tokens and never past max_tokens or max_model_len (the step also
+        samples one token after the accepted drafts)."""
+        if self.proposer is None or seq.num_output_tokens == 0 or (
+                seq.num_tokens - seq.num_computed_tokens != 1):
+            return []
+        room = budget
+        if seq.params.max_tokens is not None:
+            room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
+        if self.max_model_len is not None:
+            room = min(room, self.max_model_len - seq.num_tokens - 1)
+        return self.proposer.propose(seq.token_ids, room) if room > 0 else []
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """At the end of its prompt a request's sample 0 (`parent`) forks into a running
         sibling sharing its blocks (after `advance` for the step that ended the prompt)."""
@@ -103,6 +132,11 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            # drafts leave one token of budget to each running sequence after this one
+            drafts = self._drafts(seq, budget - num_new - (len(self.running) - i - 1))
+            if drafts and not self.kv.can_append(seq, num_new + len(drafts)):
+                drafts = []  # speculation never preempts
+            num_new += len(drafts)
             while not self.kv.can_append(seq, num_new):
                 candidates = [s for s in self.running if s.seq_id not in scheduled]
                 victim = max(candidates, key=self._key)
@@ -114,6 +148,7 @@ class Scheduler:
                 self.kv.append(seq, num_new, batch.blocks_to_copy)
                 batch.seqs.append(seq)
                 batch.num_new_tokens.append(num_new)
+                batch.draft_token_ids.append(drafts)
                 scheduled.add(seq.seq_id)
                 budget -= num_new
                 i += 1
@@ -137,5 +172,6 @@ class Scheduler:
             seats_taken += self._seats(seq)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
+            batch.draft_token_ids.append([])
             budget -= num_new
         return batch

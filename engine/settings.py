@@ -14,6 +14,7 @@ spec.engine.blockSize, PAGED_CPU_THREADS); argparse writes `argument --block-siz
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -24,7 +25,7 @@ from typing import Any
 @dataclass(frozen=True)
 class Setting:
     name: str                        # EngineConfig field and LLM(...) keyword
-    type: type                       # int, float, bool or str
+    type: type                       # int, float, bool, str, or dict (a JSON object of `keys`)
     default: Any
     help: str
     flag: str | None = None          # `python -m engine serve` flag (vLLM's); None: Python only
@@ -39,6 +40,7 @@ class Setting:
     managed: bool = False            # the operator sets the flag; extraArgs may not
     crd_default: bool = False        # the CRD declares the default (always passed on)
     tune: str | None = None          # the tuner's default range (tuner/space.py's grammar)
+    keys: tuple["Setting", ...] = ()  # type dict: its keys, each checked like a setting
 
     @property
     def rule(self) -> str:
@@ -52,6 +54,8 @@ class Setting:
             text = "true or false"
         elif self.type is str:
             text = "a string"
+        elif self.type is dict:
+            text = "a JSON object with keys " + ", ".join(k.name for k in self.keys)
         else:
             noun = "a whole number" if self.type is int else "a number"
             if self.minimum is not None and self.maximum is not None:
@@ -123,6 +127,19 @@ TABLE: tuple[Setting, ...] = (
     Setting("attention_backend", str, None, "torch or triton (default: by device, or "
             "$PAGED_ATTENTION_BACKEND)", optional=True, choices=("torch", "triton")),
     Setting("disable_log_stats", bool, True, "Do not log engine statistics"),
+    Setting("speculative_config", dict, None, "Speculative decoding, as vLLM's JSON: "
+            '{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": N, '
+            '"prompt_lookup_min": M} (default: off)', flag="--speculative-config",
+            optional=True, keys=(
+                Setting("method", str, "ngram", "how drafts are proposed: n-gram prompt "
+                        "lookup in the request's own tokens", choices=("ngram",)),
+                Setting("num_speculative_tokens", int, None, "draft tokens verified per "
+                        "step and sequence", minimum=1, maximum=16),
+                Setting("prompt_lookup_max", int, None, "longest n-gram matched (default: "
+                        "prompt_lookup_min, or 5)", optional=True, minimum=1, maximum=64),
+                Setting("prompt_lookup_min", int, None, "shortest n-gram matched (default: "
+                        "prompt_lookup_max, or 5)", optional=True, minimum=1, maximum=64),
+            )),
 )
 SETTINGS: dict[str, Setting] = {s.name: s for s in TABLE}
 # The settings PagedInferenceService's spec.engine holds (and the tuner may vary).
@@ -141,6 +158,8 @@ def check(setting: Setting | str, value: Any, label: str | None = None) -> Any:
     bad = ValueError(f"{s.name if label is None else label} must be {s.rule}, got {value!r}")
     if isinstance(value, bool) and s.type is not bool:
         raise bad
+    if s.type is dict:
+        return _check_object(s, value, s.name if label is None else label, bad)
     if s.type is float and isinstance(value, int):
         value = float(value)
     if s.type is str and isinstance(value, os.PathLike):
@@ -159,6 +178,42 @@ def check(setting: Setting | str, value: Any, label: str | None = None) -> Any:
     return value
 
 
+def _check_object(s: Setting, value: Any, label: str, bad: ValueError) -> dict[str, Any]:
+    """A dict setting: known keys only, each checked (`<label>.<key> must be ...`), required
+    ones (no default, not optional) present, defaults filled in."""
+    if not isinstance(value, Mapping):
+        raise bad
+    known = {k.name: k for k in s.keys}
+    unknown = sorted(set(value) - set(known), key=str)
+    if unknown:
+        raise ValueError(f"{label} has no key {unknown[0]!r}; known: {', '.join(known)}")
+    out: dict[str, Any] = {}
+    for key in s.keys:
+        raw = value.get(key.name)
+        if raw is None and key.default is None and not key.optional:
+            raise ValueError(f"{label}.{key.name} is required: {key.rule}")
+        out[key.name] = check(key, key.default if raw is None else raw, f"{label}.{key.name}")
+    normalize = _NORMALIZE.get(s.name)
+    return normalize(out, label) if normalize else out
+
+
+def _speculative_lookup(config: dict[str, Any], label: str) -> dict[str, Any]:
+    """vLLM's n-gram defaults: an unset bound takes the other's value, both unset 5; min <=
+    max."""
+    lo, hi = config["prompt_lookup_min"], config["prompt_lookup_max"]
+    if lo is None and hi is None:
+        lo = hi = 5
+    lo, hi = (hi if lo is None else lo), (lo if hi is None else hi)
+    if lo > hi:
+        raise ValueError(f"{label}.prompt_lookup_min ({lo}) must be <= "
+                         f"{label}.prompt_lookup_max ({hi})")
+    return {**config, "prompt_lookup_min": lo, "prompt_lookup_max": hi}
+
+
+_NORMALIZE: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
+    "speculative_config": _speculative_lookup}
+
+
 def parse_text(setting: Setting | str, text: str, label: str | None = None) -> Any:
     """A command-line or environment string -> a checked value (same errors as check)."""
     s = SETTINGS[setting] if isinstance(setting, str) else setting
@@ -170,6 +225,8 @@ def parse_text(setting: Setting | str, text: str, label: str | None = None) -> A
             value = float(text)
         elif s.type is bool:
             value = {"true": True, "1": True, "false": False, "0": False}[text.lower()]
+        elif s.type is dict:
+            value = json.loads(text)
     except (ValueError, KeyError):
         name = s.name if label is None else label
         raise ValueError(f"{name} must be {s.rule}, got {text!r}") from None
@@ -251,6 +308,8 @@ def flags_for(values: Mapping[str, Any]) -> list[str]:
             raise ValueError(f"{name} has no command-line flag")
         if s.type is bool:
             out.append(s.flag if value else s.flag.replace("--", "--no-", 1))
+        elif s.type is dict:
+            out += [s.flag, json.dumps(value, separators=(",", ":"))]
         else:
             out += [s.flag, repr(float(value)) if s.type is float else str(value)]
     return out
