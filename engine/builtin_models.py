@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BUILTIN_SCHEME = "builtin://"
+DEFAULT_MODEL = BUILTIN_SCHEME + "default"  # what `model=None` gives
 _COMPLETE_MARKER = ".complete"
 
 

@@ -1,15 +1,14 @@
-"""The embedded default checkpoint: a small random-weight Llama built deterministically.
+"""Random-weight checkpoints built deterministically (Llama, Qwen2, Mistral).
 
-It is written once, in standard Hugging Face format, to a cache directory and then
-loaded through the same path as any other local checkpoint.
+`builtin://default` (builtin_models.py) is `build_checkpoint` with its defaults: written
+once, in standard Hugging Face format, to the model cache and then loaded through the same
+path as any other local checkpoint. Tests and benchmarks build other shapes with it.
 """
 from __future__ import annotations
 
 import json
 import random
 from pathlib import Path
-
-from engine.builtin_models import BUILTIN_MODELS, ensure_builtin, model_cache_root
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -27,10 +26,6 @@ _WORDS = (
     "hello world please summarize explain write python class import def if else while "
     "document context example result test error config cluster pod node deploy service"
 ).split()
-
-
-def default_model_dir() -> Path:
-    return model_cache_root() / BUILTIN_MODELS["default"].cache_dir_name
 
 
 def _corpus(seed: int, lines: int = 4000) -> list[str]:
@@ -95,8 +90,3 @@ def build_checkpoint(path: Path, *, architecture: str = "llama", hidden_size: in
            "do_sample": False}
     (path / "generation_config.json").write_text(json.dumps(gen, indent=2))
     return path
-
-
-def ensure_default_model() -> Path:
-    """Build the default checkpoint on first use (`builtin://default`); later runs reuse it."""
-    return ensure_builtin("builtin://default")

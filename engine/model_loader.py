@@ -4,8 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from engine.builtin_models import ensure_builtin, is_builtin, lookup
-from engine.default_model import ensure_default_model
+from engine.builtin_models import DEFAULT_MODEL, ensure_builtin, is_builtin, lookup
 
 _WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
@@ -16,7 +15,7 @@ def resolve_model_path(model: str | None) -> Path:
     cache on first use. A directory: checked as is. Otherwise a hub id, which is downloaded
     into HF_HOME (a production path; tests never reach a hub)."""
     if model is None:
-        return ensure_default_model()
+        return ensure_builtin(DEFAULT_MODEL)
     if is_builtin(model):
         path = ensure_builtin(model)
         check_checkpoint_dir(path)

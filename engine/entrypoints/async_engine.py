@@ -76,8 +76,12 @@ class AsyncEngine:
             group.fail(exc)
         return len(groups)
 
-    def _release(self, count: int) -> None:
+    def release_seats(self, count: int) -> None:
         self.num_admitted -= count
+
+    def abort(self, request_id: str) -> None:
+        """Drop the request in the engine thread, before its next step."""
+        self._commands.put(("abort", request_id))
 
     async def submit(self, prompts: Sequence[str | list[int]], params: Sequence[SamplingParams],
                      *, request_id: str, priority: int = 0, cache_salt: str | None = None,

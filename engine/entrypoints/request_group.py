@@ -10,13 +10,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from engine.entrypoints.errors import APIError
 
 if TYPE_CHECKING:
-    from engine.entrypoints.async_engine import AsyncEngine
+    from engine.entrypoints.metrics import ServerMetrics
     from engine.outputs import RequestOutput
+
+
+class GroupOwner(Protocol):
+    """What a group needs of the loop that admitted its requests (AsyncEngine)."""
+
+    metrics: "ServerMetrics"
+
+    def release_seats(self, count: int) -> None:
+        """`count` admitted requests have ended (finished, failed or aborted)."""
+
+    def abort(self, request_id: str) -> None:
+        """Ask the engine to drop an unfinished request and free its blocks."""
 
 
 def output_error(out: "RequestOutput") -> str | None:
@@ -32,7 +44,7 @@ def _num_tokens(out: "RequestOutput") -> int:
 
 
 class RequestGroup:
-    def __init__(self, owner: "AsyncEngine", request_ids: list[str], *,
+    def __init__(self, owner: GroupOwner, request_ids: list[str], *,
                  max_backlog_tokens: int) -> None:
         self._owner = owner
         self.request_ids = request_ids
@@ -51,7 +63,7 @@ class RequestGroup:
             return  # closed already (the client left); the abort is on its way
         if out.finished:
             self._unfinished.discard(out.request_id)
-            self._owner._release(1)
+            self._owner.release_seats(1)
         self._pending[index] = out
         self._wakeup.set()
         backlog = _num_tokens(out) - self._taken_tokens.get(index, 0)
@@ -67,7 +79,7 @@ class RequestGroup:
 
     def _fail(self, exc: BaseException) -> None:
         """The engine dropped these requests already (its step failed)."""
-        self._owner._release(len(self._unfinished))
+        self._owner.release_seats(len(self._unfinished))
         self._unfinished.clear()
         self._error = exc
         self._wakeup.set()
@@ -106,7 +118,7 @@ class RequestGroup:
     def close(self) -> None:
         """Abort what has not finished (client gone, error, shutdown). Idempotent."""
         if self._unfinished:
-            self._owner._release(len(self._unfinished))
+            self._owner.release_seats(len(self._unfinished))
             for rid in self._unfinished:
-                self._owner._commands.put(("abort", rid))
+                self._owner.abort(rid)
             self._unfinished.clear()

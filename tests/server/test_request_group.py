@@ -14,15 +14,18 @@ from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 
 class Owner:
-    """The three things a RequestGroup uses of its AsyncEngine."""
+    """The three things a RequestGroup uses of its AsyncEngine (GroupOwner)."""
 
     def __init__(self) -> None:
         self.metrics = ServerMetrics(model_name="m", max_model_len=4096)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self.released = 0
 
-    def _release(self, count: int) -> None:
+    def release_seats(self, count: int) -> None:
         self.released += count
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
 
 
 def output(rid: str, num_tokens: int, *, finished: bool = False) -> RequestOutput:
