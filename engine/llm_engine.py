@@ -132,6 +132,10 @@ class LLMEngine:
         if bad:
             raise ValueError(f"stop_token_ids must be in [0, {vocab}) (the vocabulary); "
                              f"got {bad[:4]}")
+        bad = [t for t in (params.logit_bias or {}) if t >= vocab]
+        if bad:
+            raise ValueError(f"logit_bias keys must be token ids in [0, {vocab}) (the "
+                             f"vocabulary); got {bad[:4]}")
         max_len = self.info.max_model_len
         if len(ids) >= max_len:
             raise ValueError(f"the prompt has {len(ids)} tokens but max_model_len is {max_len}; "

@@ -100,12 +100,25 @@ class OutputProcessor:
             if all(s.is_finished for s in req.seqs) and len(req.seqs) == p.n:
                 m.finished_time = now
 
+    @staticmethod
+    def _returned(req: RequestState) -> list[Sequence]:
+        """The samples an output shows: all n, or with best_of the output_n of highest
+        cumulative logprob once all finished (before that, the first output_n)."""
+        seqs = sorted(req.seqs, key=lambda s: s.index)
+        p = req.params
+        if p.output_n == p.n:
+            return seqs
+        if req.metrics.finished_time is None:
+            return seqs[:p.output_n]
+        best = sorted(seqs, key=lambda s: (-s.cumulative_logprob, s.index))
+        return best[:p.output_n]
+
     def make_output(self, req: RequestState) -> RequestOutput:
         outs = []
-        for seq in sorted(req.seqs, key=lambda s: s.index):
+        for index, seq in enumerate(self._returned(req)):
             detok = req.detoks[seq.index]
             outs.append(CompletionOutput(
-                index=seq.index, text=detok.text, token_ids=list(seq.output_token_ids),
+                index=index, text=detok.text, token_ids=list(seq.output_token_ids),
                 cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
                 logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
                 finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))

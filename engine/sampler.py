@@ -25,6 +25,7 @@ class Sampler:
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self._seq_generators: dict[int, torch.Generator] = {}
+        self.structured = None  # a StructuredOutputManager once a request needs one
 
     @staticmethod
     def prompt_logprobs(logits: torch.Tensor, targets: list[int], k: int
@@ -56,17 +57,14 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
         # logits: [num_rows, vocab] fp32, one row per sequence
-        logits = logits.clone()
-        self._apply_penalties(logits, seqs)
-        self._apply_min_tokens(logits, seqs)
+        logits = self.process(logits, seqs)
         raw_logprobs = torch.log_softmax(logits, dim=-1)
 
         temps = torch.tensor([s.params.temperature for s in seqs], device=logits.device)
         greedy = temps == 0
         chosen = torch.argmax(logits, dim=-1)
         if not bool(greedy.all()):
-            scaled = logits / torch.where(greedy, 1.0, temps).unsqueeze(1)
-            probs = torch.softmax(self._truncate(scaled, seqs), dim=-1)
+            probs = self.distribution(logits, seqs)
             # Exponential race: argmax(p / E) with E ~ Exp(1) is a draw from p.
             noise = torch.ones_like(probs)
             rows = [i for i, s in enumerate(seqs) if s.params.temperature > 0]
@@ -93,6 +91,39 @@ class Sampler:
                     entry[int(chosen[i])] = float(chosen_lp[i])
                     top[i] = entry
         return SampleResult(chosen.tolist(), chosen_lp.tolist(), top)
+
+    def process(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """The processed logits of each row (a copy): logit_bias, penalties, min_tokens,
+        then the grammar's mask for structured rows; temperature and truncation come after
+        (`distribution`). A speculative verifier reads its target rows through this too."""
+        logits = logits.clone()
+        self._apply_logit_bias(logits, seqs)
+        self._apply_penalties(logits, seqs)
+        self._apply_min_tokens(logits, seqs)
+        if self.structured is not None:
+            self.structured.apply_masks(logits, seqs)
+        return logits
+
+    def distribution(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Probabilities [rows, vocab] the sampler draws from, given processed logits:
+        temperature, then top-k/top-p/min-p; a greedy row is one-hot on its argmax."""
+        temps = torch.tensor([s.params.temperature for s in seqs], device=logits.device)
+        greedy = temps == 0
+        scaled = logits / torch.where(greedy, 1.0, temps).unsqueeze(1)
+        probs = torch.softmax(self._truncate(scaled, seqs), dim=-1)
+        if bool(greedy.any()):
+            onehot = torch.zeros_like(probs).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
+            probs = torch.where(greedy.unsqueeze(1), onehot, probs)
+        return probs
+
+    @staticmethod
+    def _apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        for i, s in enumerate(seqs):
+            if s.params.logit_bias:
+                ids = torch.tensor(list(s.params.logit_bias), device=logits.device)
+                bias = torch.tensor(list(s.params.logit_bias.values()), dtype=logits.dtype,
+                                    device=logits.device)
+                logits[i].index_add_(0, ids, bias)
 
     def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         rows = [i for i, s in enumerate(seqs) if s.params.needs_penalties]

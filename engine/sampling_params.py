@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.structured_output import StructuredOutputsParams
 
 # What torch.Generator.manual_seed takes; sample i of a request uses seed + i, so
 # seed + n - 1 must stay inside it too.
@@ -53,10 +57,30 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     skip_special_tokens: bool = True
+    # token id -> bias added to its logit before every other processor (OpenAI's range)
+    logit_bias: dict[int, float] | None = None
+    # Sample best_of sequences, return the n with the highest cumulative logprob. As in
+    # vLLM, `n` then holds best_of (what the engine samples) and `output_n` the n returned.
+    best_of: int | None = None
+    structured_outputs: "StructuredOutputsParams | None" = None
     stop_list: list[str] = field(init=False, repr=False)
+    output_n: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, low=1)
+        self.output_n = self.n
+        if self.best_of is not None:
+            _check_int("best_of", self.best_of, low=1)
+            if self.best_of < self.n:
+                raise ValueError(f"best_of must be >= n, got best_of={self.best_of}, n={self.n}")
+            self.n = self.best_of
+        if self.logit_bias:
+            self.logit_bias = dict(self.logit_bias)
+            for token, bias in self.logit_bias.items():
+                if not _is_int(token) or token < 0:
+                    raise ValueError(f"logit_bias keys must be token ids (integers >= 0), "
+                                     f"got {token!r}")
+                _check_float("logit_bias", bias, low=-100.0, high=100.0)
         _check_float("temperature", self.temperature, low=0.0)
         if 0.0 < self.temperature < _MIN_TEMPERATURE:  # as vLLM: 1/T would overflow the logits
             self.temperature = _MIN_TEMPERATURE
