@@ -18,7 +18,13 @@ COPY operator/paged_operator /app/paged_operator
 # The engine's settings table (torch-free): spec.engine parsing and the flag mapping use it.
 # engine/__init__.py imports the engine lazily, so only these files are needed.
 COPY engine/__init__.py engine/settings.py engine/settings_k8s.py /app/engine/
-RUN python -m compileall -q /app/paged_operator /app/engine
+# What paged_operator/contract.py reads to parse a PagedInferenceTuning as the tuner Job
+# does (torch-free): the search-space grammar and the workload names.
+COPY tuner/__init__.py /app/tuner/
+COPY tuner/search/__init__.py tuner/search/space.py /app/tuner/search/
+COPY loadtests/__init__.py /app/loadtests/
+COPY loadtests/workloads/__init__.py loadtests/workloads/base.py /app/loadtests/workloads/
+RUN python -m compileall -q /app/paged_operator /app/engine /app/tuner /app/loadtests
 
 # The chart runs it as UID 1000 with a read-only root filesystem (/tmp is an emptyDir).
 RUN useradd --uid 1000 --user-group --no-create-home --home-dir /tmp operator

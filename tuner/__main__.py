@@ -158,7 +158,7 @@ def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from tuner.search.confirm import load_baseline
     from tuner.measure.promql import PrometheusReader
     from tuner.search.sweep import SweepConfig, run_sweep
-    from tuner.measure.trial import EngineLaunch
+    from tuner.measure.local import EngineLaunch
 
     try:
         baseline = load_baseline(args.baseline, fixed=fixed, searched=[p.name for p in space])

@@ -1,8 +1,9 @@
-"""kopf handlers: one reconcile for create/update/resume, a drift daemon, status from events.
+"""kopf handlers: one reconcile for create/update/resume, a drift timer, status from events.
 
 - create/update/resume of a PagedInferenceService -> `reconcile` (children + status).
-- a daemon per resource re-runs the reconcile every `resync_seconds`: children edited or
-  deleted by hand are put back.
+- a timer per resource re-runs the reconcile every $PAGED_OPERATOR_RESYNC_SECONDS
+  (`RESYNC_SECONDS`, read at import: a kopf.timer's interval is fixed when it is
+  declared): children edited or deleted by hand are put back.
 - events of the Deployments we manage -> the owner's status follows the pods' readiness;
   a deleted Deployment is recreated at once.
 - events of the engine pods -> an engine that cannot start (its container exits, or waits
@@ -23,32 +24,39 @@ import kopf
 from . import manifests, status
 from .kube import KINDS, ApiError, Kind, KubeApi, connection_info, load_configuration
 from .reconcile import ChildError, Discovery, contains, reconcile_children
-from .spec import DEFAULT_IMAGE, GROUP, KIND, PLURAL, VERSION, InvalidSpecError, parse_spec
+from .contract import GROUP, VERSION
+from .contract import SERVICE_KIND as KIND
+from .contract import SERVICE_PLURAL as PLURAL
+from .spec import DEFAULT_IMAGE, InvalidSpecError, parse_spec
 
 PIS = Kind(f"{GROUP}/{VERSION}", PLURAL)
 MANAGED = {"app.kubernetes.io/managed-by": manifests.MANAGED_BY}
 
 
+def _seconds_from_env(var: str, default: float) -> float:
+    raw = os.environ.get(var)
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"{var} must be a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"{var} must be > 0, got {raw!r}")
+    return value
+
+
+# The drift check period per resource: the interval of the `resync` timer below.
+RESYNC_SECONDS = _seconds_from_env("PAGED_OPERATOR_RESYNC_SECONDS", 60.0)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OperatorConfig:
-    resync_seconds: float = 60.0      # drift check period per resource
     discovery_ttl_seconds: float = 300.0  # how long "is KEDA / PodMonitor installed" is kept
     engine_image: str = DEFAULT_IMAGE     # for resources that do not set spec.image
 
     @classmethod
     def from_env(cls) -> "OperatorConfig":
-        def number(var: str, default: float) -> float:
-            raw = os.environ.get(var)
-            try:
-                value = float(raw) if raw else default
-            except ValueError:
-                raise ValueError(f"{var} must be a number of seconds, got {raw!r}") from None
-            if value <= 0:
-                raise ValueError(f"{var} must be > 0, got {raw!r}")
-            return value
-        return cls(resync_seconds=number("PAGED_OPERATOR_RESYNC_SECONDS", cls.resync_seconds),
-                   discovery_ttl_seconds=number("PAGED_OPERATOR_DISCOVERY_TTL_SECONDS",
-                                                cls.discovery_ttl_seconds),
+        return cls(discovery_ttl_seconds=_seconds_from_env(
+                       "PAGED_OPERATOR_DISCOVERY_TTL_SECONDS", cls.discovery_ttl_seconds),
                    engine_image=os.environ.get("PAGED_OPERATOR_ENGINE_IMAGE") or DEFAULT_IMAGE)
 
 
@@ -64,7 +72,7 @@ def _shared(memo: Any) -> tuple[KubeApi, Discovery, OperatorConfig]:
 
 
 def _lock(memo: Any, namespace: str, name: str) -> asyncio.Lock:
-    """One lock per resource, shared by its handlers, its daemon and the events of its
+    """One lock per resource, shared by its handlers, its timer and the events of its
     Deployment and pods: status is computed and written by one of them at a time, from
     fresh reads, so an older view never overwrites a newer one."""
     _shared(memo)
@@ -120,8 +128,8 @@ async def _write_status(api: KubeApi, body: Mapping[str, Any], new: dict[str, An
 async def reconcile_object(body: Mapping[str, Any], memo: Any, logger: Any) -> None:
     """One reconcile. An API call that fails outside the children loop (discovery, the
     status write, reading pods: a 5xx, a timeout) is a TemporaryError too, as inside it:
-    the handler retries soon and the resync daemon goes on (not kopf's 60 s backoff for
-    an unknown error, which also stops the daemon for that long)."""
+    the handler (or the resync timer) retries soon, not after kopf's 60 s backoff for an
+    unknown error."""
     try:
         await _reconcile_object(body, memo, logger)
     except ApiError as exc:
@@ -133,7 +141,7 @@ async def _reconcile_object(body: Mapping[str, Any], memo: Any, logger: Any) -> 
     meta = body["metadata"]
     generation = meta.get("generation")
     previous = body.get("status") or {}
-    # Handlers and the daemon of one object never reconcile at the same time.
+    # Handlers and the timer of one object never reconcile at the same time.
     async with _lock(memo, meta["namespace"], meta["name"]):
         try:
             spec = parse_spec(body.get("spec") or {}, name=meta["name"],
@@ -173,31 +181,20 @@ async def reconcile(body: kopf.Body, memo: Any, logger: kopf.Logger, **_: Any) -
     await reconcile_object(body, memo, logger)
 
 
-async def _pause(stopped: kopf.DaemonStopped, seconds: float) -> None:
-    """Sleep until `seconds` pass or the daemon is stopped.
-
-    asyncio.wait() rather than wait_for(): on Python 3.11 wait_for() can turn a
-    cancellation that coincides with its timeout into a TimeoutError.
-    """
-    flag = asyncio.ensure_future(stopped.wait())
+@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
+async def resync(body: kopf.Body, memo: Any, logger: kopf.Logger, **_: Any) -> None:
+    """The reconcile again, one interval after the previous run ended (the first one
+    interval after the resource is seen: create/resume have just reconciled it). kopf
+    stops the timer when the resource is being deleted, letting a run in progress finish.
+    A run that fails is only reported: the next interval is the retry (kopf would wait for
+    the error's own delay instead, 10-60 s, however short the interval)."""
+    api, _, _ = _shared(memo)
+    if api.closed or body.get("metadata", {}).get("deletionTimestamp"):
+        return  # the operator is exiting, or the resource going away
     try:
-        await asyncio.wait([flag], timeout=seconds)
-    finally:
-        flag.cancel()
-
-
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5)
-async def resync(stopped: kopf.DaemonStopped, body: kopf.Body, memo: Any,
-                 logger: kopf.Logger, **_: Any) -> None:
-    api, _, config = _shared(memo)
-    while not stopped:
-        await _pause(stopped, config.resync_seconds)
-        if stopped or api.closed or body.get("metadata", {}).get("deletionTimestamp"):
-            return
-        try:
-            await reconcile_object(body, memo, logger)  # body is kopf's live view
-        except (kopf.PermanentError, kopf.TemporaryError) as exc:
-            logger.warning(f"Resync did not complete: {exc}")
+        await reconcile_object(body, memo, logger)  # body is kopf's live view
+    except (kopf.PermanentError, kopf.TemporaryError) as exc:
+        logger.warning(f"Resync did not complete: {exc}")
 
 
 def _owner(body: Mapping[str, Any]) -> str | None:

@@ -11,10 +11,10 @@ import json
 import math
 from typing import Any
 
+from .contract import MANAGED_BY
 from .fields import quantity_value
 from .spec import AUTOSCALING_METRICS, ENGINE_PORT, ServiceSpec
 
-MANAGED_BY = "paged-inference-operator"
 CHECKSUM_ANNOTATION = "serving.pagedinference.dev/engine-config-checksum"
 # Writable mount points: the root filesystem is read-only.
 MODEL_CACHE_DIR = "/model-cache"

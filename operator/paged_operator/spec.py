@@ -21,11 +21,6 @@ from .access import (NetworkPolicy, Router, SecretKeyRef, parse_api_key, parse_n
                      parse_router)
 from .model_source import ModelSource, parse_model
 
-GROUP = "serving.pagedinference.dev"
-VERSION = "v1alpha1"
-PLURAL = "pagedinferenceservices"
-KIND = "PagedInferenceService"
-
 DEFAULT_IMAGE = "pagedinference/engine:0.1.0"
 ENGINE_PORT = 8000
 # Longest name whose children (e.g. "<name>-engine-config", pod names with hashes) stay

@@ -24,10 +24,12 @@ import kopf
 from . import tuning_manifests as tm
 from .handlers import _shared
 from .kube import KINDS, Kind, KubeApi
-from .spec import GROUP, PLURAL, VERSION
+from .contract import (API_VERSION, GROUP, TUNING_KIND, TUNING_LABEL, TUNING_PLURAL, VERSION,
+                       spec_error)
+from .contract import SERVICE_PLURAL as PLURAL
 
-TUNING = Kind(tm.API_VERSION, tm.TUNING_PLURAL)
-PIS = Kind(tm.API_VERSION, PLURAL)
+TUNING = Kind(API_VERSION, TUNING_PLURAL)
+PIS = Kind(API_VERSION, PLURAL)
 JOB = Kind("batch/v1", "jobs", ("BatchV1Api", "job"))
 CHILD_KINDS = {"ServiceAccount": KINDS["ServiceAccount"], "Role": KINDS["Role"],
                "RoleBinding": KINDS["RoleBinding"], "Job": JOB,
@@ -44,7 +46,7 @@ async def watch_tuner_jobs(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 
 def _owner(body: Any) -> dict[str, Any]:
-    return {"apiVersion": tm.API_VERSION, "kind": tm.TUNING_KIND,
+    return {"apiVersion": API_VERSION, "kind": TUNING_KIND,
             "name": body["metadata"]["name"], "uid": body["metadata"]["uid"],
             "controller": True, "blockOwnerDeletion": True}
 
@@ -76,7 +78,7 @@ async def _stop(api: KubeApi, namespace: str, name: str) -> None:
     await api._call(batch.delete_namespaced_job, tm.tuner_name(name), namespace,
                     propagation_policy="Background")
     await _stop_load_workers(api, namespace, name)
-    for trial in await api.list(PIS, namespace, labels={f"{GROUP}/tuning": name}):
+    for trial in await api.list(PIS, namespace, labels={TUNING_LABEL: name}):
         await api.delete(PIS, namespace, trial["metadata"]["name"])
 
 
@@ -92,9 +94,9 @@ async def _stop_load_workers(api: KubeApi, namespace: str, name: str) -> None:
         await api.delete(KINDS["Deployment"], namespace, deployment["metadata"]["name"])
 
 
-@kopf.on.resume(GROUP, VERSION, tm.TUNING_PLURAL)
-@kopf.on.create(GROUP, VERSION, tm.TUNING_PLURAL)
-@kopf.on.update(GROUP, VERSION, tm.TUNING_PLURAL)
+@kopf.on.resume(GROUP, VERSION, TUNING_PLURAL)
+@kopf.on.create(GROUP, VERSION, TUNING_PLURAL)
+@kopf.on.update(GROUP, VERSION, TUNING_PLURAL)
 async def reconcile_tuning(body: kopf.Body, memo: Any, logger: kopf.Logger, **_: Any) -> None:
     api, _, config = _shared(memo)
     meta, spec = body["metadata"], body.get("spec") or {}
@@ -108,7 +110,7 @@ async def reconcile_tuning(body: kopf.Body, memo: Any, logger: kopf.Logger, **_:
         return
     if phase in FINAL and not _refused(status):
         return  # the Job and its pod stay as the record of the run
-    error = tm.spec_error(spec)
+    error = spec_error(spec)
     if error:
         await _status(api, namespace, name, {"phase": "Failed", "conditions": _spec_valid(error),
                                              "decision": {"reason": error}})
@@ -147,7 +149,7 @@ async def tuner_job_event(type: str | None, body: kopf.Body, memo: Any, **_: Any
                   if c.get("status") == "True"]
     failed = next((c for c in conditions if c.get("type") == "Failed"), None)
     owner = next((r["name"] for r in body["metadata"].get("ownerReferences") or []
-                  if r.get("kind") == tm.TUNING_KIND), None)
+                  if r.get("kind") == TUNING_KIND), None)
     if owner is None:
         return
     api, _, _ = _shared(memo)

@@ -25,51 +25,15 @@ import copy
 from typing import Any
 
 from .manifests import API_KEY_FILE, CONTAINER_SECURITY, POD_SECURITY, SECRET_DIR
-from .spec import GROUP, VERSION
-
-TUNING_KIND = "PagedInferenceTuning"
-TUNING_PLURAL = "pagedinferencetunings"
-MANAGED_BY = "paged-inference-operator"
+from .contract import (API_KEY_FILE_ENV, DEFAULT_WORKLOAD, GROUP, INDEX_LABEL, MANAGED_BY,
+                       MASTER_PORT_ENV, SERVICE_PLURAL, STORAGE_URL_ENV, TRACE_FILE_ENV,
+                       TUNING_PLURAL)
 BACKOFF_LIMIT = 3
 TRACE_DIR = "/etc/paged-inference/trace"
 TRACE_FILE = f"{TRACE_DIR}/trace.jsonl"
 MASTER_PORT = 5557              # Locust's default master port (tuner.measure.load_worker)
 MASTER_PORT_NAME = "locust-master"
-INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 TRACE_WORKLOAD = "trace"        # the locustfile of every workloadFrom source
-DEFAULT_WORKLOAD = "chat"       # the tuner's, when neither workload nor workloadFrom is given
-
-
-def spec_error(spec: dict[str, Any]) -> str | None:
-    """What makes the spec unrunnable before any Job starts (the CRD's CEL rules say the
-    same where the API server evaluates them); the message names the field to change."""
-    pods = spec.get("tunerPods") or 1
-    if pods > 1 and not ((spec.get("storage") or {}).get("secretRef") or {}).get("name"):
-        return (f"spec.tunerPods {pods} needs spec.storage.secretRef: the pods share one "
-                "Optuna study in that database (PostgreSQL)")
-    window = (spec.get("apply") or {}).get("verifyWindow")
-    if window is not None and not (spec.get("prometheus") or {}).get("url"):
-        return ("spec.apply.verifyWindow needs spec.prometheus.url: the live service's "
-                "traffic is read from Prometheus")
-    source = spec.get("workloadFrom")
-    if source is None:
-        return None
-    if spec.get("workload") is not None:
-        return ("spec.workload and spec.workloadFrom: give one (a named workload, or where "
-                "to take the workload from), not both")
-    if not isinstance(source, dict) or len({"trace", "prometheus"} & set(source)) != 1:
-        return "spec.workloadFrom: give exactly one of trace or prometheus"
-    if "prometheus" in source and not (spec.get("prometheus") or {}).get("url"):
-        return ("spec.workloadFrom.prometheus needs spec.prometheus.url: the Prometheus that "
-                "scrapes the target's engines")
-    trace = source.get("trace")
-    if trace is not None and (not isinstance(trace, dict) or
-                              ("configMapRef" in trace) == ("url" in trace)):
-        return "spec.workloadFrom.trace: give configMapRef: {name, key} or url, one of them"
-    if trace is not None and "configMapRef" in trace and \
-            not (trace["configMapRef"] or {}).get("name"):
-        return "spec.workloadFrom.trace.configMapRef.name: name the ConfigMap holding the trace"
-    return None
 
 
 def tuner_name(name: str) -> str:
@@ -103,7 +67,7 @@ def role(name: str, namespace: str) -> dict[str, Any]:
                  "resourceNames": [name], "verbs": ["get"]},
                 {"apiGroups": [GROUP], "resources": [f"{TUNING_PLURAL}/status"],
                  "resourceNames": [name], "verbs": ["patch"]},
-                {"apiGroups": [GROUP], "resources": ["pagedinferenceservices"],
+                {"apiGroups": [GROUP], "resources": [SERVICE_PLURAL],
                  "verbs": ["get", "list", "create", "patch", "delete"]},
                 {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
                  "verbs": ["list"]},
@@ -136,7 +100,7 @@ def _load_files(api_key: dict[str, str] | None) -> tuple[list[dict[str, Any]],
             "secretName": api_key["name"], "defaultMode": 0o440, "optional": True,
             "items": [{"key": api_key.get("key") or "api-key", "path": "api-key"}]}})
         mounts.append({"name": "api-key", "mountPath": SECRET_DIR, "readOnly": True})
-        env.append({"name": "TUNER_API_KEY_FILE", "value": API_KEY_FILE})
+        env.append({"name": API_KEY_FILE_ENV, "value": API_KEY_FILE})
     return volumes, mounts, env
 
 
@@ -148,7 +112,7 @@ def job(name: str, namespace: str, spec: dict[str, Any], *, image: str,
         {"name": "HOME", "value": "/tmp"}]
     secret = ((spec.get("storage") or {}).get("secretRef") or {})
     if secret.get("name"):
-        env.append({"name": "TUNER_STORAGE_URL", "valueFrom": {"secretKeyRef": {
+        env.append({"name": STORAGE_URL_ENV, "valueFrom": {"secretKeyRef": {
             "name": secret["name"], "key": secret.get("key") or "url"}}})
     volumes, mounts, key_env = _load_files(api_key)
     env += key_env
@@ -160,12 +124,12 @@ def job(name: str, namespace: str, spec: dict[str, Any], *, image: str,
             "name": trace_ref["name"], "optional": True,
             "items": [{"key": trace_ref.get("key") or "trace.jsonl", "path": "trace.jsonl"}]}})
         mounts.append({"name": "trace", "mountPath": TRACE_DIR, "readOnly": True})
-        env.append({"name": "TUNER_TRACE_FILE", "value": TRACE_FILE})
+        env.append({"name": TRACE_FILE_ENV, "value": TRACE_FILE})
     workers = int(spec.get("loadWorkers") or 1)
     ports: list[dict[str, Any]] = []
     if workers > 1:   # the Locust master listens for the load-worker pods
         env += [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-                {"name": "TUNER_LOCUST_MASTER_PORT", "value": str(MASTER_PORT)}]
+                {"name": MASTER_PORT_ENV, "value": str(MASTER_PORT)}]
         ports.append({"name": MASTER_PORT_NAME, "containerPort": MASTER_PORT,
                       "protocol": "TCP"})
     container = {
@@ -269,4 +233,3 @@ def children(name: str, namespace: str, spec: dict[str, Any], *, image: str,
             job(name, namespace, spec, image=image, api_key=api_key)]
 
 
-API_VERSION = f"{GROUP}/{VERSION}"

@@ -9,8 +9,8 @@ import yaml
 from cel_tools import violations
 from chart_tools import CHART
 
-from paged_operator.tuning_manifests import spec_error
-from tuner.incluster.spec import parse_tuning
+from paged_operator.contract import spec_error
+from paged_operator.contract import parse_tuning
 
 CRD = yaml.safe_load((CHART / "crds" / "pagedinferencetunings.yaml").read_text())
 SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]

@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import importlib.util
 import re
+from pathlib import Path
 
 import pytest
 from cel_tools import violations
@@ -18,6 +19,7 @@ from engine.config import EngineConfig
 from engine.entrypoints.cli import ENGINE_FLAGS, add_serve_arguments, build_parser, engine_kwargs
 from paged_operator import manifests
 from paged_operator.spec import MANAGED_FLAGS, EngineSettings, InvalidSpecError, parse_spec
+from tuner.measure.local import EngineLaunch
 from tuner.search import space
 
 SCHEMA = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -71,7 +73,7 @@ def test_every_consumer_covers_exactly_the_tables_settings(monkeypatch):
     assert set(MANAGED_FLAGS) == reserved | set(settings_k8s.OPERATOR_SERVER_FLAGS)
     assert set(ENGINE_SCHEMA["properties"]) == {s.field for s in SPEC} | {"extraArgs"}
     # The tuner: what it may vary is what spec.engine holds; its default space, the table's.
-    assert space.SETTINGS == {s.name: (s.flag, s.field, s.type) for s in SPEC}
+    assert space.SETTINGS == {s.name: s for s in SPEC}
     assert space.DEFAULT_SPACE == {s.name: s.tune for s in SPEC if s.tune}
 
 
@@ -100,8 +102,9 @@ def test_a_spec_engine_value_reaches_the_engine_through_operator_and_cli():
     kwargs = engine_kwargs(build_parser().parse_args(["serve", *args]))
     config = EngineConfig(**kwargs)
     assert {s.name: getattr(config, s.name) for s in SPEC} == values
-    tuner_kwargs = engine_kwargs(build_parser().parse_args(["serve",
-                                                            *space.engine_flags(values)]))
+    launched = EngineLaunch().process(values, Path("engine.log"))   # a tuner trial's engine
+    flags = launched.command[launched.command.index("--port") + 2:]
+    tuner_kwargs = engine_kwargs(build_parser().parse_args(["serve", *flags]))
     assert {n: tuner_kwargs[n] for n in values} == values
     assert space.from_engine_spec(engine) == values
 

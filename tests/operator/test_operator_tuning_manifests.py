@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from paged_operator import tuning_manifests as tm
+from paged_operator.contract import spec_error
 
 BASE = {"targetRef": {"name": "svc"}, "searchSpace": {"maxNumSeqs": [4, 8]}}
 
@@ -141,7 +142,7 @@ def test_the_role_still_allows_only_the_loops_calls():
     {"workloadFrom": {"trace": {"url": "https://x/t.jsonl"}}},
     {"workloadFrom": {"prometheus": {}}, "prometheus": {"url": "http://prom:9090"}}])
 def test_runnable_specs_are_not_refused(spec):
-    assert tm.spec_error({**BASE, **spec}) is None
+    assert spec_error({**BASE, **spec}) is None
 
 
 @pytest.mark.parametrize("spec, field", [
@@ -161,7 +162,7 @@ def test_runnable_specs_are_not_refused(spec):
      "spec.workloadFrom.trace.configMapRef.name"),
 ])
 def test_unrunnable_specs_are_refused_naming_the_field(spec, field):
-    assert field in (tm.spec_error({**BASE, **spec}) or "")
+    assert field in (spec_error({**BASE, **spec}) or "")
 
 
 def test_several_tuner_pods_make_an_indexed_job_and_one_pod_a_plain_one():
@@ -173,13 +174,13 @@ def test_several_tuner_pods_make_an_indexed_job_and_one_pod_a_plain_one():
     assert env["valueFrom"]["secretKeyRef"] == {"name": "optuna-db", "key": "url"}
     single = tm.job("tune", "team", {**BASE, **store, "tunerPods": 1}, image="engine:1")["spec"]
     assert "completionMode" not in single and "parallelism" not in single
-    assert tm.spec_error({**BASE, **store, "tunerPods": 3}) is None
+    assert spec_error({**BASE, **store, "tunerPods": 3}) is None
     assert "spec.tunerPods 3 needs spec.storage.secretRef" in \
-        tm.spec_error({**BASE, "tunerPods": 3})
+        spec_error({**BASE, "tunerPods": 3})
 
 
 def test_a_verify_window_needs_a_prometheus():
     assert "spec.apply.verifyWindow needs spec.prometheus.url" in \
-        tm.spec_error({**BASE, "apply": {"verifyWindow": "5m"}})
-    assert tm.spec_error({**BASE, "apply": {"verifyWindow": "5m"},
+        spec_error({**BASE, "apply": {"verifyWindow": "5m"}})
+    assert spec_error({**BASE, "apply": {"verifyWindow": "5m"},
                           "prometheus": {"url": "http://prom:9090"}}) is None

@@ -5,7 +5,8 @@ import pytest
 
 from fake_openai_server import FakeOpenAIServer
 from tuner.measure.loadgen import LoadSpec
-from tuner.measure.trial import Infeasible, measure
+from tuner.measure.runner import Infeasible
+from tuner.measure.trial import measure
 
 pytestmark = pytest.mark.timeout(120)
 LOAD = LoadSpec(workload="chat", duration=3, users=2, length_scale=0.1)

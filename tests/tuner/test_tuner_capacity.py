@@ -11,7 +11,7 @@ from loadtests.workloads.trace import TraceRequest, write_trace
 from tuner.measure.capacity import measure_capacity, search_capacity
 from tuner.measure.loadgen import LoadSpec
 from tuner.measure.scoring import Samples
-from tuner.measure.trial import EngineLaunch
+from tuner.measure.local import EngineLaunch
 
 FAKE_ENGINE = f"{sys.executable} {Path(__file__).parent / 'fake_engine.py'}"
 
@@ -57,7 +57,7 @@ def test_capacity_on_the_fake_engine_finds_the_known_knee(tmp_path, monkeypatch)
                         for i in range(300)])
     load = LoadSpec(workload="trace", trace=str(trace), duration=3, users=1, arrival="open")
     launch = EngineLaunch(engine_cmd=FAKE_ENGINE, startup_timeout=30)
-    result = measure_capacity(["--max-num-seqs", "2"], launch, load,
+    result = measure_capacity({"max_num_seqs": 2}, launch, load,
                               {"trace": {"ttft": 0.25}}, workdir=tmp_path / "cap", start=4.0,
                               trace_rate=10.0, rel_tol=0.2, max_probes=6)
     knee = 2 / 0.19

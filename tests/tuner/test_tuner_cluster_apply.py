@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from paged_operator.contract import PREVIOUS_ENGINE
 from tuner.incluster import apply as cluster_apply
 from tuner.incluster.apply import apply_decision
 from tuner.measure.loadgen import LoadSpec
@@ -122,7 +123,7 @@ def test_auto_applies_the_autoscalers_target_with_the_engine_and_rolls_both_back
     after_apply = run.seen[0]
     assert after_apply["spec"] == {"engine": {"maxNumSeqs": 4},
                                    "autoscaling": {"maxReplicas": 3, "target": "1.5"}}
-    assert json.loads(after_apply["metadata"]["annotations"][cluster_apply.PREVIOUS]) == {
+    assert json.loads(after_apply["metadata"]["annotations"][PREVIOUS_ENGINE]) == {
         "engine": {"maxNumSeqs": 1}, "autoscaling": {"target": "5"}}
     assert run.status["applied"] == applied
     assert run.status["appliedAutoscaling"] == {"target": "1.5"}
@@ -149,5 +150,5 @@ def test_no_autoscaler_on_the_live_service_patches_the_engine_only(monkeypatch) 
     monkeypatch.setattr(cluster_apply, "measure", lambda *a, **k: {"goodput": 5.0})
     apply_decision(run, record(1.4), capacity=capacity_of)
     assert run.seen[0]["spec"] == {"engine": {"maxNumSeqs": 4}}
-    assert json.loads(run.seen[0]["metadata"]["annotations"][cluster_apply.PREVIOUS]) == {
+    assert json.loads(run.seen[0]["metadata"]["annotations"][PREVIOUS_ENGINE]) == {
         "engine": {"maxNumSeqs": 1}}

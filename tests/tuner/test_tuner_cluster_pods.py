@@ -15,7 +15,7 @@ import optuna
 
 from tuner.search import study as st
 from tuner.incluster.job import Tuning
-from tuner.incluster.spec import search_space
+from paged_operator.contract import search_space
 
 
 def tuning(pod: str, out_dir: Path, log: list, seconds: float = 0.1) -> Tuning:
@@ -26,12 +26,14 @@ def tuning(pod: str, out_dir: Path, log: list, seconds: float = 0.1) -> Tuning:
     run.published = []
     run.publish = lambda **fields: (run.published.append(fields), run.status.update(fields))
 
-    def measure_engine(name: str, engine: dict, seed: int, workdir: Path) -> dict:
-        number = int(name.rsplit("-t", 1)[1])
-        time.sleep(seconds)
-        log.append((pod, number, time.monotonic()))
-        return {"goodput": float(engine["maxNumSeqs"]), "ttft_p99": 0.1, "requests": 10}
-    run.measure_engine = measure_engine
+    class Runner:   # a TrialRunner (tuner/measure/runner.py) standing in for trial services
+        def run(self, request) -> dict:
+            number = int(request.name.removeprefix("trial-"))
+            time.sleep(seconds)
+            log.append((pod, number, time.monotonic()))
+            return {"goodput": float(request.settings["max_num_seqs"]), "ttft_p99": 0.1,
+                    "requests": 10}
+    run.runner = Runner()
     return run
 
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tuner.incluster.job import pareto
-from tuner.incluster.spec import (CapacitySpec, WorkloadFrom, flags_to_engine, parse_duration,
-                                parse_tuning)
-from tuner.search.space import engine_flags
+from paged_operator.contract import CapacitySpec, WorkloadFrom, parse_duration, parse_tuning
 
 BASE = {"targetRef": {"name": "svc"}, "searchSpace": {"maxNumSeqs": [4, 8]}}
 
@@ -45,15 +43,6 @@ def test_bad_specs_name_the_field_to_change(change: dict, field: str) -> None:
 def test_durations() -> None:
     assert [parse_duration(v, "x") for v in (90, "90", "90s", "1.5m", "1h")] == \
         [90, 90, 90, 90, 3600]
-
-
-def test_engine_flags_map_back_to_spec_engine() -> None:
-    settings = {"block_size": 32, "max_num_seqs": 8, "enable_prefix_caching": False,
-                "gpu_memory_utilization": 0.85, "max_num_batched_tokens": 2048}
-    assert flags_to_engine(engine_flags(settings)) == {
-        "blockSize": 32, "maxNumSeqs": 8, "enablePrefixCaching": False,
-        "gpuMemoryUtilization": 0.85, "maxNumBatchedTokens": 2048}
-    assert flags_to_engine(["--enable-prefix-caching"]) == {"enablePrefixCaching": True}
 
 
 def test_pareto_keeps_trials_no_other_beats_on_goodput_and_ttft() -> None:

@@ -9,9 +9,24 @@ import yaml
 
 from tuner.search.confirm import load_baseline, run_confirmation
 from tuner.search.report import engine_patch, result_line
-from tuner.measure.trial import Infeasible
+from tuner.measure.runner import Infeasible
 
-TRUE = {"--max-num-seqs 4": 15.0, "--max-num-seqs 2": 10.0, "": 10.0}  # "" = defaults
+# true goodput by the settings a runner is asked to start ({}: the engine's defaults)
+TRUE = {"max_num_seqs=4": 15.0, "max_num_seqs=2": 10.0, "": 10.0}
+
+
+def _key(settings: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(settings.items()))
+
+
+class _Runner:
+    """A TrialRunner (tuner/measure/runner.py) around `measure(settings, seed, workdir)`."""
+
+    def __init__(self, measure):
+        self.measure = measure
+
+    def run(self, request):
+        return self.measure(request.settings, request.seed, request.workdir)
 
 
 def _study(search: dict[int, float]) -> optuna.Study:
@@ -27,15 +42,16 @@ def _study(search: dict[int, float]) -> optuna.Study:
 def _confirm(study, rounds, *, measure, k=2, tmp_path):
     baseline = load_baseline(None, fixed={}, searched=["max_num_seqs"])
     return run_confirmation(study, baseline=baseline, k=k, rounds=rounds, seed=0, floor=0.05,
-                            out_dir=tmp_path, fixed={}, measure=measure, log=lambda s: None)
+                            out_dir=tmp_path, fixed={}, runner=_Runner(measure),
+                            log=lambda s: None)
 
 
 def _simulated(order: list, sigma: float = 0.05, seed: int = 0):
     rng = random.Random(seed)
 
-    def measure(flags, load_seed, workdir):
+    def measure(settings, load_seed, workdir):
         order.append((workdir.parent.name, workdir.name, load_seed))
-        return {"goodput": TRUE[" ".join(flags)] * math.exp(rng.gauss(0, sigma)),
+        return {"goodput": TRUE[_key(settings)] * math.exp(rng.gauss(0, sigma)),
                 "ttft_p99": 0.5, "device": "cpu, 1 torch threads"}
     return measure
 
@@ -73,10 +89,10 @@ def test_a_setting_better_only_by_noise_is_not_applied_and_the_baseline_stays(tm
 def test_a_candidate_that_fails_a_round_is_disqualified(tmp_path):
     study = _study({4: 14.0})
 
-    def measure(flags, seed, workdir):
-        if flags and seed == 2:
+    def measure(settings, seed, workdir):
+        if settings and seed == 2:
             raise Infeasible("out of memory")
-        return {"goodput": TRUE[" ".join(flags)]}
+        return {"goodput": TRUE[_key(settings)]}
     record = _confirm(study, 3, measure=measure, k=1, tmp_path=tmp_path)
     assert record["gains"]["C1"] is None and record["decision"]["winner"] is None
     assert record["arms"][1]["failed"] == [None, "out of memory", None]
@@ -86,11 +102,11 @@ def test_an_interrupted_confirmation_resumes_and_more_rounds_extend_it(tmp_path)
     study = _study({4: 14.0})
     calls = []
 
-    def interrupted(flags, seed, workdir):
+    def interrupted(settings, seed, workdir):
         if len(calls) == 3:  # round 1's first measurement
             raise KeyboardInterrupt
         calls.append(seed)
-        return {"goodput": TRUE[" ".join(flags)]}
+        return {"goodput": TRUE[_key(settings)]}
     with pytest.raises(KeyboardInterrupt):
         _confirm(study, 3, measure=interrupted, k=1, tmp_path=tmp_path)
     assert study.user_attrs["confirmation"]["rounds"] == 1
@@ -108,9 +124,10 @@ def test_baseline_file_forms_and_errors(tmp_path):
                                    sort_keys=False))
     b = load_baseline(str(path), fixed={"max_model_len": 512}, searched=["max_num_seqs"])
     assert b.params == {"max_model_len": 512, "max_num_seqs": 16, "block_size": 32}
-    assert list(b.flags) == ["--max-model-len", "512", "--max-num-seqs", "16", "--block-size", "32"]
+    assert b.settings == {"max_model_len": 512, "max_num_seqs": 16, "block_size": 32}
     path.write_text("engine: {enablePrefixCaching: false}")
-    assert load_baseline(str(path), fixed={}, searched=[]).flags == ("--no-enable-prefix-caching",)
+    assert load_baseline(str(path), fixed={}, searched=[]).settings == {
+        "enable_prefix_caching": False}
     for text, words in (("spec: {engine: {pageSize: 16}}", "unknown engine setting 'pageSize'"),
                         ("[1, 2]", "expected a spec.engine mapping"),
                         ("maxNumSeqs: lots", "'lots' is not a valid int")):

@@ -42,8 +42,8 @@ def test_a_truly_better_setting_is_applied_with_its_gain_and_interval(tmp_path, 
     assert code == 0, out.err[-2000:]
     record = study.user_attrs["confirmation"]
     assert [a["label"] for a in record["arms"]] == ["baseline", "C1"]
-    assert record["arms"][0]["source"] == "engine defaults" and record["arms"][0]["flags"] == []
-    assert record["arms"][1]["flags"] == ["--max-num-seqs", "4"]
+    assert record["arms"][0]["source"] == "engine defaults" and record["arms"][0]["settings"] == {}
+    assert record["arms"][1]["settings"] == {"max_num_seqs": 4}
     assert record["decision"]["winner"] == "C1"
     gain = record["gains"]["C1"]
     assert gain["low"] > 1 and gain["rounds"] == 3  # true gain ~3x: low ~1.6 measured

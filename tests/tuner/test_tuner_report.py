@@ -70,5 +70,5 @@ def test_search_best_is_the_best_mean_and_infeasible_never_wins():
     # candidates for the confirmation: the best k, never the baseline itself
     extra = _study([({"max_num_seqs": 2}, 6.0, {}), ({"max_num_seqs": 16}, 2.0, {}),
                     ({"max_num_seqs": 8}, 9.0, {"infeasible": "out of memory"})])
-    baseline = Baseline({"max_num_seqs": 2, "block_size": 16}, (), "engine defaults")
+    baseline = Baseline({"max_num_seqs": 2, "block_size": 16}, {}, "engine defaults")
     assert [g["params"] for g in candidates(extra, 2, baseline)] == [{"max_num_seqs": 16}]

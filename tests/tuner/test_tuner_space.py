@@ -1,8 +1,11 @@
 """Search-space grammar, files, errors, and the mapping to flags and spec.engine keys."""
+from pathlib import Path
+
 import optuna
 import pytest
 
-from tuner.search.space import SpaceError, build_space, engine_flags, parse_param, to_engine_spec
+from tuner.measure.local import EngineLaunch
+from tuner.search.space import SpaceError, build_space, parse_param, to_engine_spec
 
 
 def test_default_space_has_the_four_settings_and_block_sizes_are_powers_of_two():
@@ -84,9 +87,11 @@ def test_suggest_stays_inside_the_space():
 def test_flags_and_engine_spec_keys():
     settings = {"block_size": 16, "gpu_memory_utilization": 0.85000001, "max_num_seqs": 32,
                 "max_num_batched_tokens": 2048, "enable_prefix_caching": False}
-    assert engine_flags(settings) == [
+    # flags only where a trial's engine process starts, before the flags every trial shares
+    process = EngineLaunch(extra_flags=("--cpu-threads", "1")).process(settings, Path("log"))
+    assert process.command[process.command.index("--port") + 2:] == [
         "--block-size", "16", "--gpu-memory-utilization", "0.85000001", "--max-num-seqs", "32",
-        "--max-num-batched-tokens", "2048", "--no-enable-prefix-caching"]
+        "--max-num-batched-tokens", "2048", "--no-enable-prefix-caching", "--cpu-threads", "1"]
     assert to_engine_spec(settings) == {
         "blockSize": 16, "gpuMemoryUtilization": 0.85, "maxNumSeqs": 32,
         "maxNumBatchedTokens": 2048, "enablePrefixCaching": False}

@@ -27,21 +27,19 @@ import dataclasses
 import json
 import math
 import statistics
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import yaml
 
 from tuner.incluster import live_verify
-from tuner.incluster.spec import GROUP, camel
+from paged_operator.contract import APPLIED_BY, PREVIOUS_ENGINE
+from tuner.search.space import to_engine_spec as camel
 from tuner.measure.promql import PrometheusError
 from tuner.search.stats import t975
-from tuner.measure.trial import Infeasible, measure
+from tuner.measure.runner import Infeasible
+from tuner.incluster.run import TuningRun
+from tuner.measure.trial import measure
 
-if TYPE_CHECKING:
-    from tuner.incluster.job import Tuning
-
-PREVIOUS = f"{GROUP}/previous-engine"
-APPLIED_BY = f"{GROUP}/applied-by"
 
 
 def arm_goodput(arm: dict) -> dict[str, Any]:
@@ -61,7 +59,7 @@ def _gain_text(gain: dict) -> str:
     return f"{gain['ratio']:.2f}x [{gain['low']:.2f}, {gain['high']:.2f}]"
 
 
-def apply_decision(run: "Tuning", record: dict, *,
+def apply_decision(run: TuningRun, record: dict, *,
                    capacity: Callable[..., dict] | None = None) -> None:
     """`capacity(engine, start=rate)`: status.capacity of `engine` (spec.engine keys) from
     a search starting at `rate` req/s; None: no capacity search."""
@@ -117,7 +115,7 @@ def apply_decision(run: "Tuning", record: dict, *,
     _apply_and_verify(run, patch["spec"], arm_goodput(arms["baseline"])["goodput"])
 
 
-def _apply_and_verify(run: "Tuning", wanted: dict, baseline_goodput: float) -> None:
+def _apply_and_verify(run: TuningRun, wanted: dict, baseline_goodput: float) -> None:
     """`wanted`: {"engine": ..., "autoscaling": {"target": ...}?} to merge into the spec."""
     cluster, target = run.cluster, run.spec.target
     live = cluster.get_service(target)
@@ -131,7 +129,7 @@ def _apply_and_verify(run: "Tuning", wanted: dict, baseline_goodput: float) -> N
         before["autoscaling"] = {"target": autoscaling.get("target")}   # None: the default
     live_before = _live_baseline(run)
     patched = cluster.patch_service(target, {
-        "metadata": {"annotations": {PREVIOUS: json.dumps(before, sort_keys=True),
+        "metadata": {"annotations": {PREVIOUS_ENGINE: json.dumps(before, sort_keys=True),
                                      APPLIED_BY: run.name}},
         "spec": changes})
     extra = {"appliedAutoscaling": changes["autoscaling"],
@@ -156,7 +154,7 @@ def _apply_and_verify(run: "Tuning", wanted: dict, baseline_goodput: float) -> N
     if "autoscaling" in before:   # a target that was not set goes back to the default
         restore["autoscaling"] = before["autoscaling"]
     rolled = cluster.patch_service(target, {
-        "metadata": {"annotations": {PREVIOUS: None, APPLIED_BY: None}},
+        "metadata": {"annotations": {PREVIOUS_ENGINE: None, APPLIED_BY: None}},
         "spec": restore})
     try:
         cluster.wait_ready(target, timeout=run.spec.startup_timeout,
@@ -169,7 +167,7 @@ def _apply_and_verify(run: "Tuning", wanted: dict, baseline_goodput: float) -> N
                           "reason": f"{reason}; rolled back: the gain did not hold ({why})"})
 
 
-def _live_baseline(run: "Tuning") -> dict | None:
+def _live_baseline(run: TuningRun) -> dict | None:
     """With Prometheus: the live traffic's figures over the verify window before the patch,
     recorded in status.verification.promql (None without Prometheus)."""
     if run.prometheus is None:
@@ -185,7 +183,7 @@ def _live_baseline(run: "Tuning") -> dict | None:
     return figures
 
 
-def _verify(run: "Tuning", baseline_goodput: float, live_before: dict | None) -> dict:
+def _verify(run: TuningRun, baseline_goodput: float, live_before: dict | None) -> dict:
     """status.verification after the rollout: PromQL on the live traffic when there is
     enough of it (`promql`: both windows' figures), else a short load against the
     confirmation's baseline (`fallback` says why)."""

@@ -24,7 +24,6 @@ restarted Job (the operator restarts failed ones) resumes the study where it sto
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import itertools
 import os
@@ -32,8 +31,6 @@ import signal
 import socket
 import sys
 import time
-import warnings
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +40,15 @@ from tuner.incluster import load as cluster_load
 from tuner.search import study as st
 from tuner.incluster.apply import apply_decision, arm_goodput
 from tuner.incluster.kube import Cluster, current_namespace, load_client
-from tuner.incluster.spec import BY_KEY, TuningSpec, camel, flags_to_engine, parse_tuning
-from tuner.search.confirm import Baseline, run_confirmation
-from tuner.measure.loadgen import LoadError
+from tuner.incluster.service_runner import ServiceRunner
+from paged_operator.contract import (API_KEY_FILE_ENV, BY_KEY, INDEX_ENV, STORAGE_URL_ENV,
+                                     TuningSpec, parse_tuning)
 from tuner.measure.promql import PrometheusReader
-from tuner.search.space import engine_flags, from_engine_spec
+from tuner.search.confirm import Baseline, run_confirmation
+from tuner.search.loop import Outcome, run_search
+from tuner.search.space import from_engine_spec
+from tuner.search.space import to_engine_spec as camel
 from tuner.search.sweep import quiet_optuna
-from tuner.measure.trial import Infeasible, measure
 from loadtests.sources.workload_source import WorkloadSource
 
 FINAL = ("Succeeded", "Failed")
@@ -75,25 +74,14 @@ class Tuning:
             or None)
         self.prometheus = PrometheusReader(spec.prometheus_url) if spec.prometheus_url else None
         self.pod = os.environ.get("HOSTNAME") or socket.gethostname()   # in each trial's entry
+        self.runner = ServiceRunner(cluster, self.name, self.owner, target, self.load,
+                                    self.slos, spec.startup_timeout,
+                                    warmup_requests=spec.warmup_requests,
+                                    prometheus=self.prometheus, log=log)
 
     def publish(self, **fields: Any) -> None:
         self.status.update(fields)
         self.cluster.write_status(fields)
-
-    # ---- one measurement on a trial service ----
-    def measure_engine(self, name: str, engine: dict, seed: int, workdir: Path) -> dict:
-        self.cluster.create_trial(name, self.target, {**self.target_engine, **engine},
-                                  self.owner)
-        try:
-            self.cluster.wait_ready(name, timeout=self.spec.startup_timeout)
-            url = self.cluster.endpoint_url(name)
-            log(f"{name}: ready at {url}, {self.spec.duration:g} s of {self.load.workload}")
-            return measure(url, dataclasses.replace(self.load, seed=seed), self.slos,
-                           workdir=workdir, warmup_requests=self.spec.warmup_requests,
-                           prometheus=self.prometheus, progress_interval=0.5,
-                           on_progress=lambda *_: self.cluster.stopping.is_set())
-        finally:
-            self.cluster.delete_service(name, wait=True)
 
     # ---- search ----
     def grid(self) -> list[dict] | None:
@@ -128,49 +116,33 @@ class Tuning:
         if lead:
             self.publish(phase="Searching", trialsTotal=total,
                          trialsText=f"{st.search_trials_done(study)}/{total}")
-        while True:
-            done = st.search_trials_done(study)
-            budget = total - done - len(st.running_trials(study))
-            if budget <= 0:
-                if done >= total or not lead:
-                    break
-                self._fail_stale(study)   # the lead waits for the other pods' trials
-                time.sleep(1.0)
-                continue
-            asked = []
-            for _ in range(min(self.spec.parallelism, budget)):
-                trial = study.ask()
-                trial.set_user_attr("tunerIndex", index)
-                if st.beyond_total(study, trial.number, total):   # another pod raced us
-                    trial.set_user_attr("surplus", True)
-                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                else:
-                    asked.append(trial)
-            if not asked:
-                continue
-            chosen = [{p.name: p.suggest(t) for p in self.spec.space} for t in asked]
-            with ThreadPoolExecutor(len(asked)) as pool:
-                results = list(pool.map(self._search_trial, asked, chosen))
-            for trial, params, (figures, reason) in zip(asked, chosen, results):
-                entry = {"trial": trial.number, "params": params, "engine": camel(params),
-                         "pod": self.pod}
-                told: dict[str, Any] = {"values": 0.0}
-                if figures is not None:
-                    for key, value in figures.items():
-                        trial.set_user_attr(key, value)
-                    entry.update(goodput=round(figures["goodput"], 4),
-                                 ttftP99=round(figures.get("ttft_p99", 0.0), 4),
-                                 requests=int(figures.get("requests", 0)))
-                    told["values"] = figures["goodput"]
-                elif reason.startswith("infeasible: "):
-                    trial.set_user_attr("infeasible", reason[12:])
-                    entry["infeasible"] = reason[12:]
-                else:
-                    entry["failed"] = reason
-                    told = {"state": optuna.trial.TrialState.FAIL}
-                trial.set_user_attr("entry", entry)   # status.history, from the study
-                study.tell(trial, **told)
-            self._publish_history(study, total)
+
+        def entry(trial: optuna.Trial, outcome: Outcome) -> None:
+            """The trial's line of status.history, kept on the trial in the study."""
+            params = outcome.params
+            record = {"trial": trial.number, "params": params, "engine": camel(params),
+                      "pod": self.pod}
+            if outcome.figures is not None:
+                record.update(goodput=round(outcome.figures["goodput"], 4),
+                              ttftP99=round(outcome.figures.get("ttft_p99", 0.0), 4),
+                              requests=int(outcome.figures.get("requests", 0)))
+            elif outcome.infeasible is not None:
+                log(f"trial {trial.number} {params}: infeasible: {outcome.infeasible}")
+                record["infeasible"] = outcome.infeasible
+            else:
+                log(f"trial {trial.number} {params}: harness failed: {outcome.failed}")
+                record["failed"] = outcome.failed
+            trial.set_user_attr("entry", record)
+
+        def wait_for_others(study_: optuna.Study) -> None:
+            self._fail_stale(study_)   # the lead waits for the other pods' trials
+            time.sleep(1.0)
+
+        run_search(study, self.spec.space, self.runner, total=total,
+                   workdir=self.out_dir / "trials", seed=self.spec.seed,
+                   parallelism=self.spec.parallelism, trial_attrs={"tunerIndex": index},
+                   on_result=entry, on_batch=lambda s: self._publish_history(s, total),
+                   wait_for_others=wait_for_others if lead else None)
         self._publish_history(study, total)
 
     def _publish_history(self, study: optuna.Study, total: int) -> None:
@@ -200,18 +172,6 @@ class Tuning:
                 log(f"trial {t.number}: running for over {limit:.0f} s, its pod is gone")
                 study.tell(t.number, state=optuna.trial.TrialState.FAIL)
 
-    def _search_trial(self, trial: optuna.Trial, params: dict) -> tuple[dict | None, str]:
-        workdir = self.out_dir / "trials" / f"trial-{trial.number:04d}"
-        try:
-            return self.measure_engine(f"{self.name}-t{trial.number}", camel(params),
-                                       self.spec.seed, workdir), ""
-        except Infeasible as exc:
-            log(f"trial {trial.number} {params}: infeasible: {exc.reason}")
-            return None, f"infeasible: {exc.reason}"
-        except LoadError as exc:
-            log(f"trial {trial.number} {params}: harness failed: {exc}")
-            return None, str(exc)
-
     def _replay(self, study: optuna.Study, entry: dict) -> None:
         study.enqueue_trial(entry["params"])
         trial = study.ask()
@@ -231,27 +191,18 @@ class Tuning:
     def confirm(self, study: optuna.Study) -> dict:
         known = {k: v for k, v in self.target_engine.items() if k in BY_KEY}
         params = from_engine_spec(known, where=f"{self.spec.target} spec.engine")
-        baseline = Baseline(params, tuple(engine_flags(params)),
-                            f"{self.spec.target}'s spec.engine")
+        baseline = Baseline(params, params, f"{self.spec.target}'s spec.engine")
         self.publish(phase="Confirming")
-
-        def measure_flags(flags: list[str], seed: int, workdir: Path) -> dict:
-            label = workdir.name.lower()
-            name = f"{self.name}-{workdir.parent.name.replace('round-', 'r')}-{label}"
-            return self.measure_engine(name, flags_to_engine(flags), seed, workdir)
-
         return run_confirmation(study, baseline=baseline, k=self.spec.candidates,
                                 rounds=self.spec.confirm_rounds, seed=self.spec.seed,
                                 floor=0.5 / self.spec.duration, out_dir=self.out_dir,
-                                fixed={}, measure=measure_flags, log=log,
+                                fixed={}, runner=self.runner, log=log,
                                 min_gain=self.spec.min_gain)
 
     def run(self, storage: str | None, *, index: int = 0) -> None:
         """`index`: this pod's JOB_COMPLETION_INDEX (spec.tunerPods > 1): only pod 0 goes
         past the search."""
         quiet_optuna()
-        # trials are asked and told here, not by Study.optimize: its heartbeat warning is noise
-        warnings.filterwarnings("ignore", message="Heartbeat of storage")
         study = st.open_study(storage=storage or f"sqlite:///{self.out_dir}/study.db",
                               study_name=f"{self.cluster.ns}-{self.name}", objective="goodput",
                               seed=self.spec.seed,
@@ -299,7 +250,7 @@ def pareto(history: list[dict], size: int = 5) -> list[dict]:
 def api_key(ref: dict) -> str:
     """The target's API key from the file the operator mounts ($TUNER_API_KEY_FILE)."""
     where = f"the Secret {ref.get('name')!r} (key {ref.get('key') or 'api-key'!r})"
-    path = os.environ.get("TUNER_API_KEY_FILE")
+    path = os.environ.get(API_KEY_FILE_ENV)
     if not path:
         raise ValueError(f"spec.targetRef: the target requires an API key but this Job has "
                          f"none mounted: delete the tuning and apply it again so that the "
@@ -359,8 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     try:
         Tuning(cluster, body, spec, target, out_dir, source).run(
-            args.storage or os.environ.get("TUNER_STORAGE_URL") or None,
-            index=int(os.environ.get("JOB_COMPLETION_INDEX") or 0))
+            args.storage or os.environ.get(STORAGE_URL_ENV) or None,
+            index=int(os.environ.get(INDEX_ENV) or 0))
     finally:
         if cluster.stopping.is_set():
             for name in cluster.trial_names():

@@ -19,11 +19,12 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from tuner.incluster.spec import GROUP, SERVICES, TUNINGS, VERSION
-from tuner.measure.trial import Infeasible
+from paged_operator.contract import GROUP, TUNING_LABEL, VERSION
+from paged_operator.contract import SERVICE_PLURAL as SERVICES
+from paged_operator.contract import TUNING_PLURAL as TUNINGS
+from tuner.measure.runner import Infeasible
 
 MERGE = "application/merge-patch+json"
-TUNING_LABEL = f"{GROUP}/tuning"
 PORT = 8000   # the engine's port in every PagedInferenceService pod
 NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 

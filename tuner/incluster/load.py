@@ -22,21 +22,17 @@ import os
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from loadtests.workloads import TRACE_WORKLOAD, get_workload
 from tuner.measure.capacity import rate_load, search_capacity
-from tuner.incluster.spec import TuningSpec
+from paged_operator.contract import MASTER_PORT_ENV, TRACE_FILE_ENV, TuningSpec
 from tuner.measure.loadgen import LoadError, LoadSpec
 from tuner.measure.scoring import load_samples
+from tuner.incluster.run import TuningRun
 from tuner.measure.trial import measure
 from loadtests.sources.workload_source import WorkloadSource, from_prometheus, from_trace
 
-if TYPE_CHECKING:
-    from tuner.incluster.job import Tuning
-
-TRACE_FILE_ENV = "TUNER_TRACE_FILE"
-MASTER_PORT_ENV = "TUNER_LOCUST_MASTER_PORT"   # load workers are pods (tuner.measure.load_worker)
 MAX_TRACE_BYTES = 256 << 20   # a trace URL's body: ~2.5 million requests
 # spec.autoscaling.metric -> the poller's per-pod mean during a probe (tuner.measure.server_metrics)
 AUTOSCALER_FIGURES = {"queueDepth": "num_requests_waiting_mean",
@@ -135,7 +131,7 @@ def autoscaler_target(autoscaling: dict, figures: dict) -> dict[str, Any]:
             "measured": round(float(figures[AUTOSCALER_FIGURES[metric]]), 4)}
 
 
-def measure_capacity(run: "Tuning", engine: dict, *, start: float) -> dict[str, Any]:
+def measure_capacity(run: TuningRun, engine: dict, *, start: float) -> dict[str, Any]:
     """status.capacity for `engine` (spec.engine keys) on one trial service."""
     params = run.spec.capacity
     max_probes = params.max_probes if params else 6

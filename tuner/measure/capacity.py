@@ -97,15 +97,15 @@ def rate_load(load: LoadSpec, rate: float, *, trace_rate: float | None = None) -
     return dataclasses.replace(load, arrival="open", rate=rate)
 
 
-def measure_capacity(flags: list[str], launch, load: LoadSpec, slos: dict, *, workdir: Path,
+def measure_capacity(settings: dict, launch, load: LoadSpec, slos: dict, *, workdir: Path,
                      start: float, trace_rate: float | None = None, **search) -> CapacityResult:
-    """One engine with `flags` (tuner.measure.trial.EngineLaunch), probed at several rates."""
-    from tuner.measure.engine_process import EngineProcess, EngineStartError
-    from tuner.measure.trial import Infeasible, measure
+    """One engine with these settings (tuner.measure.local.EngineLaunch), probed at several
+    rates."""
+    from tuner.measure.engine_process import EngineStartError
+    from tuner.measure.runner import Infeasible
+    from tuner.measure.trial import measure
 
-    engine = EngineProcess(flags=[*flags, *launch.extra_flags], model=launch.model,
-                           log_path=workdir / "engine.log", engine_cmd=launch.engine_cmd,
-                           env=dict(launch.env))
+    engine = launch.process(settings, workdir / "engine.log")
     probes = iter(range(1000))
 
     def probe(rate: float) -> Samples:
@@ -132,14 +132,13 @@ def for_sweep(study, config, *, trace_rate: float | None = None,
     import json
 
     from tuner.search.report import summary
-    from tuner.search.space import engine_flags
 
     s = summary(study)
     if s is None:
         raise ValueError("no feasible trial: no settings to measure the capacity of")
     start = max(s["goodput"], 0.5 / config.load.duration)
     workdir = config.out_dir / "capacity"
-    result = measure_capacity(engine_flags({**config.fixed, **s["params"]}), config.launch,
+    result = measure_capacity({**config.fixed, **s["params"]}, config.launch,
                               config.load, config.slos, workdir=workdir, start=start,
                               trace_rate=trace_rate, max_probes=max_probes)
     (config.out_dir / "capacity.json").write_text(json.dumps(

@@ -1,4 +1,6 @@
-"""One measurement: (start an engine,) warm it, load it, score it from both sides.
+"""One measurement of a running server: warm it, load it, score it from both sides.
+
+The runners (tuner/measure/local.py, tuner/incluster/service_runner.py) start the server.
 
 Figures of a trial (all floats, stored as Optuna user attributes):
 - client side, from the raw Locust samples (tuner.measure.scoring): goodput, throughput,
@@ -13,37 +15,16 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import httpx
 
 from tuner.measure import server_metrics as metrics
-from tuner.measure.engine_process import DEFAULT_ENGINE_CMD, EngineProcess, EngineStartError, failure_reason
 from tuner.measure.loadgen import LoadSpec, run_load
-from tuner.measure.promql import PrometheusReader, write_target
+from tuner.measure.promql import PrometheusReader
+from tuner.measure.runner import Infeasible
 from tuner.measure.scoring import load_samples, score
-
-
-class Infeasible(RuntimeError):
-    """These settings cannot serve (engine did not start, ran out of memory, died)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class EngineLaunch:
-    """How to start an engine: command, model and flags every trial shares."""
-
-    model: str | None = None
-    engine_cmd: str = DEFAULT_ENGINE_CMD
-    extra_flags: tuple[str, ...] = ()
-    startup_timeout: float = 300.0
-    env: tuple[tuple[str, str], ...] = ()
-    prometheus_targets_dir: Path | None = None  # file_sd folder a Prometheus watches
 
 
 _DEVICE = re.compile(r"loaded and warmed in [\d.]+ ?s \(\d+ KV blocks, (.+)\)\s*$", re.M)
@@ -131,37 +112,3 @@ def measure(url: str, load: LoadSpec, slos: dict, *, workdir: Path, warmup_reque
         figures.update(prometheus.figures(sel, window_start,
                                           prometheus.wait_for_scrape(sel, after=load_end)))
     return figures
-
-
-def run_trial(settings_flags: list[str], launch: EngineLaunch, load: LoadSpec, slos: dict, *,
-              workdir: Path, warmup_requests: int = 2,
-              on_progress: Callable[[float, float], bool] | None = None,
-              progress_interval: float = 2.0,
-              prometheus: PrometheusReader | None = None) -> dict[str, float]:
-    """Start an engine with the trial's flags, measure, stop it. Infeasible when it
-    cannot start, fails its warm-up, or dies during the load."""
-    engine = EngineProcess(flags=[*settings_flags, *launch.extra_flags], model=launch.model,
-                           log_path=workdir / "engine.log", engine_cmd=launch.engine_cmd,
-                           env=dict(launch.env))
-    try:
-        try:
-            engine.start(timeout=launch.startup_timeout)
-        except EngineStartError as exc:
-            raise Infeasible(exc.reason) from None
-        if launch.prometheus_targets_dir is not None:
-            write_target(launch.prometheus_targets_dir, f"tuner-{engine.port}", engine.url,
-                         {"job": "paged-tuner", "trial": workdir.name})
-        figures = measure(engine.url, load, slos, workdir=workdir,
-                          warmup_requests=warmup_requests, on_progress=on_progress,
-                          progress_interval=progress_interval, prometheus=prometheus)
-        if not engine.alive():
-            raise Infeasible("engine died during the load: "
-                             + failure_reason(engine.log_text(), engine.returncode))
-        device = engine_device(engine.log_text())
-        if device:
-            figures["device"] = device
-        return figures
-    finally:
-        if launch.prometheus_targets_dir is not None:
-            write_target(launch.prometheus_targets_dir, f"tuner-{engine.port}", None)
-        engine.stop()

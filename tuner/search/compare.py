@@ -27,7 +27,7 @@ from tuner.measure.loadgen import LoadSpec  # noqa: E402
 from tuner.search.space import build_space  # noqa: E402
 from tuner.search.sweep import SweepConfig, run_sweep  # noqa: E402
 from tuner.search.report import summary  # noqa: E402
-from tuner.measure.trial import EngineLaunch  # noqa: E402
+from tuner.measure.local import EngineLaunch  # noqa: E402
 
 GRID = ["block_size=16,64", "max_num_seqs=1,4,16,64", "max_num_batched_tokens=256,2048",
         "gpu_memory_utilization=0.9"]

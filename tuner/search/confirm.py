@@ -21,37 +21,29 @@ from typing import Callable
 import optuna
 import yaml
 
+from engine.settings import SETTINGS, SPEC_SETTINGS
+from tuner.measure.runner import Infeasible, TrialRequest, TrialRunner
 from tuner.search import study as st
-from tuner.search.space import SETTINGS, engine_flags, from_engine_spec
+from tuner.search.space import from_engine_spec
 from tuner.search.stats import decide, paired_gain
-from tuner.measure.trial import Infeasible
 
 BASELINE = "baseline"
 
 
 @dataclass(frozen=True)
 class Baseline:
-    """The current settings: `params` describe them, `flags` start the engine with them."""
+    """The current settings: `params` describe them (defaults included), `settings` are
+    what a runner starts the engine with (unset ones keep the engine's defaults)."""
 
     params: dict
-    flags: tuple[str, ...]
+    settings: dict
     source: str   # "engine defaults" or the --baseline file
 
 
 def engine_defaults(names) -> dict:
-    """The engine's own defaults (EngineConfig) for these settings; unset ones left out.
-    engine/config.py is loaded by itself: importing the `engine` package imports torch."""
-    import importlib.util
-    name = "_tuner_engine_config"
-    if name not in sys.modules:
-        package = importlib.util.find_spec("engine")
-        path = Path(package.submodule_search_locations[0]) / "config.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
-        spec.loader.exec_module(module)
-    defaults = {f.name: f.default for f in dataclasses.fields(sys.modules[name].EngineConfig)}
-    return {n: defaults[n] for n in names if defaults.get(n) is not None}
+    """The engine's own defaults (the settings table's) for these settings; unset ones
+    left out."""
+    return {n: SETTINGS[n].default for n in names if SETTINGS[n].default is not None}
 
 
 def load_baseline(path: str | None, *, fixed: dict, searched: list[str]) -> Baseline:
@@ -59,8 +51,7 @@ def load_baseline(path: str | None, *, fixed: dict, searched: list[str]) -> Base
     `spec: {engine: {...}}`, `engine: {...}` or the bare mapping. ValueError names the
     problem."""
     if path is None:
-        params = {**engine_defaults(searched), **fixed}
-        return Baseline(params, tuple(engine_flags(fixed)), "engine defaults")
+        return Baseline({**engine_defaults(searched), **fixed}, dict(fixed), "engine defaults")
     try:
         doc = yaml.safe_load(Path(path).read_text())
     except OSError as exc:
@@ -74,39 +65,40 @@ def load_baseline(path: str | None, *, fixed: dict, searched: list[str]) -> Base
     if not isinstance(doc, dict) or not doc:
         raise ValueError(f"--baseline {path}: expected a spec.engine mapping such as "
                          "'spec: {engine: {maxNumSeqs: 16}}'")
-    settings = from_engine_spec(doc, where=f"--baseline {path}")
-    params = {**fixed, **settings}
-    return Baseline(params, tuple(engine_flags(params)), str(path))
+    params = {**fixed, **from_engine_spec(doc, where=f"--baseline {path}")}
+    return Baseline(params, dict(params), str(path))
 
 
 def candidates(study: optuna.Study, k: int, baseline: Baseline) -> list[dict]:
     """The best k settings of the search (Pareto-optimal first in pareto mode), minus
     any that equal the baseline."""
     groups = st.ranked_groups(study)
-    same = {n: v for n, v in baseline.params.items() if n in SETTINGS}
+    spec_names = {s.name for s in SPEC_SETTINGS}
+    same = {n: v for n, v in baseline.params.items() if n in spec_names}
     return [g for g in groups if {**same, **g["params"]} != same][:k]
 
 
-def _arm(label: str, params: dict, flags, trials: list[int], source: str = "search") -> dict:
-    return {"label": label, "params": params, "flags": list(flags), "trials": trials,
+def _arm(label: str, params: dict, settings: dict, trials: list[int],
+         source: str = "search") -> dict:
+    return {"label": label, "params": params, "settings": settings, "trials": trials,
             "source": source, "goodput": [], "failed": [], "figures": []}
 
 
 def run_confirmation(study: optuna.Study, *, baseline: Baseline, k: int, rounds: int,
                      seed: int, floor: float, out_dir: Path, fixed: dict,
-                     measure: Callable[[list[str], int, Path], dict],
+                     runner: TrialRunner,
                      log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
                      min_gain: float = 1.0) -> dict:
     """Measure baseline and candidates `rounds` times interleaved; store and return the
-    confirmation record. `measure(flags, seed, workdir)` returns a trial's figures or
-    raises Infeasible."""
-    arms = [_arm(BASELINE, baseline.params, baseline.flags, [], baseline.source)]
+    confirmation record. Each measurement is one `runner` request named
+    `round-R-LABEL` (tuner/measure/runner.py)."""
+    arms = [_arm(BASELINE, baseline.params, baseline.settings, [], baseline.source)]
     for i, g in enumerate(candidates(study, k, baseline), start=1):
-        arms.append(_arm(f"C{i}", {**fixed, **g["params"]},
-                         engine_flags({**fixed, **g["params"]}), g["trials"]))
+        settings = {**fixed, **g["params"]}
+        arms.append(_arm(f"C{i}", settings, settings, g["trials"]))
     record = study.user_attrs.get("confirmation")
-    if not (record and [(a["label"], a["params"], a["flags"]) for a in record["arms"]]
-            == [(a["label"], a["params"], a["flags"]) for a in arms]):
+    if not (record and [(a["label"], a["params"], a.get("settings")) for a in record["arms"]]
+            == [(a["label"], a["params"], a["settings"]) for a in arms]):
         record = {"arms": arms}  # new, or the candidates changed: start over
     arms = record["arms"]
     done = min(len(a["goodput"]) for a in arms)
@@ -118,9 +110,11 @@ def run_confirmation(study: optuna.Study, *, baseline: Baseline, k: int, rounds:
             f"({baseline.source}): rounds {done + 1}..{rounds}, interleaved")
     for r in range(done, rounds if len(arms) > 1 else 0):
         for a in arms[r % len(arms):] + arms[:r % len(arms)]:
-            workdir = out_dir / "confirm" / f"round-{r}" / a["label"]
+            request = TrialRequest(name=f"round-{r}-{a['label']}", settings=a["settings"],
+                                   seed=seed + 1 + r,
+                                   workdir=out_dir / "confirm" / f"round-{r}" / a["label"])
             try:
-                figures = measure(a["flags"], seed + 1 + r, workdir)
+                figures = runner.run(request)
                 a["failed"].append(None)
             except Infeasible as exc:
                 figures = {"goodput": 0.0}

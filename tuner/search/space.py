@@ -24,11 +24,11 @@ import yaml
 
 from engine import settings as engine_settings
 
-# setting -> (engine flag, spec.engine key, Python type): the settings a sweep may vary are
-# the spec.engine ones of the settings table (engine/settings.py), since a result is applied
-# to spec.engine; the default space is each one's `tune` range.
-SETTINGS: dict[str, tuple[str, str, type]] = {
-    s.name: (s.flag, s.field, s.type) for s in engine_settings.SPEC_SETTINGS}
+# The settings a sweep may vary are the spec.engine ones of the settings table
+# (engine/settings.py), since a result is applied to spec.engine; the default space is each
+# one's `tune` range.
+SETTINGS: dict[str, engine_settings.Setting] = {
+    s.name: s for s in engine_settings.SPEC_SETTINGS}
 
 DEFAULT_SPACE = {s.name: s.tune for s in engine_settings.SPEC_SETTINGS if s.tune}
 _BLOCK = engine_settings.SETTINGS["block_size"]
@@ -50,7 +50,7 @@ class Param:
 
     @property
     def type(self) -> type:
-        return SETTINGS[self.name][2]
+        return SETTINGS[self.name].type
 
     def suggest(self, trial) -> Any:
         if self.choices is not None:
@@ -73,7 +73,7 @@ class Param:
 
 
 def _convert(name: str, text: Any) -> Any:
-    kind = SETTINGS[name][2]
+    kind = SETTINGS[name].type
     if kind is bool:
         if isinstance(text, bool):
             return text
@@ -150,7 +150,7 @@ def _bounds(name: str, text: str) -> tuple[float, float]:
 
 
 def _range(name: str, low: Any, high: Any, step: Any, log: bool) -> Param:
-    if SETTINGS[name][2] is bool:
+    if SETTINGS[name].type is bool:
         raise SpaceError(f"{name}: a boolean takes choices (true,false), not a range")
     if engine_settings.SETTINGS[name].power_of_two:
         raise SpaceError(f"{name}: must be a power of two; give choices or pow2:LO..HI, "
@@ -191,24 +191,12 @@ def build_space(*, params: list[str] = (), space_file: str | None = None,
     return space
 
 
-def engine_flags(settings: dict[str, Any]) -> list[str]:
-    """Engine command-line flags for snake_case settings."""
-    flags: list[str] = []
-    for name, value in settings.items():
-        flag, _, kind = SETTINGS[name]
-        if kind is bool:
-            flags.append(flag if value else flag.replace("--", "--no-", 1))
-        else:
-            flags += [flag, str(value)]
-    return flags
-
-
 def to_engine_spec(settings: dict[str, Any]) -> dict[str, Any]:
     """snake_case settings -> the camelCase keys of PagedInferenceService.spec.engine."""
     out: dict[str, Any] = {}
     for name, value in settings.items():
-        _, key, kind = SETTINGS[name]
-        out[key] = round(float(value), 4) if kind is float else kind(value)
+        s = SETTINGS[name]
+        out[s.field] = round(float(value), 4) if s.type is float else s.type(value)
     return out
 
 
@@ -216,7 +204,7 @@ def from_engine_spec(spec: dict[str, Any], *, where: str = "spec.engine") -> dic
     """spec.engine's camelCase keys -> snake_case settings; SpaceError naming a key the
     tuner does not know (keys it does not set, such as cpuThreads, are refused too: a
     baseline the tuner cannot start its engine with would not be the baseline)."""
-    by_key = {key: name for name, (_, key, _) in SETTINGS.items()}
+    by_key = {s.field: name for name, s in SETTINGS.items()}
     out: dict[str, Any] = {}
     for key, value in spec.items():
         if key not in by_key:

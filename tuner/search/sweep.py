@@ -12,7 +12,6 @@ gain's 95 % interval lies above 1 (tuner.search.confirm, tuner.search.stats).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sys
 import warnings
@@ -23,11 +22,12 @@ import optuna
 from tqdm import tqdm
 
 from tuner.search import study as st
-from tuner.search.confirm import Baseline, load_baseline, run_confirmation
-from tuner.measure.loadgen import LoadError, LoadSpec
+from tuner.measure.loadgen import LoadSpec
+from tuner.measure.local import EngineLaunch, EngineRunner
 from tuner.measure.promql import PrometheusReader
-from tuner.search.space import Param, engine_flags
-from tuner.measure.trial import EngineLaunch, Infeasible, run_trial
+from tuner.search.confirm import Baseline, load_baseline, run_confirmation
+from tuner.search.loop import Outcome, run_search
+from tuner.search.space import Param
 
 
 @dataclass
@@ -60,70 +60,34 @@ def _describe(params: dict) -> str:
                     for k, v in params.items())
 
 
-def trial_line(trial: optuna.trial.FrozenTrial, primary: str) -> str:
-    attrs = trial.user_attrs
-    head = f"trial {trial.number:>3} {_describe(trial.params)}"
-    if "infeasible" in attrs:
-        return f"{head} -> infeasible: {attrs['infeasible']}"
-    if trial.state != optuna.trial.TrialState.COMPLETE:
-        extra = f" at goodput {attrs['goodput']:.2f} req/s" if "goodput" in attrs else ""
-        return f"{head} -> {trial.state.name.lower()}{extra}"
-    tag = ""
-    p99 = attrs.get(f"{primary}_p99")
+def trial_line(number: int, outcome: Outcome, primary: str) -> str:
+    head = f"trial {number:>3} {_describe(outcome.params)}"
+    if outcome.infeasible is not None:
+        return f"{head} -> infeasible: {outcome.infeasible}"
+    if outcome.failed is not None:
+        return f"{head} -> fail: {outcome.failed}"
+    figures = outcome.figures or {}
+    if outcome.pruned_after is not None:
+        return f"{head} -> pruned at goodput {figures.get('goodput', 0):.2f} req/s"
+    p99 = figures.get(f"{primary}_p99")
     p99_text = f", {primary} p99 {p99:.3f} s" if p99 is not None else ""
-    return (f"{head} -> goodput {attrs.get('goodput', 0):.2f} req/s, throughput "
-            f"{attrs.get('throughput', 0):.2f} req/s{p99_text}{tag}")
+    return (f"{head} -> goodput {figures.get('goodput', 0):.2f} req/s, throughput "
+            f"{figures.get('throughput', 0):.2f} req/s{p99_text}")
 
 
-class Objective:
-    """The Optuna objective; figures land on the trial as user attributes."""
-
-    def __init__(self, config: SweepConfig) -> None:
-        self.config = config
-
-    def __call__(self, trial: optuna.Trial):
-        c = self.config
-        settings = {p.name: p.suggest(trial) for p in c.space}
-        workdir = c.out_dir / "trials" / f"trial-{trial.number:04d}"
-        prune_on = c.objective == "goodput"
-        steps = iter(range(10_000))
-        pruned = []
-
-        def on_progress(elapsed: float, goodput: float) -> bool:
-            if not prune_on:
-                return False
-            trial.report(goodput, next(steps))
-            if trial.should_prune():
-                pruned.append(elapsed)
-                return True
-            return False
-
-        try:
-            merged = {**c.fixed, **settings}
-            if merged.get("max_num_batched_tokens", 1 << 62) < merged.get("max_num_seqs", 0):
-                raise Infeasible("max_num_batched_tokens < max_num_seqs (the CRD rejects it)")
-            figures = run_trial(engine_flags(merged), c.launch, c.load, c.slos,
-                                workdir=workdir, warmup_requests=c.warmup_requests,
-                                on_progress=on_progress, progress_interval=c.progress_interval,
-                                prometheus=c.prometheus)
-        except Infeasible as exc:
-            trial.set_user_attr("infeasible", exc.reason)
-            trial.set_constraint("engine_serves", 1.0)
-            return st.INFEASIBLE_VALUES[c.objective] if c.objective == "pareto" else 0.0
-        for key, value in figures.items():
-            trial.set_user_attr(key, value)
-        trial.set_constraint("engine_serves", 0.0)
-        if pruned:
-            raise optuna.TrialPruned(f"goodput behind after {pruned[0]:.0f} s")
-        if c.objective == "pareto":
-            return figures["throughput"], figures.get(f"{c.primary_latency}_p99", 1e9)
-        return figures["goodput"]
+def runner_for(config: SweepConfig) -> EngineRunner:
+    return EngineRunner(config.launch, config.load, config.slos,
+                        warmup_requests=config.warmup_requests,
+                        progress_interval=config.progress_interval,
+                        prometheus=config.prometheus)
 
 
 def quiet_optuna() -> None:
     """Only warnings from Optuna, and none about its experimental features we rely on."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    # the search loop asks and tells (tuner/search/loop.py), beating the heartbeat itself
+    warnings.filterwarnings("ignore", message="Heartbeat of storage")
 
 
 def run_sweep(config: SweepConfig, *, show_progress: bool = True) -> optuna.Study:
@@ -141,23 +105,25 @@ def run_sweep(config: SweepConfig, *, show_progress: bool = True) -> optuna.Stud
         "arrival": load.arrival, "rate": load.rate, "length_scale": load.length_scale,
         "engine_flags": list(config.launch.extra_flags),
         "metrics_source": config.prometheus.url if config.prometheus else "/metrics"})
-    objective = Objective(config)
     done = st.search_trials_done(study)
     bar = tqdm(total=config.trials, initial=min(done, config.trials), unit="trial",
                desc=f"sweep {config.workload}", file=sys.stderr, disable=not show_progress,
                dynamic_ncols=True)
+    best = [max((g["goodput"] for g in [st.best_group(study)] if g), default=None)]
 
-    def after(study_: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        bar.write(trial_line(trial, config.primary_latency), file=sys.stderr)
+    def after(trial: optuna.Trial, outcome: Outcome) -> None:
+        bar.write(trial_line(trial.number, outcome, config.primary_latency), file=sys.stderr)
         bar.update(1)
-        best = st.best_group(study_)
-        if best is not None:
-            bar.set_postfix(best_goodput=f"{best['goodput']:.2f}")
+        if outcome.figures and outcome.pruned_after is None and \
+                (best[0] is None or outcome.figures["goodput"] > best[0]):
+            best[0] = outcome.figures["goodput"]
+            bar.set_postfix(best_goodput=f"{best[0]:.2f}")
 
-    catch = (LoadError,)  # a harness failure fails the trial, not the sweep
     try:
-        while st.search_trials_done(study) < config.trials:
-            study.optimize(objective, n_trials=1, catch=catch, callbacks=[after])
+        run_search(study, config.space, runner_for(config), total=config.trials,
+                   workdir=config.out_dir / "trials", seed=config.load.seed,
+                   objective=config.objective, primary_latency=config.primary_latency,
+                   fixed=config.fixed, prune=True, heartbeats=True, on_result=after)
     finally:
         bar.close()
     if config.remeasure > 0 and config.confirm_rounds > 0:
@@ -169,13 +135,8 @@ def confirm(study: optuna.Study, config: SweepConfig) -> dict:
     """Re-measure the baseline and the best `remeasure` settings (tuner.search.confirm)."""
     baseline = config.baseline or load_baseline(
         None, fixed=config.fixed, searched=[p.name for p in config.space])
-
-    def measure(flags: list[str], seed: int, workdir: Path) -> dict:
-        return run_trial(flags, config.launch, dataclasses.replace(config.load, seed=seed),
-                         config.slos, workdir=workdir, warmup_requests=config.warmup_requests,
-                         prometheus=config.prometheus)
-
     return run_confirmation(study, baseline=baseline, k=config.remeasure,
                             rounds=config.confirm_rounds, seed=config.seed,
                             floor=0.5 / config.load.duration, out_dir=config.out_dir,
-                            fixed=config.fixed, measure=measure, min_gain=config.min_gain)
+                            fixed=config.fixed, runner=runner_for(config),
+                            min_gain=config.min_gain)

@@ -1,16 +1,20 @@
-"""A PagedInferenceTuning's spec, read once at the boundary into a `TuningSpec`.
+"""The contract between the operator and the tuner Job: one torch-free module.
 
-Names follow the CRD (camelCase); `searchSpace` keys are `spec.engine`'s keys, mapped to
-the tuner's settings through the one table of engine settings (tuner.search.space.SETTINGS), so
-the CRD, the tuner and the engine agree. A value is a list of choices or a range
-`{min, max, log, step}`. Errors are ValueErrors naming the field to change.
+What both sides must agree on, and nothing else: the API group, version, kinds and
+plurals; the labels and annotations one writes and the other reads; the environment
+variables and files the operator gives the Job's pods; and the PagedInferenceTuning spec,
+parsed once into a `TuningSpec` with the error messages both show (the operator as the
+SpecValid condition before any Job starts, the Job as status.decision when it does).
+docs/INTERFACES.md ("Operator and tuner Job") describes the same for people.
 
-The load: `workload` (a named synthetic workload) or `workloadFrom` (a trace in a
-ConfigMap or at a URL, or a workload fitted from the target's Prometheus histograms), not
-both; `loadWorkers` Locust processes share it (distributed mode); `capacity` asks for the
-highest load per replica within the SLOs with the winning settings. `apply.verifyWindow`:
-how long Auto reads the live service's traffic (PromQL) before and after the apply.
-`tunerPods`: pods sharing the study, which then lives in spec.storage's database.
+The operator image ships this module with engine/settings.py (the settings table),
+tuner/search/space.py (the search-space grammar) and loadtests/workloads/ (the workload
+names), all torch-free: tests/engine/test_settings.py parses a tuning in that file set.
+
+Names follow the CRD (camelCase); `searchSpace` keys are `spec.engine`'s keys, mapped to the
+engine's settings through the settings table, so the CRD, the tuner and the engine agree. A
+value is a list of choices or a range `{min, max, log, step}`. Errors are ValueErrors naming
+the field to change.
 """
 from __future__ import annotations
 
@@ -19,16 +23,35 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadtests.workloads import WORKLOAD_NAMES
-from loadtests.sources.histogram import parse_window
 from tuner.search.space import SETTINGS, Param, SpaceError, parse_param
 
+# ---- the API ----
 GROUP = "serving.pagedinference.dev"
 VERSION = "v1alpha1"
-TUNINGS = "pagedinferencetunings"
-SERVICES = "pagedinferenceservices"
+API_VERSION = f"{GROUP}/{VERSION}"
+SERVICE_KIND = "PagedInferenceService"
+SERVICE_PLURAL = "pagedinferenceservices"
+TUNING_KIND = "PagedInferenceTuning"
+TUNING_PLURAL = "pagedinferencetunings"
+
+# ---- labels and annotations ----
+MANAGED_BY = "paged-inference-operator"      # app.kubernetes.io/managed-by of every child
+TUNING_LABEL = f"{GROUP}/tuning"             # on a trial service: the tuning that owns it
+PREVIOUS_ENGINE = f"{GROUP}/previous-engine"  # on a target Auto changed: its spec.engine before
+APPLIED_BY = f"{GROUP}/applied-by"            # ... and the tuning that changed it
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"   # a tuner pod's index (tunerPods)
+
+# ---- what the operator gives the Job's pods ----
+API_KEY_FILE_ENV = "TUNER_API_KEY_FILE"      # the target's API key, mounted from its Secret
+TRACE_FILE_ENV = "TUNER_TRACE_FILE"          # spec.workloadFrom.trace.configMapRef, mounted
+STORAGE_URL_ENV = "TUNER_STORAGE_URL"        # spec.storage.secretRef's URL (Optuna RDB)
+MASTER_PORT_ENV = "TUNER_LOCUST_MASTER_PORT"  # load workers are pods (spec.loadWorkers > 1)
+INDEX_ENV = "JOB_COMPLETION_INDEX"           # set by Kubernetes in an Indexed Job
+
 MODES = ("Manual", "Auto")
-BY_KEY = {key: name for name, (_, key, _) in SETTINGS.items()}
-# PagedInferenceService names are at most 52 characters; trial names add "-c9-baseline"
+DEFAULT_WORKLOAD = "chat"       # when neither workload nor workloadFrom is given
+BY_KEY = {s.field: name for name, s in SETTINGS.items()}   # spec.engine key -> setting
+# PagedInferenceService names are at most 52 characters; trial names add "-r9-baseline"
 MAX_NAME = 38
 
 
@@ -81,10 +104,10 @@ def parse_duration(value: Any, field: str) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
     else:
-        found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*", str(value))
+        found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*", str(value))
         if not found:
             raise ValueError(f"spec.{field}: {value!r} is not a duration such as 120s or 2m")
-        seconds = float(found[1]) * {"s": 1, "m": 60, "h": 3600, None: 1}[found[2]]
+        seconds = float(found[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}[found[2]]
     if seconds <= 0:
         raise ValueError(f"spec.{field} must be positive, got {value!r}")
     return seconds
@@ -149,7 +172,7 @@ def workload_from(spec: dict[str, Any]) -> WorkloadFrom | None:
                              "Prometheus that scrapes the target's engines")
         window = str(prom.get("window") or "24h")
         try:
-            parse_window(window)
+            parse_duration(window, "workloadFrom.prometheus.window")
         except ValueError:
             raise ValueError(f"spec.workloadFrom.prometheus.window: {window!r} is not a "
                              "duration such as 30m, 24h or 7d") from None
@@ -194,7 +217,7 @@ def parse_tuning(spec: dict[str, Any]) -> TuningSpec:
     if not target:
         raise ValueError("spec.targetRef.name: name the PagedInferenceService to tune")
     source = workload_from(spec)
-    workload = spec.get("workload") or "chat"
+    workload = spec.get("workload") or DEFAULT_WORKLOAD
     if workload not in WORKLOAD_NAMES:
         raise ValueError(f"spec.workload: {workload!r} is not one of {', '.join(WORKLOAD_NAMES)}")
     slo = []
@@ -238,29 +261,11 @@ def parse_tuning(spec: dict[str, Any]) -> TuningSpec:
         tuner_pods=tuner_pods(spec))
 
 
-def camel(settings: dict[str, Any]) -> dict[str, Any]:
-    """snake_case settings -> spec.engine keys (values as the CRD takes them)."""
-    from tuner.search.space import to_engine_spec
-    return to_engine_spec(settings)
-
-
-def flags_to_engine(flags: list[str]) -> dict[str, Any]:
-    """Engine flags (tuner.search.space.engine_flags) back to spec.engine keys: tuner.search.confirm
-    hands its measure callback flags, a trial service needs spec.engine."""
-    by_flag = {flag: name for name, (flag, _, _) in SETTINGS.items()}
-    settings: dict[str, Any] = {}
-    i = 0
-    while i < len(flags):
-        flag = flags[i]
-        if flag.startswith("--no-") and "--" + flag[5:] in by_flag:
-            settings[by_flag["--" + flag[5:]]] = False
-        elif SETTINGS.get(by_flag.get(flag, ""), (0, 0, None))[2] is bool:
-            settings[by_flag[flag]] = True
-        elif flag in by_flag:
-            i += 1
-            settings[by_flag[flag]] = SETTINGS[by_flag[flag]][2](float(flags[i])) \
-                if SETTINGS[by_flag[flag]][2] is int else float(flags[i])
-        else:
-            raise ValueError(f"not an engine setting flag: {flag!r}")
-        i += 1
-    return camel(settings)
+def spec_error(spec: dict[str, Any]) -> str | None:
+    """Why a PagedInferenceTuning spec cannot run (the message names the field to change),
+    or None: the operator's SpecValid condition, the same words as the Job's."""
+    try:
+        parse_tuning(spec)
+    except ValueError as exc:
+        return str(exc)
+    return None
