@@ -75,9 +75,12 @@ class _SamplingRequest(_Body):
     # vLLM's extras for the prefix cache and the priority scheduler.
     cache_salt: Text | None = None
     priority: Int64 = 0
-    # Accepted for compatibility only when they ask for nothing we lack.
-    logit_bias: dict[str, Finite] | None = None
-    best_of: Count | None = None
+    # OpenAI's: token id (a string, as JSON keys are) -> bias added to its logit.
+    logit_bias: dict[str, Annotated[Finite, Field(ge=-100, le=100)]] | None = None
+    # Sample best_of sequences, return the n of highest cumulative logprob (not streamable).
+    best_of: Annotated[StrictInt, Field(ge=1, le=1024)] | None = None
+    # vLLM's: logprobs of the prompt's tokens with this many alternatives each.
+    prompt_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
 
     def _max_new_tokens(self) -> int | None:
         return self.max_tokens
@@ -85,16 +88,22 @@ class _SamplingRequest(_Body):
     def _num_logprobs(self) -> int | None:
         return None
 
+    def _num_prompt_logprobs(self) -> int | None:
+        return self.prompt_logprobs
+
     def sampling_params(self):
         """A fresh SamplingParams (one per engine request: the engine may keep state in it)."""
         from engine import SamplingParams
 
-        if self.logit_bias:
-            raise APIError("logit_bias is not supported", param="logit_bias")
-        if self.best_of is not None and self.best_of != self.n:
-            raise APIError("best_of is not supported (use n)", param="best_of")
+        if self.best_of is not None and self.best_of < self.n:
+            raise APIError(f"best_of must be >= n (got best_of={self.best_of}, n={self.n})",
+                           param="best_of")
+        if self.best_of is not None and self.best_of > self.n and self.stream:
+            raise APIError("best_of > n cannot be streamed (the best are known at the end)",
+                           param="best_of")
+        best_of = self.best_of or self.n
         # Sample i of a request seeded s draws from a generator seeded s + i.
-        if self.seed is not None and self.seed + self.n - 1 > U64_MAX:
+        if self.seed is not None and self.seed + best_of - 1 > U64_MAX:
             raise APIError(f"seed + n - 1 must fit in 64 bits (<= {U64_MAX}); lower seed",
                            param="seed")
         if self.stream_options is not None and not self.stream:
@@ -110,10 +119,25 @@ class _SamplingRequest(_Body):
         num_logprobs = self._num_logprobs()
         if num_logprobs is not None:
             kwargs["logprobs"] = num_logprobs
+        kwargs["prompt_logprobs"] = self._num_prompt_logprobs()
+        if self.best_of is not None:
+            kwargs["best_of"] = self.best_of
+        if self.logit_bias:
+            kwargs["logit_bias"] = _token_bias(self.logit_bias)
         try:
             return SamplingParams(**kwargs)
         except (ValueError, TypeError) as exc:
             raise APIError(str(exc), param=_field_named_in(str(exc), kwargs)) from None
+
+
+def _token_bias(bias: dict[str, float]) -> dict[int, float]:
+    out = {}
+    for key, value in bias.items():
+        if not key.strip().isdigit() or int(key) > I64_MAX:
+            raise APIError(f"logit_bias keys must be token ids (non-negative integers as "
+                           f"strings), got {key[:40]!r}", param="logit_bias")
+        out[int(key)] = value
+    return out
 
 
 def _field_named_in(message: str, kwargs: dict[str, Any]) -> str | None:
@@ -127,16 +151,33 @@ def _field_named_in(message: str, kwargs: dict[str, Any]) -> str | None:
 class CompletionRequest(_SamplingRequest):
     # A string, a list of strings, a list of token ids, or a list of token-id lists.
     prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
+    # 0 only with echo: the prompt (and its logprobs) alone, as lm-evaluation-harness asks
+    max_tokens: Annotated[StrictInt, Field(ge=0, le=I64_MAX)] | None = None
     logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
     echo: StrictBool = False
     suffix: Text | None = None
 
+    @property
+    def prompt_only(self) -> bool:
+        return self.echo and self.max_tokens == 0
+
+    def _max_new_tokens(self) -> int | None:
+        if self.max_tokens == 0:
+            if not self.echo:
+                raise APIError("max_tokens must be >= 1 (0 only with echo: the prompt alone)",
+                               param="max_tokens")
+            return 1  # the engine samples one token, which the response leaves out
+        return self.max_tokens
+
     def _num_logprobs(self) -> int | None:
-        if self.echo:
-            raise APIError("echo is not supported", param="echo")
         if self.suffix:
             raise APIError("suffix is not supported", param="suffix")
         return self.logprobs
+
+    def _num_prompt_logprobs(self) -> int | None:
+        echoed = self.logprobs if self.echo else None
+        asked = [k for k in (self.prompt_logprobs, echoed) if k is not None]
+        return max(asked) if asked else None
 
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt

@@ -64,6 +64,8 @@ class Serving:
         params = [req.sampling_params() for _ in prompts]
         if req.stop_token_ids:
             self.state.tokenization.check_ids(req.stop_token_ids, "stop_token_ids")
+        if req.logit_bias:
+            self.state.tokenization.check_ids(list(params[0].logit_bias or {}), "logit_bias")
         async_engine = self.state.require_async_engine()
         rid = f"{prefix}-{raw.state.request_id}"
         # The engine id gets a random tail: clients may reuse X-Request-Id values.
@@ -95,17 +97,24 @@ class Serving:
                 task.cancel()
             group.close()
 
-    def _logprobs(self, c: Any, start: int, *, k: int, chat: bool, offset0: int = 0) -> Any:
-        """OpenAI's logprobs object for c.token_ids[start:] with the top k alternatives per
-        token (None when not requested)."""
-        if c.logprobs is None:
-            return None
+    def _entries(self, token_ids: list[int], lp_dicts: list[dict[int, float] | None], k: int
+                 ) -> list[tuple[str, float | None, list[tuple[str, float]] | None]]:
+        """(token text, its logprob, the top k (text, logprob)) per token; a None dict (the
+        prompt's first token, which has no context) gives (text, None, None)."""
         text = self.state.tokenization.token_text
-        entries = []
-        for token, top in zip(c.token_ids[start:], c.logprobs[start:]):
+        out = []
+        for token, top in zip(token_ids, lp_dicts):
+            if top is None:
+                out.append((text(token), None, None))
+                continue
             ranked = sorted(top.items(), key=lambda kv: -kv[1])[:k]
-            entries.append((text(token), _finite(top.get(token)),
-                            [(text(t), _finite(lp)) for t, lp in ranked]))
+            out.append((text(token), _finite(top.get(token)),
+                        [(text(t), _finite(lp)) for t, lp in ranked]))
+        return out
+
+    @staticmethod
+    def _format(entries: list, *, chat: bool, offset0: int = 0) -> dict[str, Any]:
+        """OpenAI's logprobs object: chat's `content` list, or the completions' columns."""
         if chat:
             return {"content": [
                 {"token": s, "logprob": lp, "bytes": list(s.encode()),
@@ -116,12 +125,31 @@ class Serving:
             offsets.append(pos)
             pos += len(s)
         return {"tokens": [s for s, _, _ in entries], "token_logprobs": [lp for _, lp, _ in entries],
-                "top_logprobs": [dict(top) for _, _, top in entries], "text_offset": offsets}
+                "top_logprobs": [None if top is None else dict(top) for _, _, top in entries],
+                "text_offset": offsets}
+
+    def _vllm_prompt_logprobs(self, out: Any, k: int) -> list[dict[str, Any] | None] | None:
+        """vLLM's `prompt_logprobs`: per prompt token {token id: {logprob, decoded_token}}
+        for the token itself and the top k."""
+        if out.prompt_logprobs is None:
+            return None
+        text = self.state.tokenization.token_text
+        result: list[dict[str, Any] | None] = []
+        for token, entry in zip(out.prompt_token_ids, out.prompt_logprobs):
+            if entry is None:
+                result.append(None)
+                continue
+            keep = dict(sorted(entry.items(), key=lambda kv: -kv[1])[:k])
+            keep[token] = entry[token]
+            result.append({str(t): {"logprob": _finite(lp), "decoded_token": text(t)}
+                           for t, lp in keep.items()})
+        return result
 
     @staticmethod
-    def _usage(finals: dict[int, Any]) -> dict[str, int]:
+    def _usage(finals: dict[int, Any], prompt_only: bool = False) -> dict[str, int]:
         prompt = sum(len(o.prompt_token_ids) for o in finals.values())
-        completion = sum(len(c.token_ids) for o in finals.values() for c in o.outputs)
+        completion = 0 if prompt_only else sum(
+            len(c.token_ids) for o in finals.values() for c in o.outputs)
         return {"prompt_tokens": prompt, "completion_tokens": completion,
                 "total_tokens": prompt + completion}
 
@@ -134,20 +162,24 @@ class Serving:
         raw.state.prompt_log = prompts
         token_ids = await self.state.tokenization.encode(prompts, param="prompt")
         for ids in token_ids:
-            self._check_length(ids, req.max_tokens, "prompt")
+            self._check_length(ids, req._max_new_tokens(), "prompt")
+        echo_texts = ([p if isinstance(p, str) else await self.state.tokenization.decode(ids)
+                       for p, ids in zip(prompts, token_ids)] if req.echo else None)
         rid, group, params = await self._submit(raw, req, token_ids, "cmpl")
         header = {"id": rid, "created": int(time.time()), "model": model}
+        view = _CompletionView(self, req, echo_texts)
         if req.stream:
-            return _sse(self._stream(group, header, n=req.n, chat=False, k=req.logprobs or 0,
-                                     usage=bool(req.stream_options and
-                                                req.stream_options.include_usage)))
+            return _sse(self._stream(group, header, n=req.n, view=view, usage=bool(
+                req.stream_options and req.stream_options.include_usage)))
         finals = await self._collect(raw, group)
-        choices = [{"index": i * req.n + c.index, "text": c.text,
-                    "logprobs": self._logprobs(c, 0, k=req.logprobs or 0, chat=False),
-                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
-                   for i, out in sorted(finals.items()) for c in out.outputs]
+        choices = []
+        for i, out in sorted(finals.items()):
+            for c in out.outputs:
+                choice = view.choice(i, out, c, start=0, first=True)
+                choice["index"] = i * req.n + c.index
+                choices.append(choice)
         return JSONResponse({**header, "object": "text_completion", "choices": choices,
-                             "usage": self._usage(finals)})
+                             "usage": self._usage(finals, req.prompt_only)})
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Any:
         model = self._check_model(req.model)
@@ -159,20 +191,22 @@ class Serving:
         self._check_length(ids, req._max_new_tokens(), "messages")
         rid, group, params = await self._submit(raw, req, [ids], "chatcmpl")
         header = {"id": rid, "created": int(time.time()), "model": model}
+        view = _ChatView(self, req)
         if req.stream:
-            return _sse(self._stream(group, header, n=req.n, chat=True, k=req.top_logprobs or 0,
-                                     usage=bool(req.stream_options and
-                                                req.stream_options.include_usage)))
+            return _sse(self._stream(group, header, n=req.n, view=view, usage=bool(
+                req.stream_options and req.stream_options.include_usage)))
         finals = await self._collect(raw, group)
-        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": self._logprobs(c, 0, k=req.top_logprobs or 0, chat=True),
-                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+        choices = [{"index": c.index, **view.choice(0, finals[0], c, start=0, first=True)}
                    for c in finals[0].outputs]
-        return JSONResponse({**header, "object": "chat.completion", "choices": choices,
-                             "usage": self._usage(finals)})
+        body = {**header, "object": "chat.completion", "choices": choices,
+                "usage": self._usage(finals)}
+        if req.prompt_logprobs is not None:
+            body["prompt_logprobs"] = self._vllm_prompt_logprobs(finals[0], req.prompt_logprobs)
+        return JSONResponse(body)
 
-    async def _stream(self, group: RequestGroup, header: dict[str, Any], *, n: int, chat: bool,
-                      k: int, usage: bool) -> AsyncIterator[str]:
+    async def _stream(self, group: RequestGroup, header: dict[str, Any], *, n: int, view: Any,
+                      usage: bool) -> AsyncIterator[str]:
+        chat = isinstance(view, _ChatView)
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
@@ -193,28 +227,99 @@ class Serving:
                     index = p_index * n + c.index
                     if index in sent_tokens and sent_tokens[index] < 0:
                         continue  # this choice already sent its finish_reason
+                    first = index not in sent_tokens
                     start, done = sent_tokens.get(index, 0), c.finish_reason is not None
-                    if len(c.token_ids) == start and not done:
+                    num_tokens = view.num_tokens(c)
+                    if num_tokens == start and not done and not (first and view.has_prefix):
                         continue
-                    text = c.text[sent_chars.get(index, 0):]
-                    sent_chars[index] = len(c.text)
-                    sent_tokens[index] = -1 if done else len(c.token_ids)
-                    logprobs = self._logprobs(c, start, k=k, chat=chat,
-                                              offset0=sent_chars[index] - len(text))
-                    body = {"delta": {"content": text}} if chat else {"text": text}
-                    choices.append({"index": index, **body, "logprobs": logprobs,
-                                    "finish_reason": c.finish_reason,
-                                    "stop_reason": c.stop_reason})
+                    choice = view.choice(p_index, out, c, start=start, first=first,
+                                         sent_chars=sent_chars.get(index, 0))
+                    sent_chars[index] = view.num_chars(c)
+                    sent_tokens[index] = -1 if done else num_tokens
+                    choice["index"] = index
+                    choices.append(choice)
                 if choices:
                     yield chunk(choices)
             if usage:
-                yield chunk([], usage=self._usage(finals))
+                yield chunk([], usage=self._usage(finals, getattr(view, "prompt_only", False)))
         except APIError as exc:  # engine fault, shutdown, backlog: tell the client, then end
             body = error_body(exc.message, status=exc.status, param=exc.param, code=exc.code)
             yield f"data: {json.dumps(body)}\n\n"
         finally:
             group.close()  # aborts whatever is unfinished (client gone, cancelled)
         yield "data: [DONE]\n\n"
+
+
+class _CompletionView:
+    """What a /v1/completions choice shows of an engine output: with echo the prompt's text
+    (and, with logprobs, its tokens' logprobs) first; with max_tokens 0 nothing generated."""
+
+    def __init__(self, serving: Serving, req: CompletionRequest,
+                 echo_texts: list[str] | None) -> None:
+        self.serving, self.req, self.echo_texts = serving, req, echo_texts
+        self.prompt_only = req.prompt_only
+        self.has_prefix = echo_texts is not None or req.prompt_logprobs is not None
+
+    def num_tokens(self, c: Any) -> int:
+        return 0 if self.prompt_only else len(c.token_ids)
+
+    def num_chars(self, c: Any) -> int:
+        return 0 if self.prompt_only else len(c.text)
+
+    def choice(self, p_index: int, out: Any, c: Any, *, start: int, first: bool,
+               sent_chars: int = 0) -> dict[str, Any]:
+        req, serving = self.req, self.serving
+        ids, lps, text = (([], [], "") if self.prompt_only
+                          else (c.token_ids, c.logprobs or [], c.text))
+        k = req.logprobs or 0
+        entries = serving._entries(ids[start:], lps[start:], k)
+        prefix, offset0 = "", sent_chars
+        if first and self.echo_texts is not None:
+            prefix = self.echo_texts[p_index]
+            if req.logprobs is not None:
+                entries = serving._entries(out.prompt_token_ids, out.prompt_logprobs, k) + entries
+            offset0 = 0
+        body = {"text": prefix + text[sent_chars:],
+                "logprobs": (serving._format(entries, chat=False, offset0=offset0)
+                             if req.logprobs is not None else None),
+                "finish_reason": ("length" if self.prompt_only and c.finish_reason
+                                  else c.finish_reason),
+                "stop_reason": None if self.prompt_only else c.stop_reason}
+        if first and req.prompt_logprobs is not None:
+            body["prompt_logprobs"] = serving._vllm_prompt_logprobs(out, req.prompt_logprobs)
+        return body
+
+
+class _ChatView:
+    """What a chat choice shows: the message (or, streaming, its delta) and logprobs."""
+
+    has_prefix = False
+
+    def __init__(self, serving: Serving, req: ChatCompletionRequest) -> None:
+        self.serving, self.req = serving, req
+
+    @staticmethod
+    def num_tokens(c: Any) -> int:
+        return len(c.token_ids)
+
+    @staticmethod
+    def num_chars(c: Any) -> int:
+        return len(c.text)
+
+    def choice(self, p_index: int, out: Any, c: Any, *, start: int, first: bool,
+               sent_chars: int | None = None) -> dict[str, Any]:
+        req, serving = self.req, self.serving
+        logprobs = None
+        if req.logprobs:
+            entries = serving._entries(c.token_ids[start:], (c.logprobs or [])[start:],
+                                       req.top_logprobs or 0)
+            logprobs = serving._format(entries, chat=True)
+        if sent_chars is None:
+            body = {"message": {"role": "assistant", "content": c.text}}
+        else:
+            body = {"delta": {"content": c.text[sent_chars:]}}
+        return {**body, "logprobs": logprobs, "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason}
 
 
 def _sse(body: AsyncIterator[str]) -> StreamingResponse:
