@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 3 as one prepared run (about 6 minutes on an H200), for a machine
+# The GPU checks as one prepared run (about 6 minutes on an H200), for a machine
 # with CUDA, torch and triton already installed (nothing is installed here):
 #   1. the kernel parity suite, compiled on CUDA instead of interpreted, and the engine's
 #      greedy parity with transformers running on the GPU through the Triton backend;

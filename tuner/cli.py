@@ -22,7 +22,7 @@ TINY_PROFILE = {"length_scale": 0.25, "users_factor": 0.5, "cpu_memory_gib": 0.5
                 "slo_scale": 3.0, "space": ["max_num_batched_tokens=256..2048:log"]}
 TINY_MODELS = (None, "builtin://default")
 # Real built-in models served on CPU (no CUDA): lengths, users and SLOs from a short
-# measurement on 2 shared cores (tuner/README.md, docs/models.md); on a GPU they run
+# measurement on 2 shared cores (docs/benchmarks/tuning.md); on a GPU they run
 # unscaled. One engine thread: Locust shares the cores (two threads ran ~4x slower there).
 CPU_MODEL_PROFILES = {
     "builtin://smollm2-135m-instruct": {"length_scale": 0.25, "users_factor": 0.5,

@@ -142,7 +142,7 @@ def _volumes(spec: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, An
 def _cpu_threads_env(spec: ServiceSpec) -> list[dict[str, Any]]:
     """A CPU-only engine (gpus: 0) with a CPU request gets one torch thread per requested core.
     torch would otherwise start one per core of the node, and its spinning OpenMP workers
-    stall when neighbouring pods hold those cores (README, "CPU threads"). spec.env wins."""
+    stall when neighbouring pods hold those cores (docs/engine.md, "CPU threads"). spec.env wins."""
     if spec.gpus or not spec.cpu:
         return []
     if any(e.get("name") in ("PAGED_CPU_THREADS", "OMP_NUM_THREADS") for e in spec.env):

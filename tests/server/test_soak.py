@@ -1,4 +1,4 @@
-"""A short run of benchmarks/soak.py (the README's table comes from a 10-minute one):
+"""A short run of benchmarks/soak.py (docs/benchmarks/server.md's table comes from a 10-minute one):
 Locust load, random disconnects, bad requests, slow readers and slow headers at once;
 no unexpected 5xx, the engine alive and serving, no leaked block, backlogs in bound."""
 from __future__ import annotations
