@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadtests.workloads import WORKLOAD_NAMES
-from tuner.search.space import SETTINGS, Param, SpaceError, parse_param
+from tuner.search.space import DEFAULT_SPACE, SETTINGS, Param, SpaceError, parse_param
 
 # ---- the API ----
 GROUP = "serving.pagedinference.dev"
@@ -126,7 +126,11 @@ def _number(spec: dict, field: str, kind: type, default: Any, *, low: float) -> 
 
 
 def search_space(space: Any) -> tuple[Param, ...]:
-    """`{blockSize: [16, 32], maxNumSeqs: {min: 8, max: 512, log: true}}` -> Params."""
+    """`{blockSize: [16, 32], maxNumSeqs: {min: 8, max: 512, log: true}}` -> Params. Unset:
+    the settings table's default ranges (each setting's `tune`: block size, memory
+    fraction, maxNumSeqs, maxNumBatchedTokens), as `python -m tuner sweep` searches."""
+    if space is None:
+        return tuple(parse_param(name, spec) for name, spec in DEFAULT_SPACE.items())
     if not isinstance(space, dict) or not space:
         raise ValueError("spec.searchSpace: give at least one engine setting, e.g. "
                          "{maxNumSeqs: {min: 8, max: 256, log: true}}")

@@ -19,9 +19,9 @@ PROM = {"prometheus": {"url": "http://prom:9090"}}
 
 
 def tuning(**spec):
+    merged = {k: v for k, v in {**BASE, **spec}.items() if v is not None}   # None: unset
     return {"apiVersion": "serving.pagedinference.dev/v1alpha1",
-            "kind": "PagedInferenceTuning", "metadata": {"name": "tune"},
-            "spec": {**BASE, **spec}}
+            "kind": "PagedInferenceTuning", "metadata": {"name": "tune"}, "spec": merged}
 
 
 VALID = [
@@ -33,6 +33,7 @@ VALID = [
     {"workloadFrom": {"prometheus": {"window": "7d", "selector": 'app="x"'}}, **PROM},
     {"apply": {"mode": "Auto", "verifyWindow": "90s"}, **PROM},
     {"tunerPods": 3, "storage": {"secretRef": {"name": "optuna-db"}}},
+    {"searchSpace": None},   # the settings table's default ranges
 ]
 # (spec, where the broken rule is declared, what the operator's message names)
 INVALID = [

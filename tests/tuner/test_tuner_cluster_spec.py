@@ -88,3 +88,17 @@ def test_workload_from_a_trace_or_prometheus_with_load_workers_and_capacity() ->
 def test_bad_load_sources_name_the_field(change: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         parse_tuning({**BASE, **change})
+
+
+def test_an_unset_search_space_is_the_settings_tables_default_ranges() -> None:
+    from engine.settings import SPEC_SETTINGS
+    from tuner.search.space import parse_param
+
+    spec = parse_tuning({"targetRef": {"name": "svc"}})
+    tuned = {s.name: s.tune for s in SPEC_SETTINGS if s.tune}
+    assert {"block_size", "gpu_memory_utilization", "max_num_seqs",
+            "max_num_batched_tokens"} <= set(tuned)
+    assert spec.space == tuple(parse_param(name, text) for name, text in tuned.items())
+    # given but empty is still a mistake to name
+    with pytest.raises(ValueError, match="spec.searchSpace: give at least one"):
+        parse_tuning({"targetRef": {"name": "svc"}, "searchSpace": {}})
