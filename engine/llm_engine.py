@@ -15,6 +15,8 @@ from engine.outputs import RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence
+from engine.spec_decode.ngram_proposer import NgramProposer
+from engine.spec_decode.stats import SpecDecodeStats
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,12 @@ class EngineStats:
     evictions: int
     prompt_tokens: int
     generation_tokens: int
+    # speculative decoding (vLLM's spec_decode counters): rows that carried drafts, drafts
+    # verified, drafts accepted, and accepted at each draft position (0 = first draft)
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_num_accepted_tokens_per_pos: tuple[int, ...] = ()
 
 
 class LLMEngine:
@@ -89,9 +97,13 @@ class LLMEngine:
             dtype=str(self.runner.dtype).removeprefix("torch."),
             attention_backend=self.runner.backend.name)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        spec = config.speculative_config
         self.scheduler = Scheduler(self.kv, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
-                                   policy=config.scheduling_policy)
+                                   policy=config.scheduling_policy,
+                                   proposer=NgramProposer.from_config(spec) if spec else None,
+                                   max_model_len=max_model_len)
+        self.spec_stats = SpecDecodeStats(spec["num_speculative_tokens"] if spec else 0)
         self.sampler = Sampler(eos_token_ids=self.info.eos_token_ids, seed=config.seed,
                                device=self.runner.device)
         self.output = OutputProcessor(self.tokenizer, self.info, self.scheduler, self.sampler)
@@ -207,10 +219,12 @@ class LLMEngine:
         return outputs
 
     def _run(self, batch: ScheduledBatch
-             ) -> tuple[list[tuple[Sequence, Sequence | None, tuple]], dict[int, list]]:
+             ) -> tuple[list[tuple[Sequence, Sequence | None, tuple]], dict[int, list], dict]:
         """Model and sampler, without committing anything: (sample seq, its parent if it is a
-        new fork, (token, logprob, top logprobs)) for each sampled sequence, and the prompt
-        logprobs of this step's chunks by seq_id."""
+        new fork, (token, logprob, top logprobs)) for each sampled sequence, the prompt
+        logprobs of this step's chunks by seq_id, and the verified drafts by seq_id."""
+        from engine.spec_decode.verifier import verify
+
         prompt_logits: dict = {}
         if any(s.wants_prompt_logits for s in batch.seqs):
             logits, rows = self.runner.execute(batch, prompt_logits)
@@ -226,8 +240,18 @@ class LLMEngine:
         sample_seqs: list[Sequence] = []
         parents: list[Sequence | None] = []
         sample_rows: list[int] = []
-        for row, i in enumerate(rows):
+        drafts = batch.draft_token_ids or [[]] * len(batch.seqs)
+        spec_seqs, spec_drafts, spec_rows = [], [], []
+        row = 0
+        while row < len(rows):  # a row with d drafts has 1 + d logits rows
+            i = rows[row]
             seq = batch.seqs[i]
+            if drafts[i]:
+                spec_seqs.append(seq)
+                spec_drafts.append(drafts[i])
+                spec_rows += range(row, row + 1 + len(drafts[i]))
+                row += 1 + len(drafts[i])
+                continue
             sample_seqs.append(seq)
             parents.append(None)
             sample_rows.append(row)
@@ -236,11 +260,17 @@ class LLMEngine:
                     sample_seqs.append(seq.fork(index))
                     parents.append(seq)
                     sample_rows.append(row)
+            row += 1
+        verified = {}
+        if spec_seqs:
+            results = verify(self.sampler, logits[spec_rows], spec_seqs, spec_drafts)
+            verified = {s.seq_id: v for s, v in zip(spec_seqs, results)}
         if not sample_seqs:
-            return [], prompt_lps
+            return [], prompt_lps, verified
         r = self.sampler(logits[sample_rows], sample_seqs)
         return [(s, parent, token) for s, parent, token in zip(
-            sample_seqs, parents, zip(r.token_ids, r.logprobs, r.top_logprobs))], prompt_lps
+            sample_seqs, parents, zip(r.token_ids, r.logprobs, r.top_logprobs))], prompt_lps, \
+            verified
 
     def _run_each_request(self, batch: ScheduledBatch):
         """The failed step again, one request's sequences at a time (in batch order, so a
@@ -253,7 +283,9 @@ class LLMEngine:
             seqs = [batch.seqs[i] for i in idx]
             owned = {b for s in seqs for b in s.block_table}
             sub = ScheduledBatch(seqs=seqs, num_new_tokens=[batch.num_new_tokens[i] for i in idx],
-                                 blocks_to_copy=[c for c in batch.blocks_to_copy if c[1] in owned])
+                                 blocks_to_copy=[c for c in batch.blocks_to_copy if c[1] in owned],
+                                 draft_token_ids=[batch.draft_token_ids[i] for i in idx]
+                                 if batch.draft_token_ids else [])
             try:
                 done.append((sub, self._run(sub)))
             except Exception as exc:  # noqa: BLE001
@@ -266,7 +298,7 @@ class LLMEngine:
                 ) -> list[RequestOutput]:
         """Apply a successful run, one request at a time: a request whose output processing
         raises is failed alone (its partial state goes with its blocks)."""
-        samples, prompt_lps = result
+        samples, prompt_lps, verified = result
         work: dict[str, list] = {}
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             work.setdefault(seq.request_id, [[], []])[0].append((seq, n))
@@ -281,13 +313,16 @@ class LLMEngine:
                     if seq.seq_id in prompt_lps:
                         self.output.add_prompt_logprobs(req, seq, seq.num_computed_tokens,
                                                         prompt_lps[seq.seq_id])
-                    self.scheduler.advance(seq, n)
+                    if seq.seq_id in verified:
+                        self._commit_verified(req, seq, verified[seq.seq_id], n, now)
+                    else:
+                        self.scheduler.advance(seq, n)
                 for seq, parent, (token, logprob, top) in sampled:
                     if parent is not None:
                         self.scheduler.fork(parent, seq)
                         self.output.add_seq(req, seq)
                     self.output.append_token(req, seq, token, logprob, top, now)
-                if sampled:
+                if sampled or any(s.seq_id in verified for s, _ in computed):
                     outputs.append(self.output.make_output(req))
                     if req.metrics.finished_time is not None:
                         del self._requests[request_id]
@@ -296,6 +331,23 @@ class LLMEngine:
                 logger.exception("request %s failed processing its output", request_id)
                 failed[request_id] = exc
         return outputs
+
+    def _commit_verified(self, req: RequestState, seq: Sequence, v, num_new: int,
+                         now: float) -> None:
+        """A speculative row (spec_decode.verifier.Verified): its last token and each
+        accepted draft become computed as the draft is appended (so the prefix cache hashes
+        real tokens), up to a stop inside the run; the blocks only rejected drafts reached
+        go back."""
+        self.scheduler.advance(seq, 1)
+        for j, (token, logprob, top) in enumerate(v.tokens):
+            self.output.append_token(req, seq, token, logprob, top, now)
+            if seq.is_finished:
+                break
+            if j < v.num_accepted:
+                self.scheduler.advance(seq, 1)
+        if not seq.is_finished:
+            self.scheduler.rollback(seq)
+        self.spec_stats.observe(num_new - 1, v.num_accepted)
 
     def _fail(self, req: RequestState, exc: Exception, now: float) -> RequestOutput:
         self._requests.pop(req.request_id, None)
@@ -319,7 +371,11 @@ class LLMEngine:
             prefix_cache_queries=kv.prefix_queries, prefix_cache_hits=kv.prefix_hits,
             num_preemptions=self.scheduler.num_preemptions, cow_copies=kv.cow_copies,
             evictions=kv.evictions, prompt_tokens=self.prompt_tokens_total,
-            generation_tokens=self.output.generation_tokens_total)
+            generation_tokens=self.output.generation_tokens_total,
+            spec_num_drafts=self.spec_stats.num_drafts,
+            spec_num_draft_tokens=self.spec_stats.num_draft_tokens,
+            spec_num_accepted_tokens=self.spec_stats.num_accepted_tokens,
+            spec_num_accepted_tokens_per_pos=tuple(self.spec_stats.accepted_per_pos))
 
     @_locked
     def check_no_leaks(self) -> None:

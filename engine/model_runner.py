@@ -165,7 +165,9 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch, prompt_logits: dict[int, torch.Tensor] | None = None
                 ) -> tuple[torch.Tensor, list[int]]:
         """Run one step. Returns logits [num_sampled, vocab] (fp32) and, for each row, the
-        index into batch.seqs of the sequence whose chunk reached its last token.
+        index into batch.seqs of the sequence whose chunk reached its last token. A sequence
+        with d draft tokens (batch.draft_token_ids) has 1 + d consecutive rows: the logits
+        after its last token, then after each draft.
 
         `prompt_logits`, if given, receives for each sequence with `wants_prompt_logits` the
         logits [m, vocab] of its chunk's first m positions that predict a prompt token
@@ -176,28 +178,39 @@ class ModelRunner:
             self.backend.copy_blocks([k for k, _ in self.kv_caches],
                                      [v for _, v in self.kv_caches], mapping)
         token_ids, starts, lens, tables, sample_rows, prompt_rows = [], [], [], [], [], []
+        drafts = batch.draft_token_ids or [[]] * len(batch.seqs)
+        num_kept: list[int] = []  # logits rows per sample row: 1 + its drafts
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             c = seq.num_computed_tokens
-            token_ids.append(seq.token_ids[c:c + n])
+            d = len(drafts[i])
+            token_ids.append(seq.token_ids[c:c + n - d] + drafts[i] if d else seq.token_ids[c:c + n])
             starts.append(c)
             lens.append(c + n)
             tables.append(seq.block_table)
-            if c + n == seq.num_tokens:
+            if c + n - d == seq.num_tokens:
                 sample_rows.append(i)
+                num_kept.append(1 + d)
             m = min(n, seq.num_prompt_tokens - 1 - c)
             if prompt_logits is not None and seq.wants_prompt_logits and m > 0:
                 prompt_rows.append((i, m))
-        logits = self._forward(token_ids, starts, lens, tables, sample_rows, prompt_rows)
+        num_sampled = sum(num_kept)
+        if num_sampled == len(sample_rows):  # no drafts
+            num_kept = None
+        else:
+            sample_rows = [i for i, m in zip(sample_rows, num_kept) for _ in range(m)]
+        logits = self._forward(token_ids, starts, lens, tables, sample_rows, prompt_rows,
+                               num_kept)
         if prompt_logits is not None:
-            rest = logits[len(sample_rows):]
+            rest = logits[num_sampled:]
             for (i, m), part in zip(prompt_rows, rest.split([m for _, m in prompt_rows])):
                 prompt_logits[i] = part
-        return logits[:len(sample_rows)], sample_rows
+        return logits[:num_sampled], sample_rows
 
     @torch.inference_mode()
     def _forward(self, token_ids: list[list[int]], starts: list[int], lens: list[int],
                  tables: list[list[int]], sample_rows: list[int],
-                 prompt_rows: list[tuple[int, int]] = ()) -> torch.Tensor:
+                 prompt_rows: list[tuple[int, int]] = (),
+                 num_kept: list[int] | None = None) -> torch.Tensor:
         q_lens = np.array([len(t) for t in token_ids], dtype=np.int64)
         cu = np.zeros(len(q_lens) + 1, dtype=np.int64)
         np.cumsum(q_lens, out=cu[1:])
@@ -220,7 +233,11 @@ class ModelRunner:
             block_tables=torch.from_numpy(table_arr).to(dev, torch.int32),
             kv_caches=self.kv_caches, backend=self.backend)
         # the last token of each sampled row, then the prompt positions asked for
-        keep_idx = [cu[1:][sample_rows] - 1] + [np.arange(cu[i], cu[i] + m) for i, m in prompt_rows]
+        last = cu[1:][sample_rows] - 1
+        if num_kept is not None:  # sample_rows lists row i num_kept times: its last tokens
+            m = np.asarray(num_kept, dtype=np.int64)
+            last = last + np.arange(len(last)) - np.repeat(np.cumsum(m) - 1, m)
+        keep_idx = [last] + [np.arange(cu[i], cu[i] + m) for i, m in prompt_rows]
         keep = torch.from_numpy(np.concatenate(keep_idx).astype(np.int64)).to(dev)
         out = self.model(input_ids=torch.from_numpy(flat_ids).to(dev)[None],
                          position_ids=torch.from_numpy(positions).to(dev)[None],

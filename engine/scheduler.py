@@ -93,6 +93,9 @@ class Scheduler:
         if self.proposer is None or seq.num_output_tokens == 0 or (
                 seq.num_tokens - seq.num_computed_tokens != 1):
             return []
+        # a grammar's mask follows its matcher's state, which only the sampled tokens advance
+        if getattr(seq.params, "structured_outputs", None) is not None:
+            return []
         room = budget
         if seq.params.max_tokens is not None:
             room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
