@@ -9,22 +9,17 @@ exactly one of three states:
 """
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from engine.block_hash import hash_block  # shared with the router (engine/block_hash.py)
 from engine.sequence import Sequence
 
+if TYPE_CHECKING:
+    from engine.kv_events import KVEventRecorder
 
-def hash_block(parent: bytes | None, token_ids: list[int], extra: str | None) -> bytes:
-    """Chained hash: a block's identity includes every token before it and the salt."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(parent or b"root")
-    h.update(array("q", token_ids).tobytes())
-    if extra:
-        h.update(b"salt:" + extra.encode())
-    return h.digest()
+__all__ = ["Block", "KVCacheManager", "KVCacheStats", "hash_block"]
 
 
 @dataclass
@@ -64,6 +59,8 @@ class KVCacheManager:
         self.prefix_hits = 0
         self.evictions = 0
         self.cow_copies = 0
+        # KV events (engine/kv_events.py): told when blocks enter or leave the prefix cache
+        self.events: KVEventRecorder | None = None
 
     # ---- accounting -------------------------------------------------------------------
     @property
@@ -88,6 +85,8 @@ class KVCacheManager:
         else:
             block_id, _ = self._evictable.popitem(last=False)
             block = self.blocks[block_id]
+            if self.events is not None:
+                self.events.removed(block.block_hash)
             del self._hash_to_block[block.block_hash]
             block.block_hash = None
             self.evictions += 1
@@ -149,6 +148,10 @@ class KVCacheManager:
             if block.block_hash is None and hashes[i] not in self._hash_to_block:
                 block.block_hash = hashes[i]
                 self._hash_to_block[hashes[i]] = block.block_id
+                if self.events is not None:
+                    bs = self.block_size
+                    self.events.stored(hashes[i], hashes[i - 1] if i else None,
+                                       seq.token_ids[i * bs:(i + 1) * bs])
 
     # ---- check/act pairs ------------------------------------------------------------------
     def can_admit(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> bool:
