@@ -25,6 +25,8 @@ class Kind:
     categories: tuple[str, ...] = ()
     printer_columns: tuple[dict[str, Any], ...] = ()   # a CRD's additionalPrinterColumns
     scale_paths: tuple[str, str, str] = (".spec.replicas", ".status.replicas", "")
+    # a CRD version's openAPIV3Schema: custom resources are admitted against it
+    schema: dict[str, Any] | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def singular(self) -> str:
@@ -95,7 +97,8 @@ def kinds_of_crd(crd: dict[str, Any]) -> list[Kind]:
                         tuple(version.get("additionalPrinterColumns", [])),
                         (scale.get("specReplicasPath", ".spec.replicas"),
                          scale.get("statusReplicasPath", ".status.replicas"),
-                         scale.get("labelSelectorPath", ""))))
+                         scale.get("labelSelectorPath", "")),
+                        (version.get("schema") or {}).get("openAPIV3Schema")))
     return out
 
 

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import aiohttp.web
 import kmock
+import multidict
 
 from . import selectors, tables, writes
 from .kinds import Catalog, Kind, kinds_of_crd
@@ -27,9 +28,11 @@ VERSION = {"major": "1", "minor": "35", "gitVersion": "v1.35.0-paged-localcluste
            "platform": "linux/amd64"}
 
 
-def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+def _status(code: int, reason: str, message: str,
+            details: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "code": code, "reason": reason, "message": message}
+            "code": code, "reason": reason, "message": message,
+            **({"details": details} if details else {})}
 
 
 class ApiServer(kmock.KubernetesEmulator):
@@ -72,7 +75,8 @@ class ApiServer(kmock.KubernetesEmulator):
         try:
             return await self._route(raw, request)
         except ApiError as e:
-            return aiohttp.web.json_response(_status(e.code, e.reason, e.message), status=e.code)
+            return aiohttp.web.json_response(_status(e.code, e.reason, e.message, e.details),
+                                             status=e.code)
         except ValueError as e:
             return aiohttp.web.json_response(_status(400, "BadRequest", str(e)), status=400)
         except Exception as e:   # a bug here: answer as a real server would, with a Status
@@ -133,7 +137,15 @@ class ApiServer(kmock.KubernetesEmulator):
         if "protobuf" in (raw.content_type or "") or "cbor" in (raw.content_type or ""):
             raise ApiError(415, "UnsupportedMediaType", f"the body's content type "
                            f"{raw.content_type} is not supported: send JSON")
-        json_ = aiohttp.web.json_response
+        warnings: list[str] = []
+        validation = query.get("fieldValidation") or "Warn"
+
+        def json_(body: Any, status: int = 200) -> aiohttp.web.Response:
+            # each unknown field dropped under fieldValidation=Warn: a Warning header
+            headers = multidict.CIMultiDict(
+                ("Warning", "299 - " + json.dumps(w)) for w in warnings)
+            return aiohttp.web.json_response(body, status=status, headers=headers)
+
         if sub is not None and sub not in kind.subresources:
             raise ApiError(404, "NotFound", f"{kind.plural} has no subresource {sub}")
         if method == "GET" and query.get("watch") in ("true", "1"):
@@ -142,7 +154,8 @@ class ApiServer(kmock.KubernetesEmulator):
             if method == "GET":
                 return json_(self._list(raw, kind, namespace))
             if method == "POST":
-                return json_(writes.create(store, kind, namespace, request.data), status=201)
+                return json_(writes.create(store, kind, namespace, request.data, validation,
+                                           warnings), status=201)
             if method == "DELETE":
                 items = self._select(raw, kind, namespace)
                 for obj in items:
@@ -162,10 +175,11 @@ class ApiServer(kmock.KubernetesEmulator):
                                           query.get("includeObject", "Metadata")))
             return json_(obj)
         if method == "PUT":
-            return json_(writes.replace(store, kind, namespace, name, request.data, sub))
+            return json_(writes.replace(store, kind, namespace, name, request.data, sub,
+                                        validation, warnings))
         if method == "PATCH":
             return json_(writes.apply_patch(store, kind, namespace, name, request.body,
-                                            raw.content_type or "", sub))
+                                            raw.content_type or "", sub, validation, warnings))
         if method == "DELETE":
             options = request.data if isinstance(request.data, dict) else {}
             if "gracePeriodSeconds" in query:

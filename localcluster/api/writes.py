@@ -12,15 +12,47 @@ from typing import Any
 
 import yaml
 
+from . import admission
 from . import patch as patching
 from .kinds import Kind, crd_accepted_status
 from .store import Store, now
 
 
 class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(self, code: int, reason: str, message: str,
+                 details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
+        self.code, self.reason, self.message, self.details = code, reason, message, details
+
+
+def admit(kind: Kind, obj: dict[str, Any], old: dict[str, Any] | None,
+          field_validation: str, warnings: list[str] | None) -> dict[str, Any]:
+    """A custom resource through its CRD's schema (pruned, defaulted, validated); a CRD's
+    CEL rules must compile. Other objects pass as they are."""
+    if kind.plural == "customresourcedefinitions" and kind.group == "apiextensions.k8s.io":
+        causes = []
+        for i, version in enumerate((obj.get("spec") or {}).get("versions") or []):
+            schema = (version.get("schema") or {}).get("openAPIV3Schema") or {}
+            causes += admission.compile_errors(
+                schema, f"spec.validation.openAPIV3Schema[{i}]")
+        if causes:
+            name = (obj.get("metadata") or {}).get("name", "")
+            text = "; ".join(f"{c['field']}: {c['message']}" for c in causes)
+            raise ApiError(422, "Invalid", f'CustomResourceDefinition.apiextensions.k8s.io '
+                           f'"{name}" is invalid: {text}', {
+                               "name": name, "group": "apiextensions.k8s.io",
+                               "kind": "CustomResourceDefinition", "causes": causes})
+        return obj
+    if kind.schema is None:
+        return obj
+    try:
+        done = admission.admit(kind.schema, kind.kind, kind.group, kind.version, obj, old,
+                               field_validation)
+    except admission.Invalid as e:
+        raise ApiError(e.code, e.reason, e.message, e.details) from None
+    if warnings is not None:
+        warnings += done.warnings
+    return done.obj
 
 
 _cluster_ips = (str(ipaddress.ip_address("10.96.0.10") + i) for i in itertools.count())
@@ -88,13 +120,16 @@ def check_namespace(kind: Kind, url_ns: str | None, body: dict[str, Any]) -> Non
                        "match the namespace sent on the request")
 
 
-def create(store: Store, kind: Kind, namespace: str | None, body: Any) -> dict[str, Any]:
+def create(store: Store, kind: Kind, namespace: str | None, body: Any,
+           field_validation: str = "Ignore", warnings: list[str] | None = None
+           ) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "BadRequest", "the request body must be a JSON object")
     check_namespace(kind, namespace, body)
     body = copy.deepcopy(body)
     defaults(kind, body)
     normalize(kind, body)
+    body = admit(kind, body, None, field_validation, warnings)
     try:
         return store.create(kind, namespace, body)
     except FileExistsError as e:
@@ -141,7 +176,8 @@ def scale_of(kind: Kind, obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def _finish(store: Store, kind: Kind, old: dict[str, Any], new: dict[str, Any],
-            subresource: str | None) -> dict[str, Any]:
+            subresource: str | None, field_validation: str = "Ignore",
+            warnings: list[str] | None = None) -> dict[str, Any]:
     """Keep the parts a write to this endpoint may not change, then store."""
     if not isinstance(new, dict):
         raise ApiError(400, "BadRequest", "the result of the write is not an object")
@@ -155,6 +191,7 @@ def _finish(store: Store, kind: Kind, old: dict[str, Any], new: dict[str, Any],
         if not isinstance(replicas, int) or replicas < 0:
             raise ApiError(422, "Invalid", "spec.replicas of a Scale must be an integer >= 0")
         _path_set(result, kind.scale_paths[0], replicas)
+        result = admit(kind, result, old, field_validation, warnings)
         return scale_of(kind, store.update(kind, result))
     elif subresource is None and "status" in kind.subresources:
         new = dict(new)
@@ -166,12 +203,14 @@ def _finish(store: Store, kind: Kind, old: dict[str, Any], new: dict[str, Any],
         raise ApiError(404, "NotFound", f"{kind.plural} has no subresource {subresource!r}")
     new.setdefault("metadata", {})
     normalize(kind, new)
+    new = admit(kind, new, old, field_validation, warnings)
     stored = store.update(kind, new)
     return stored
 
 
 def replace(store: Store, kind: Kind, namespace: str | None, name: str, body: Any,
-            subresource: str | None) -> dict[str, Any]:
+            subresource: str | None, field_validation: str = "Ignore",
+            warnings: list[str] | None = None) -> dict[str, Any]:
     old = _current(store, kind, namespace, name)
     if not isinstance(body, dict):
         raise ApiError(400, "BadRequest", "the request body must be a JSON object")
@@ -184,18 +223,19 @@ def replace(store: Store, kind: Kind, namespace: str | None, name: str, body: An
         return _finish(store, kind, old, body, "scale")
     new = copy.deepcopy(body)
     new["metadata"].setdefault("resourceVersion", old["metadata"]["resourceVersion"])
-    return _finish(store, kind, old, new, subresource)
+    return _finish(store, kind, old, new, subresource, field_validation, warnings)
 
 
 def apply_patch(store: Store, kind: Kind, namespace: str | None, name: str, raw: bytes,
-                content_type: str, subresource: str | None) -> dict[str, Any]:
+                content_type: str, subresource: str | None, field_validation: str = "Ignore",
+                warnings: list[str] | None = None) -> dict[str, Any]:
     try:
         body = yaml.safe_load(raw.decode() or "{}")   # YAML is a superset of JSON
     except yaml.YAMLError as e:
         raise ApiError(400, "BadRequest", f"the patch is not JSON or YAML: {e}") from None
     old = store.get(kind, namespace, name)
     if old is None and content_type.startswith("application/apply-patch"):
-        return create(store, kind, namespace, body)   # server-side apply creates
+        return create(store, kind, namespace, body, field_validation, warnings)   # SSA creates
     old = _current(store, kind, namespace, name)
     base = scale_of(kind, old) if subresource == "scale" else old
     try:
@@ -216,7 +256,7 @@ def apply_patch(store: Store, kind: Kind, namespace: str | None, name: str, raw:
     if subresource != "scale" and wanted_rv and wanted_rv != old["metadata"]["resourceVersion"]:
         raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {kind.plural} '
                        f'"{name}": the object has been modified')
-    return _finish(store, kind, old, new, subresource)
+    return _finish(store, kind, old, new, subresource, field_validation, warnings)
 
 
 def delete(store: Store, kind: Kind, namespace: str | None, name: str,

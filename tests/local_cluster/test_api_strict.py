@@ -1,0 +1,219 @@
+"""The local API server refuses what a real one refuses, in its words, through real kubectl:
+custom resources are pruned, defaulted and validated against their CRD's schema and CEL rules
+(transition rules too). One cluster for the module, without the operator."""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+import yaml
+
+from cluster_harness import ROOT, LocalCluster
+
+pytestmark = pytest.mark.xdist_group("local_cluster_strict")
+
+LOCAL_CLUSTER_ARGS = ["--no-operator", "--no-postgres"]
+CRDS = ROOT / "charts" / "paged-inference-operator" / "crds"
+GROUP = "serving.pagedinference.dev/v1alpha1"
+
+
+def pis(name: str = "svc", **spec: Any) -> dict[str, Any]:
+    base = {"model": {"uri": "builtin://default"}, "resources": {"gpus": 0}}
+    return {"apiVersion": GROUP, "kind": "PagedInferenceService", "metadata": {"name": name},
+            "spec": {**base, **spec}}
+
+
+def pit(name: str = "tune", **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": GROUP, "kind": "PagedInferenceTuning", "metadata": {"name": name},
+            "spec": {"targetRef": {"name": "svc"}, **spec}}
+
+
+# One object per CEL rule of the chart's CRDs, each breaking it (and only it).
+BREAKING = [
+    pis("x" * 53),
+    pis(model={"uri": "pvc://models/../etc"}),
+    pis(engine={"maxNumSeqs": 64, "maxNumBatchedTokens": 32}),
+    pis(engine={"extraArgs": ["--block-size=8"]}),
+    pis(autoscaling={"minReplicas": 3, "maxReplicas": 2}),
+    pis(modelCache={"storageClassName": "fast"}),
+    pit("t" * 39),
+    pit(users=2, rate=1.0),
+    pit(workload="chat", workloadFrom={"prometheus": {}}, prometheus={"url": "http://p"}),
+    pit(workloadFrom={"prometheus": {}}),
+    pit(apply={"verifyWindow": "5m"}),
+    pit(tunerPods=2),
+    pit(workloadFrom={"trace": {"url": "http://t"}, "prometheus": {}},
+        prometheus={"url": "http://p"}),
+    pit(workloadFrom={"trace": {"configMapRef": {"name": "c"}, "url": "http://t"}}),
+]
+
+
+def cel_messages() -> set[str]:
+    found: set[str] = set()
+
+    def walk(node: dict[str, Any]) -> None:
+        found.update(r["message"] for r in node.get("x-kubernetes-validations") or [])
+        for child in (node.get("properties") or {}).values():
+            walk(child)
+        if isinstance(node.get("items"), dict):
+            walk(node["items"])
+    for path in CRDS.glob("*.yaml"):
+        for version in yaml.safe_load(path.read_text())["spec"]["versions"]:
+            walk(version["schema"]["openAPIV3Schema"])
+    return found
+
+
+def apply(cluster: LocalCluster, obj: Any, *args: str, check: bool = False):
+    return cluster.kubectl("apply", "-f", "-", *args, stdin=json.dumps(obj), check=check)
+
+
+def test_every_cel_rule_of_the_charts_crds_refuses_an_object(local_cluster: LocalCluster):
+    refused: set[str] = set()
+    for obj in BREAKING:
+        done = apply(local_cluster, obj)
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        assert done.returncode == 1, f"{kind} {name} was accepted: {done.stdout}"
+        # kubectl's wording for a 422 with details: the kind, the name, then field: cause
+        assert done.stderr.startswith(f'The {kind} "{name}" is invalid: '), done.stderr
+        refused |= {m for m in cel_messages() if m in done.stderr}
+        assert re.search(r': Invalid value: "(object|string|array)": ', done.stderr)
+    assert refused == cel_messages()
+    assert not local_cluster.json("get", "pis,pit")["items"], "a refused object was stored"
+
+
+def test_root_rule_reports_no_field_and_nested_rule_its_path(local_cluster: LocalCluster):
+    root = apply(local_cluster, pis("y" * 53)).stderr
+    assert '<nil>: Invalid value: "object": metadata.name must be at most 52' in root
+    nested = apply(local_cluster, pis(autoscaling={"minReplicas": 3, "maxReplicas": 2}))
+    assert 'spec.autoscaling: Invalid value: "object": minReplicas must be <=' in nested.stderr
+
+
+@pytest.mark.parametrize("path", sorted(p.relative_to(ROOT).as_posix() for p in
+                                        (ROOT / "examples").rglob("*.yaml")))
+def test_every_example_manifest_is_admitted(local_cluster: LocalCluster, path: str):
+    local_cluster.kubectl("apply", "-f", str(ROOT / path))
+    local_cluster.kubectl("delete", "-f", str(ROOT / path), "--wait=false")
+
+
+def test_schema_violations_name_the_field_and_the_bound(local_cluster: LocalCluster):
+    cases = [
+        (pit(trials=0), "spec.trials: Invalid value: 0: spec.trials in body should be "
+                        "greater than or equal to 1"),
+        (pit(trials="many"), 'spec.trials: Invalid value: "string": spec.trials in body '
+                             'must be of type integer: "string"'),
+        (pit(workload="poems"), 'spec.workload: Unsupported value: "poems": supported values: '
+                                '"chat", "summarize", "code", "rag", "mixed"'),
+        (pit(prometheus={"url": "ftp://p"}), 'spec.prometheus.url: Invalid value: "ftp://p": '
+                                             "spec.prometheus.url in body should match "
+                                             "'^https?://'"),
+        (pit(rate=0), "spec.rate: Invalid value: 0: spec.rate in body should be greater "
+                      "than 0"),
+        ({**pit(), "spec": {}}, "spec.targetRef: Required value"),
+        (pit(targetRef={"name": "n" * 53}), "spec.targetRef.name: Too long: may not be more "
+                                            "than 52 bytes"),
+        (pis(replicas=-1), "spec.replicas: Invalid value: -1: spec.replicas in body should "
+                           "be greater than or equal to 0"),
+    ]
+    for obj, expected in cases:
+        done = apply(local_cluster, obj)
+        assert done.returncode == 1 and expected in done.stderr, (expected, done.stderr)
+
+
+def test_defaults_are_stored_and_unknown_fields_pruned_or_refused(local_cluster: LocalCluster):
+    k = local_cluster.kubectl
+    strict = apply(local_cluster, pit("pruned", bogus=1))   # kubectl's --validate=strict
+    assert strict.returncode == 1
+    assert ('Error from server (BadRequest): error when creating "STDIN": PagedInferenceTuning '
+            'in version "v1alpha1" cannot be handled as a PagedInferenceTuning: strict decoding '
+            'error: unknown field "spec.bogus"') in strict.stderr
+    warned = apply(local_cluster, pit("pruned", bogus=1, confirm={"extra": 2}),
+                   "--validate=warn", check=True)
+    assert 'unknown field "spec.bogus"' in warned.stderr
+    assert 'unknown field "spec.confirm.extra"' in warned.stderr
+    spec = local_cluster.json("get", "pit", "pruned")["spec"]
+    assert "bogus" not in spec
+    assert spec["confirm"] == {"rounds": 3, "candidates": 1}   # defaults inside a given object
+    assert spec["trials"] == 24 and spec["trialDuration"] == "120s" and spec["suspend"] is False
+    assert "workload" not in spec and "capacity" not in spec   # no default, not made up
+    # a merge patch is admitted too: defaults stay, a bad value is refused, null resets
+    k("patch", "pit", "pruned", "--type=merge", "-p", '{"spec": {"trials": null}}')
+    assert local_cluster.json("get", "pit", "pruned")["spec"]["trials"] == 24
+    bad = k("patch", "pit", "pruned", "--type=merge", "-p", '{"spec": {"trials": 1001}}',
+            check=False)
+    assert "spec.trials in body should be less than or equal to 1000" in bad.stderr
+    k("delete", "pit", "pruned")
+
+
+WIDGETS = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "widgets.test.example"},
+    "spec": {"group": "test.example", "scope": "Namespaced",
+             "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+             "versions": [{"name": "v1", "served": True, "storage": True,
+                           "subresources": {"status": {}},
+                           "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                               "spec": {"type": "object", "properties": {
+                                   "size": {"type": "integer", "x-kubernetes-validations": [
+                                       {"rule": "self == oldSelf",
+                                        "message": "size is immutable"}]},
+                                   "level": {"type": "integer", "default": 1,
+                                             "x-kubernetes-validations": [
+                                                 {"rule": "self >= oldSelf",
+                                                  "message": "level may only grow"}]}}},
+                               "status": {"type": "object", "properties": {
+                                   "ready": {"type": "boolean"}}}}}}}]}}
+
+
+def test_transition_rules_see_the_stored_object(local_cluster: LocalCluster):
+    k = local_cluster.kubectl
+    apply(local_cluster, WIDGETS, check=True)
+    k("wait", "--for=condition=Established", "crd/widgets.test.example", "--timeout=10s")
+    widget = {"apiVersion": "test.example/v1", "kind": "Widget", "metadata": {"name": "w"},
+              "spec": {"size": 3}}
+    apply(local_cluster, widget, check=True)   # create: oldSelf rules do not run
+    assert local_cluster.json("get", "widget", "w")["spec"] == {"size": 3, "level": 1}
+    changed = k("patch", "widget", "w", "--type=merge", "-p", '{"spec": {"size": 4}}',
+                check=False)
+    assert changed.returncode == 1
+    assert ('The Widget "w" is invalid: spec.size: Invalid value: "integer": size is '
+            "immutable") in changed.stderr
+    k("patch", "widget", "w", "--type=merge", "-p", '{"spec": {"level": 5}}')
+    lower = k("patch", "widget", "w", "--type=merge", "-p", '{"spec": {"level": 2}}',
+              check=False)
+    assert "level may only grow" in lower.stderr
+    # the status subresource is validated against the schema as well
+    status = k("patch", "widget", "w", "--subresource=status", "--type=merge", "-p",
+               '{"status": {"ready": "yes"}}', check=False)
+    assert "status.ready in body must be of type boolean" in status.stderr
+    assert local_cluster.json("get", "widget", "w")["spec"] == {"size": 3, "level": 5}
+
+
+def test_a_crd_whose_rule_does_not_compile_is_refused(local_cluster: LocalCluster):
+    crd = json.loads(json.dumps(WIDGETS))
+    crd["metadata"]["name"] = "gadgets.test.example"
+    crd["spec"]["names"] = {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"}
+    spec_schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec_schema["x-kubernetes-validations"] = [{"rule": "self.size >", "message": "m"}]
+    done = apply(local_cluster, crd)
+    assert done.returncode == 1 and "compilation failed" in done.stderr, done.stderr
+
+
+def test_ratcheting_keeps_objects_of_an_older_schema_writable(local_cluster: LocalCluster):
+    """An object stored before a rule existed can still get its status written (the
+    operator's patches); changing the offending field itself is checked."""
+    k = local_cluster.kubectl
+    apply(local_cluster, {"apiVersion": "test.example/v1", "kind": "Widget",
+                          "metadata": {"name": "old"}, "spec": {"size": 1, "level": 9}},
+          check=True)
+    crd = json.loads(json.dumps(WIDGETS))
+    props = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    props["properties"]["level"]["maximum"] = 5
+    apply(local_cluster, crd, check=True)
+    k("patch", "widget", "old", "--subresource=status", "--type=merge", "-p",
+      '{"status": {"ready": true}}')
+    k("patch", "widget", "old", "--type=merge", "-p", '{"metadata": {"labels": {"a": "b"}}}')
+    raised = k("patch", "widget", "old", "--type=merge", "-p", '{"spec": {"level": 10}}',
+               check=False)
+    assert "spec.level in body should be less than or equal to 5" in raised.stderr
