@@ -51,8 +51,10 @@ TARGETS = {
 }
 # Package folder in the checkout -> its importable name, i.e. its place in the scratch dir
 # (pyproject's packages.find also looks under operator/). The root conftest imports the
-# engine, and paged_operator imports engine.settings, so all three are always copied.
-PACKAGES = {"engine": "engine", "operator/paged_operator": "paged_operator", "tuner": "tuner"}
+# engine, paged_operator imports engine.settings and its contract module the tuner's space
+# grammar and the workload names, so all four are always copied.
+PACKAGES = {"engine": "engine", "operator/paged_operator": "paged_operator", "tuner": "tuner",
+            "loadtests": "loadtests"}
 NOT_NEEDED = ["__pycache__", "*.md"]
 # Only the root conftest: tests/operator's starts the API-server emulator, tests/tuner's
 # adds the load tests' fake server, neither of which the selected tests use.
