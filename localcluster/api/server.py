@@ -18,7 +18,7 @@ import aiohttp.web
 import kmock
 import multidict
 
-from . import selectors, tables, writes
+from . import protobuf, selectors, tables, writes
 from .kinds import Catalog, Kind, kinds_of_crd
 from .store import Event, Gone, Store
 from .writes import ApiError
@@ -134,9 +134,16 @@ class ApiServer(kmock.KubernetesEmulator):
     async def _serve(self, raw: Any, request: kmock.Request, kind: Kind, namespace: str | None,
                      name: str | None, sub: str | None) -> aiohttp.web.StreamResponse:
         method, query, store = raw.method, raw.query, self.store
-        if "protobuf" in (raw.content_type or "") or "cbor" in (raw.content_type or ""):
+        data = request.data
+        if raw.content_type == protobuf.CONTENT_TYPE and method in ("POST", "PUT", "DELETE") \
+                and request.body:
+            try:
+                data = protobuf.decode(request.body)
+            except protobuf.ProtobufError as e:
+                raise ApiError(400, "BadRequest", f"the protobuf body cannot be decoded: {e}")
+        elif "protobuf" in (raw.content_type or "") or "cbor" in (raw.content_type or ""):
             raise ApiError(415, "UnsupportedMediaType", f"the body's content type "
-                           f"{raw.content_type} is not supported: send JSON")
+                           f"{raw.content_type} is not supported for {method}: send JSON")
         warnings: list[str] = []
         validation = query.get("fieldValidation") or "Warn"
 
@@ -154,7 +161,7 @@ class ApiServer(kmock.KubernetesEmulator):
             if method == "GET":
                 return json_(self._list(raw, kind, namespace))
             if method == "POST":
-                return json_(writes.create(store, kind, namespace, request.data, validation,
+                return json_(writes.create(store, kind, namespace, data, validation,
                                            warnings), status=201)
             if method == "DELETE":
                 items = self._select(raw, kind, namespace)
@@ -175,13 +182,13 @@ class ApiServer(kmock.KubernetesEmulator):
                                           query.get("includeObject", "Metadata")))
             return json_(obj)
         if method == "PUT":
-            return json_(writes.replace(store, kind, namespace, name, request.data, sub,
+            return json_(writes.replace(store, kind, namespace, name, data, sub,
                                         validation, warnings))
         if method == "PATCH":
             return json_(writes.apply_patch(store, kind, namespace, name, request.body,
                                             raw.content_type or "", sub, validation, warnings))
         if method == "DELETE":
-            options = request.data if isinstance(request.data, dict) else {}
+            options = data if isinstance(data, dict) else {}
             if "gracePeriodSeconds" in query:
                 options = {**options, "gracePeriodSeconds": int(query["gracePeriodSeconds"])}
             return json_(writes.delete(store, kind, namespace, name, options))

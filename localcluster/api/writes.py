@@ -67,8 +67,9 @@ def defaults(kind: Kind, obj: dict[str, Any]) -> None:
     if kind.plural in ("deployments", "replicasets") and spec is not None:
         spec.setdefault("replicas", 1)
     if kind.plural == "deployments" and spec is not None:
-        spec.setdefault("strategy", {"type": "RollingUpdate", "rollingUpdate": {
-            "maxSurge": "25%", "maxUnavailable": "25%"}})
+        if not (spec.get("strategy") or {}).get("type"):   # also `strategy: {}`
+            spec["strategy"] = {"type": "RollingUpdate", "rollingUpdate": {
+                "maxSurge": "25%", "maxUnavailable": "25%"}}
         spec.setdefault("revisionHistoryLimit", 10)
         spec.setdefault("progressDeadlineSeconds", 600)
     if kind.plural == "jobs" and spec is not None:
@@ -221,8 +222,16 @@ def replace(store: Store, kind: Kind, namespace: str | None, name: str, body: An
                        "to the latest version and try again")
     if subresource == "scale":
         return _finish(store, kind, old, body, "scale")
+    check_namespace(kind, namespace, body)
     new = copy.deepcopy(body)
-    new["metadata"].setdefault("resourceVersion", old["metadata"]["resourceVersion"])
+    meta = new.setdefault("metadata", {})
+    if meta.get("name", name) != name:
+        raise ApiError(400, "BadRequest", f'the name of the object ({meta["name"]}) does not '
+                       f"match the name on the URL ({name})")
+    meta["name"] = name   # the URL's name and namespace, when the body leaves them out
+    if kind.namespaced:
+        meta["namespace"] = old["metadata"]["namespace"]
+    meta.setdefault("resourceVersion", old["metadata"]["resourceVersion"])
     return _finish(store, kind, old, new, subresource, field_validation, warnings)
 
 

@@ -4,7 +4,9 @@ custom resources are pruned, defaulted and validated against their CRD's schema 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 from typing import Any
 
 import pytest
@@ -217,3 +219,83 @@ def test_ratcheting_keeps_objects_of_an_older_schema_writable(local_cluster: Loc
     raised = k("patch", "widget", "old", "--type=merge", "-p", '{"spec": {"level": 10}}',
                check=False)
     assert "spec.level in body should be less than or equal to 5" in raised.stderr
+
+
+# ---- protobuf bodies: kubectl's generators and Helm (bin/helm, Helm 4) ----
+
+def test_kubectl_create_generators_are_stored_as_their_manifests(local_cluster: LocalCluster):
+    """`kubectl create configmap|secret|namespace|deployment` send protobuf: the stored
+    objects read as the same manifests sent as YAML would (--dry-run=client -o json)."""
+    k = local_cluster.kubectl
+    commands = [
+        ["configmap", "c1", "--from-literal=a=1", "--from-literal=empty="],
+        ["secret", "generic", "s1", "--from-literal=key=v", "--type=example.org/x"],
+        ["namespace", "made-by-create"],
+        ["deployment", "d0", "--image=example.org/idle:1", "--replicas=0", "--port=8080"],
+    ]
+    for args in commands:
+        local = json.loads(k("create", *args, "--dry-run=client", "-o", "json").stdout)
+        k("create", *args)
+        stored = local_cluster.json("get", local["kind"].lower(), local["metadata"]["name"])
+        for key in ("data", "type", "labels"):
+            if key in local:
+                assert stored[key] == local[key], (args, key)
+        if "labels" in local["metadata"]:
+            assert stored["metadata"]["labels"] == local["metadata"]["labels"]
+        if local["kind"] == "Deployment":
+            spec = stored["spec"]
+            assert spec["replicas"] == 0   # a pointer's zero is kept
+            assert spec["selector"] == local["spec"]["selector"]
+            container = spec["template"]["spec"]["containers"][0]
+            assert [p["containerPort"] for p in container["ports"]] == [8080]
+            assert spec["strategy"]["type"] == "RollingUpdate"   # `strategy: {}` defaulted
+    assert local_cluster.json("get", "secret", "s1")["data"] == {"key": "dg=="}
+    assert local_cluster.json("get", "configmap", "c1")["data"] == {"a": "1", "empty": ""}
+    k("delete", "deployment", "d0")
+
+
+def helm(cluster: LocalCluster, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    home = cluster.dir / "helm"
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
+           "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
+           "HELM_DATA_HOME": str(home / "data")}
+    done = subprocess.run([str(ROOT / "bin" / "helm"), *args], capture_output=True, text=True,
+                          env=env, timeout=120)
+    if check and done.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+CHART = str(ROOT / "charts" / "paged-inference-operator")
+# the operator's pod stays Waiting (an image the process kubelet does not run): this module
+# checks what Helm writes, not the operator
+IDLE = ["--set", "image.repository=example.org/idle"]
+
+
+@pytest.mark.parametrize("apply_mode", ["--server-side=true", "--server-side=false"])
+def test_helm_install_upgrade_uninstall(local_cluster: LocalCluster, apply_mode: str):
+    ns = "inference-" + apply_mode.rsplit("=", 1)[1]
+    helm(local_cluster, "install", "pio", CHART, "-n", ns, "--create-namespace", apply_mode,
+         *IDLE)
+    [release] = json.loads(helm(local_cluster, "list", "-n", ns, "-o", "json").stdout)
+    assert (release["status"], release["revision"]) == ("deployed", "1")
+    objs = local_cluster.json("get", "deploy,sa,role,rolebinding", "-n", ns)["items"]
+    assert sorted(o["kind"] for o in objs) == ["Deployment", "Role", "RoleBinding",
+                                               "ServiceAccount"]
+    helm(local_cluster, "upgrade", "pio", CHART, "-n", ns, apply_mode, *IDLE,
+         "--set", "resyncSeconds=7")
+    [release] = json.loads(helm(local_cluster, "list", "-n", ns, "-o", "json").stdout)
+    assert (release["status"], release["revision"]) == ("deployed", "2")
+    env = local_cluster.json("get", "deploy", "-n", ns)["items"][0]["spec"]["template"][
+        "spec"]["containers"][0]["env"]
+    assert {"name": "PAGED_OPERATOR_RESYNC_SECONDS", "value": "7"} in env
+    secrets = local_cluster.json("get", "secrets", "-n", ns, "-l", "owner=helm")["items"]
+    assert sorted(s["metadata"]["labels"]["status"] for s in secrets) == ["deployed",
+                                                                          "superseded"]
+    helm(local_cluster, "uninstall", "pio", "-n", ns, "--wait")
+    local_cluster.wait_for(lambda: not local_cluster.json(
+        "get", "deploy,rs,pods,sa,role,rolebinding,secrets,configmaps", "-n", ns)["items"],
+        30, f"helm uninstall to empty {ns}")
+    crds = {c["metadata"]["name"] for c in local_cluster.json("get", "crds")["items"]}
+    assert {"pagedinferenceservices.serving.pagedinference.dev",
+            "pagedinferencetunings.serving.pagedinference.dev"} <= crds   # Helm keeps CRDs
