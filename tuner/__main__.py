@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from tuner.cli import (CPU_MODEL_PROFILES, DEFAULT_TRIALS, TINY_MODELS, TINY_PROFILE,
+from tuner.arguments import (CPU_MODEL_PROFILES, DEFAULT_TRIALS, TINY_MODELS, TINY_PROFILE,
                        build_parser, parse_slos)
 
 
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "report":
         return _report(parser, args)
     if args.command == "trace":
-        from loadtests.sources import request_log as trace
+        from loadtests.sources import log_to_trace as trace
         return trace.main(args)
     return _sweep(parser, args)
 
@@ -61,7 +61,7 @@ def _check_common(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 
 def _profile(args: argparse.Namespace) -> tuple[str, dict]:
-    """The CPU profile (tuner/cli.py) of the engine this sweep starts, or ("", {})."""
+    """The CPU profile (tuner/arguments.py) of the engine this sweep starts, or ("", {})."""
     if args.target_url is not None or args.engine_cmd is not None:
         return "", {}
     if args.model in TINY_MODELS:
@@ -75,7 +75,7 @@ def _profile(args: argparse.Namespace) -> tuple[str, dict]:
 
 def _slos_and_load(parser: argparse.ArgumentParser, args: argparse.Namespace, source):
     """The SLOs and the LoadSpec of a sweep: the workload's, the CPU profile's scaling
-    (tuner/cli.py), then the command line's overrides; plus the profile applied."""
+    (tuner/arguments.py), then the command line's overrides; plus the profile applied."""
     from tuner.measure.loadgen import LoadSpec
 
     workload = source.spec

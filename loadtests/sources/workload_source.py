@@ -18,7 +18,7 @@ from loadtests.workloads.trace import read_trace, trace_rate, write_trace
 from loadtests.sources.histogram import fit_from_prometheus
 from tuner.measure.loadgen import LoadSpec
 from tuner.measure.promql import PrometheusReader
-from loadtests.sources.request_log import describe_trace, render_document
+from loadtests.sources.log_to_trace import describe_trace, render_document
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """What a PagedInferenceTuning becomes: the tuner Job and its identity.
 
 - ServiceAccount `<tuning>-tuner`, a Role allowing exactly the Job's calls
-  (tuner/incluster/kube.py lists them) in the namespace, and the RoleBinding;
+  (tuner/incluster/cluster.py lists them) in the namespace, and the RoleBinding;
 - the Job `<tuning>-tuner`: `python -m tuner tune --cluster --name <tuning>` in the
   engine image (it holds the tuner and the Locust workloads), restartPolicy Never and a
   backoffLimit, so a failed pod is replaced and the new one resumes from status.history.

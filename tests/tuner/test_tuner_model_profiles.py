@@ -3,7 +3,7 @@ import pytest
 
 from loadtests.sources import workload_source
 from tuner.__main__ import _engine_flags, _slos_and_load
-from tuner.cli import build_parser
+from tuner.arguments import build_parser
 
 
 def _plan(*flags):

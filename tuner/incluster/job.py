@@ -39,7 +39,7 @@ import optuna
 from tuner.incluster import load as cluster_load
 from tuner.search import study as st
 from tuner.incluster.apply import apply_decision, arm_goodput
-from tuner.incluster.kube import Cluster, current_namespace, load_client
+from tuner.incluster.cluster import Cluster, current_namespace, load_client
 from tuner.incluster.service_runner import ServiceRunner
 from paged_operator.contract import (API_KEY_FILE_ENV, BY_KEY, INDEX_ENV, STORAGE_URL_ENV,
                                      TuningSpec, parse_tuning)

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from loadtests.sources.workload_source import WorkloadSource
-from tuner.incluster.kube import Cluster
+from tuner.incluster.cluster import Cluster
 from paged_operator.contract import TuningSpec
 from tuner.measure.loadgen import LoadSpec
 from tuner.measure.promql import PrometheusReader

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tuner.incluster.kube import Cluster
+from tuner.incluster.cluster import Cluster
 from tuner.measure.loadgen import LoadSpec
 from tuner.measure.promql import PrometheusReader
 from tuner.measure.runner import TrialRequest
