@@ -15,6 +15,7 @@ from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
+from engine.structured_output.manager import StructuredOutputManager
 
 if TYPE_CHECKING:  # the sampler imports torch; this module need not
     from engine.sampler import Sampler
@@ -43,9 +44,15 @@ class OutputProcessor:
         self.scheduler = scheduler
         self.sampler = sampler
         self.generation_tokens_total = 0
+        # grammars and matchers of structured requests (xgrammar loads on first use)
+        self.structured = StructuredOutputManager(
+            tokenizer, vocab_size=info.vocab_size, eos_token_ids=info.eos_token_ids)
+        sampler.structured = self.structured
 
     def add_seq(self, req: RequestState, seq: Sequence) -> None:
         p = req.params
+        if p.structured_outputs is not None and not req.seqs:
+            self.structured.compile(p.structured_outputs)  # ValueError if invalid; cached
         req.seqs.append(seq)
         req.detoks[seq.index] = IncrementalDetokenizer(
             self.tokenizer, skip_special_tokens=p.skip_special_tokens, stop=p.stop_list,
@@ -68,12 +75,14 @@ class OutputProcessor:
     def retire(self, seq: Sequence, reason: str) -> None:
         self.scheduler.finish(seq, reason)
         self.sampler.forget(seq)
+        self.structured.forget(seq)
 
     def append_token(self, req: RequestState, seq: Sequence, token: int, logprob: float,
                      top: dict[int, float] | None, now: float) -> None:
         m = req.metrics
         m.first_token_time = m.first_token_time or now
         m.last_token_time = now
+        self.structured.accept(seq, token)  # before the append: a new matcher replays output
         seq.token_ids.append(token)
         seq.cumulative_logprob += logprob
         if seq.logprobs is not None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.structured_output import StructuredOutputsParams
+    from engine.structured_output.params import StructuredOutputsParams
 
 # What torch.Generator.manual_seed takes; sample i of a request uses seed + i, so
 # seed + n - 1 must stay inside it too.
@@ -74,6 +74,10 @@ class SamplingParams:
             if self.best_of < self.n:
                 raise ValueError(f"best_of must be >= n, got best_of={self.best_of}, n={self.n}")
             self.n = self.best_of
+        if isinstance(self.structured_outputs, dict):
+            from engine.structured_output.params import StructuredOutputsParams
+
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         if self.logit_bias:
             self.logit_bias = dict(self.logit_bias)
             for token, bias in self.logit_bias.items():

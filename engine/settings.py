@@ -185,19 +185,21 @@ def _check_object(s: Setting, value: Any, label: str, bad: ValueError) -> dict[s
         raise bad
     known = {k.name: k for k in s.keys}
     unknown = sorted(set(value) - set(known), key=str)
+    prefix = f"{label}." if label else ""  # argparse's label is "" (it names the flag)
     if unknown:
-        raise ValueError(f"{label} has no key {unknown[0]!r}; known: {', '.join(known)}")
+        raise ValueError(f"{label or 'the object'} has no key {unknown[0]!r}; known: "
+                         f"{', '.join(known)}")
     out: dict[str, Any] = {}
     for key in s.keys:
         raw = value.get(key.name)
         if raw is None and key.default is None and not key.optional:
-            raise ValueError(f"{label}.{key.name} is required: {key.rule}")
-        out[key.name] = check(key, key.default if raw is None else raw, f"{label}.{key.name}")
+            raise ValueError(f"{prefix}{key.name} is required: {key.rule}")
+        out[key.name] = check(key, key.default if raw is None else raw, prefix + key.name)
     normalize = _NORMALIZE.get(s.name)
-    return normalize(out, label) if normalize else out
+    return normalize(out, prefix) if normalize else out
 
 
-def _speculative_lookup(config: dict[str, Any], label: str) -> dict[str, Any]:
+def _speculative_lookup(config: dict[str, Any], prefix: str) -> dict[str, Any]:
     """vLLM's n-gram defaults: an unset bound takes the other's value, both unset 5; min <=
     max."""
     lo, hi = config["prompt_lookup_min"], config["prompt_lookup_max"]
@@ -205,8 +207,8 @@ def _speculative_lookup(config: dict[str, Any], label: str) -> dict[str, Any]:
         lo = hi = 5
     lo, hi = (hi if lo is None else lo), (lo if hi is None else hi)
     if lo > hi:
-        raise ValueError(f"{label}.prompt_lookup_min ({lo}) must be <= "
-                         f"{label}.prompt_lookup_max ({hi})")
+        raise ValueError(f"{prefix}prompt_lookup_min ({lo}) must be <= "
+                         f"{prefix}prompt_lookup_max ({hi})")
     return {**config, "prompt_lookup_min": lo, "prompt_lookup_max": hi}
 
 

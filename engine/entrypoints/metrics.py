@@ -121,6 +121,16 @@ class ServerMetrics:
         self.max_stream_backlog = gauge(
             "paged:max_stream_backlog_tokens",
             "Most generated tokens any request has had waiting for its client (since start).")
+        # Speculative decoding, under vLLM's names (zero while it is off).
+        self.spec_decode_num_drafts = counter("vllm:spec_decode_num_drafts",
+                                              "Number of spec decoding drafts.")
+        self.spec_decode_num_draft_tokens = counter("vllm:spec_decode_num_draft_tokens",
+                                                    "Number of draft tokens.")
+        self.spec_decode_num_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens",
+                                                       "Number of accepted tokens.")
+        self._spec_per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.", ["model_name", "position"], registry=reg)
         self._max_backlog = 0
         self._last_totals: dict[str, int] = {}
         self._tracked: dict[str, _Tracked] = {}
@@ -148,7 +158,13 @@ class ServerMetrics:
         counters = {"prefix_cache_queries": self.prefix_cache_queries,
                     "prefix_cache_hits": self.prefix_cache_hits, "evictions": self.evictions,
                     "cow_copies": self.cow_copies, "num_preemptions": self.num_preemptions}
-        totals = {key: getattr(stats, key) for key in counters}
+        counters.update({"spec_num_drafts": self.spec_decode_num_drafts,
+                         "spec_num_draft_tokens": self.spec_decode_num_draft_tokens,
+                         "spec_num_accepted_tokens": self.spec_decode_num_accepted_tokens})
+        totals = {key: getattr(stats, key, 0) for key in counters}
+        for pos, total in enumerate(getattr(stats, "spec_num_accepted_tokens_per_pos", ())):
+            counters[f"spec_pos_{pos}"] = self._spec_per_pos.labels(self.model_name, str(pos))
+            totals[f"spec_pos_{pos}"] = total
         for key, total in totals.items():
             delta = total - self._last_totals.get(key, total)
             if delta > 0:
