@@ -13,6 +13,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Must be set before torch is first imported; subprocesses inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# The operator's resync period is the interval of a kopf.timer, read from the environment
+# when paged_operator is imported. tests/operator runs the operator in this process and
+# needs a short one, so it is imported here, before any test module can import it, with
+# the variable set for the import only: operators started as subprocesses (the local
+# cluster's) keep the default.
+if "PAGED_OPERATOR_RESYNC_SECONDS" not in os.environ:
+    os.environ["PAGED_OPERATOR_RESYNC_SECONDS"] = "0.3"
+    try:
+        import paged_operator  # noqa: F401,E402
+    finally:
+        del os.environ["PAGED_OPERATOR_RESYNC_SECONDS"]
+
 
 _ENGINES: "weakref.WeakSet" = weakref.WeakSet()
 

@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -89,12 +90,23 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
         prefix=GROUP, key="last-handled-configuration")
     settings.scanning.disabled = True        # no CRD/namespace watching: less RBAC
     settings.posting.level = logging.WARNING  # k8s Events only for problems
+    # A resource deleted while its resync timer runs keeps its finalizer until kopf sees
+    # the run end: look every second, not every 60 s (kopf's default).
+    settings.background.cancellation_polling = 1.0
     # Watch only our Deployments and engine pods, filtered by the API server, not every
     # pod of the namespace (or cluster); the handlers' label filters stay as a second check.
     selector = ",".join(f"{k}={v}" for k, v in MANAGED.items())
     settings.watching.label_selectors["apps", "v1", "deployments"] = selector
     settings.watching.label_selectors["", "v1", "pods"] = \
         f"{selector},app.kubernetes.io/component=engine"
+    # Several replicas (the chart's replicaCount > 1) peer through kopf: the longest-running
+    # one handles resources (an earlier start is a higher priority; equal ones would all
+    # pause), the others wait until its record is removed (exit) or expires (crash).
+    if peering := os.environ.get("PAGED_OPERATOR_PEERING"):
+        settings.peering.name, settings.peering.mandatory = peering, True
+        settings.peering.standalone = False
+        settings.peering.priority = -(time.time_ns() // 1000)
+        settings.peering.lifetime = int(os.environ.get("PAGED_OPERATOR_PEERING_LIFETIME", 10))
 
 
 @kopf.on.login()
