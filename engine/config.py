@@ -43,6 +43,8 @@ class EngineConfig:
     disable_log_stats: bool = _d("disable_log_stats")
     # n-gram speculative decoding (vLLM's dict; None: off), checked and completed by the table
     speculative_config: dict | None = _d("speculative_config")
+    # KV cache events over ZeroMQ (vLLM's dict; None: off), engine/kv_events.py
+    kv_events_config: dict | None = _d("kv_events_config")
 
     def __post_init__(self) -> None:
         """Each field against its row of the settings table, then the cross-setting rules

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from engine.config import EngineConfig, RuntimeInfo
 from engine.kv_cache_manager import KVCacheManager
+from engine.kv_events import make_publisher
 from engine.output_processor import OutputProcessor, RequestState
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
@@ -97,6 +98,8 @@ class LLMEngine:
             dtype=str(self.runner.dtype).removeprefix("torch."),
             attention_backend=self.runner.backend.name)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        # KV cache events over ZeroMQ (engine/kv_events.py); None when kv_events_config is off
+        self.kv_events = make_publisher(config.kv_events_config, self.kv)
         spec = config.speculative_config
         self.scheduler = Scheduler(self.kv, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
@@ -216,6 +219,8 @@ class LLMEngine:
         now = time.monotonic()
         for request_id, exc in failed.items():
             outputs.append(self._fail(self._requests[request_id], exc, now))
+        if self.kv_events is not None:
+            self.kv_events.flush()  # this step's stored/removed blocks, without waiting
         return outputs
 
     def _run(self, batch: ScheduledBatch

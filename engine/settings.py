@@ -140,6 +140,24 @@ TABLE: tuple[Setting, ...] = (
                 Setting("prompt_lookup_min", int, None, "shortest n-gram matched (default: "
                         "prompt_lookup_max, or 5)", optional=True, minimum=1, maximum=64),
             )),
+    Setting("kv_events_config", dict, None, "Publish KV cache events (blocks stored in and "
+            "removed from the prefix cache), as vLLM's JSON: {\"enable_kv_cache_events\": "
+            'true, "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": '
+            '"tcp://*:5558", "topic": "kv-events"} (default: off; engine/kv_events.py)',
+            flag="--kv-events-config", optional=True, keys=(
+                Setting("enable_kv_cache_events", bool, False, "publish the events"),
+                Setting("publisher", str, "zmq", "zmq, or null for none",
+                        choices=("zmq", "null")),
+                Setting("endpoint", str, "tcp://*:5557", "ZeroMQ PUB address (a * host or "
+                        "port binds, as in vLLM; tcp://HOST:*: a free port)"),
+                Setting("replay_endpoint", str, None, "ZeroMQ ROUTER address answering "
+                        "replay and snapshot requests (default: none)", optional=True),
+                Setting("buffer_steps", int, 10_000, "batches kept for replay", minimum=1),
+                Setting("hwm", int, 100_000, "the PUB socket's high-water mark", minimum=0),
+                Setting("max_queue_size", int, 100_000, "batches waiting for the publisher "
+                        "thread before new ones are dropped", minimum=1),
+                Setting("topic", str, "", "ZeroMQ topic of every message"),
+            )),
 )
 SETTINGS: dict[str, Setting] = {s.name: s for s in TABLE}
 # The settings PagedInferenceService's spec.engine holds (and the tuner may vary).

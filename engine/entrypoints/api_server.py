@@ -27,8 +27,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from engine.entrypoints.async_engine import AsyncEngine
-from engine.entrypoints.errors import (APIError, document_errors, drop_default_422,
-                                       install_error_handlers)
+from engine.entrypoints.errors import (APIError, ErrorResponse, document_errors,
+                                       drop_default_422, install_error_handlers)
 from engine.entrypoints.metrics import ServerMetrics
 from engine.entrypoints.middleware import ServerMiddleware
 from engine.entrypoints.protocol import (ChatCompletionRequest, CompletionRequest,
@@ -125,6 +125,8 @@ def _load(state: ServerState, engine_factory: Callable[[], Any]) -> None:
                              enable_prefix_caching=cfg.enable_prefix_caching,
                              gpu_memory_utilization=cfg.gpu_memory_utilization)
     metrics.observe_stats(engine.get_stats())  # baseline: warm-up is not counted
+    if getattr(engine, "kv_events", None) is not None:
+        metrics.registry.register(engine.kv_events.collector())
     if state.settings.request_log:
         metrics.request_log = RequestLog(state.settings.request_log,
                                          prefix_tokens=state.settings.request_log_prefix_tokens)
@@ -209,6 +211,20 @@ def build_app(*, engine_factory: Callable[[], Any], settings: ServerSettings,
         if state.metrics is None:
             return Response(b"", media_type=CONTENT_TYPE_LATEST)
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/kv_events", responses={
+            404: {"model": ErrorResponse, "description": "KV events are off"},
+            **document_errors(503)})
+    async def kv_events() -> dict[str, Any]:
+        """Where this engine publishes its KV cache events (engine/kv_events.py): the
+        router's `--policy precise` learns the endpoints here; a `*` or 0.0.0.0 host means
+        this server's own address."""
+        state.require_async_engine()
+        publisher = getattr(state.engine, "kv_events", None)
+        if publisher is None:
+            raise APIError("KV cache events are off; start the engine with --kv-events-config "
+                           "'{\"enable_kv_cache_events\": true}'", status=404, code="not_found")
+        return publisher.info()
 
     @app.get("/version")
     async def version() -> dict[str, str]:

@@ -1,0 +1,323 @@
+"""KV cache events: what enters and leaves each engine's prefix cache, published over ZeroMQ.
+
+vLLM's wire format (`--kv-events-config`, vllm/distributed/kv_events.py), so a subscriber
+written for vLLM reads ours:
+
+- PUB socket (`endpoint`): multipart `(topic, seq, payload)`; `seq` an 8-byte big-endian
+  counter, +1 per batch; `payload` a msgpack `KVEventBatch` in msgspec's array-like
+  layout: `[ts, [event, ...]]`, each event a tagged array:
+  `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]`,
+  `["BlockRemoved", block_hashes, medium]`, `["AllBlocksCleared"]`. A BlockStored run
+  chains: `block_hashes[i]`'s parent is `block_hashes[i-1]`, the first's is
+  `parent_block_hash`; `token_ids` are the blocks' tokens concatenated. Hashes are
+  `engine.block_hash.external_hash` (unsigned 64-bit); `medium` is "GPU" (the device pool).
+- ROUTER socket (`replay_endpoint`): a request `(b"", start_seq)` is answered with
+  `(b"", seq, payload)` for every buffered batch with seq >= start_seq (the last
+  `buffer_steps`), then `(b"", -1, b"")`. Ours also answers the request `(b"",
+  b"snapshot")` with one batch, `[AllBlocksCleared, BlockStored...]` of everything cached
+  as of the seq it carries, then the end marker: for a subscriber that starts late or lost
+  more than the buffer holds.
+
+The engine thread only appends to a list (the KV cache manager calls `stored`/`removed`)
+and, once per step, puts the step's events on a bounded queue without waiting (`flush`).
+A thread drains the queue: encodes, sends, keeps the replay buffer and its own copy of the
+cache's contents for snapshots. A full queue drops the batch, counts it and consumes its
+seq (subscribers see the gap); the next batch that fits is a rebase,
+`[AllBlocksCleared, BlockStored...]` of the whole cache, so every copy is right again.
+The first batch (seq 0) is `[AllBlocksCleared]`: a restarted engine starts empty.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from engine.block_hash import external_hash
+
+logger = logging.getLogger("engine.kv_events")
+
+MEDIUM_GPU = "GPU"
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+SNAPSHOT_REQUEST = b"snapshot"
+Event = list  # a tagged array, as above
+
+
+def block_stored(hashes: list[int], parent: int | None, token_ids: list[int],
+                 block_size: int, medium: str | None = MEDIUM_GPU) -> Event:
+    return ["BlockStored", hashes, parent, token_ids, block_size, None, medium]
+
+
+def block_removed(hashes: list[int], medium: str | None = MEDIUM_GPU) -> Event:
+    return ["BlockRemoved", hashes, medium]
+
+
+def all_blocks_cleared() -> Event:
+    return ["AllBlocksCleared"]
+
+
+def encode_batch(ts: float, events: list[Event]) -> bytes:
+    import msgpack
+
+    return msgpack.packb([ts, events])
+
+
+def decode_batch(payload: bytes) -> tuple[float, list[Event]]:
+    """(ts, events) of a KVEventBatch; also reads the map layout of newer vLLM releases
+    (`{"ts":, "events": [{"type": "BlockStored", "block_hashes": ...}]}`)."""
+    import msgpack
+
+    batch = msgpack.unpackb(payload, strict_map_key=False)
+    if isinstance(batch, dict):
+        events = [_event_from_map(e) for e in batch.get("events", [])]
+        return float(batch.get("ts", 0.0)), events
+    return float(batch[0]), [e if isinstance(e, list) else _event_from_map(e) for e in batch[1]]
+
+
+def _event_from_map(e: dict[str, Any]) -> Event:
+    tag = e.get("type")
+    if tag == "BlockStored":
+        return block_stored(e["block_hashes"], e.get("parent_block_hash"), e.get("token_ids", []),
+                            e.get("block_size", 0), e.get("medium"))
+    if tag == "BlockRemoved":
+        return block_removed(e["block_hashes"], e.get("medium"))
+    return [tag]
+
+
+def _hash_int(h: Any) -> int:
+    """vLLM publishes ints (older releases) or the digest bytes (newer): one int either way."""
+    return int.from_bytes(h[:8], "big") if isinstance(h, bytes) else int(h)
+
+
+def apply_events(cached: dict[int, Any], events: Iterable[Event], *,
+                 keep_tokens: bool = True) -> None:
+    """Replays events on a {hash: (parent, token_ids)} map of a cache's contents."""
+    for event in events:
+        tag = event[0]
+        if tag == "BlockStored":
+            parent, tokens, size = event[2], event[3], event[4] or 1
+            for i, h in enumerate(event[1]):
+                h = _hash_int(h)
+                cached[h] = (None if parent is None else _hash_int(parent),
+                             tuple(tokens[i * size:(i + 1) * size]) if keep_tokens else ())
+                parent = h
+        elif tag == "BlockRemoved":
+            for h in event[1]:
+                cached.pop(_hash_int(h), None)
+        elif tag == "AllBlocksCleared":
+            cached.clear()
+
+
+def snapshot_events(cached: dict[int, tuple[int | None, Sequence[int]]],
+                    block_size: int, medium: str = MEDIUM_GPU) -> list[Event]:
+    """`[AllBlocksCleared, BlockStored per block]`: a batch that rebuilds `cached`."""
+    return [all_blocks_cleared()] + [block_stored([h], parent, list(tokens), block_size, medium)
+                                     for h, (parent, tokens) in cached.items()]
+
+
+class KVEventRecorder:
+    """The engine thread's side: collects one step's events (the KV cache manager calls
+    `stored` and `removed`), merging chained stores and consecutive removals, and keeps
+    {hash: (parent, tokens)} of what is cached, for a rebase after a dropped batch."""
+
+    def __init__(self, block_size: int, medium: str = MEDIUM_GPU) -> None:
+        self.block_size, self.medium = block_size, medium
+        self.pending: list[Event] = []
+        self.cached: dict[int, tuple[int | None, tuple[int, ...]]] = {}
+
+    def stored(self, block_hash: bytes, parent: bytes | None, token_ids: Sequence[int]) -> None:
+        h, p = external_hash(block_hash), None if parent is None else external_hash(parent)
+        tokens = tuple(token_ids)
+        self.cached[h] = (p, tokens)
+        last = self.pending[-1] if self.pending else None
+        if last is not None and last[0] == "BlockStored" and last[1][-1] == p:
+            last[1].append(h)
+            last[3].extend(tokens)
+        else:
+            self.pending.append(block_stored([h], p, list(tokens), self.block_size, self.medium))
+
+    def removed(self, block_hash: bytes) -> None:
+        h = external_hash(block_hash)
+        self.cached.pop(h, None)
+        last = self.pending[-1] if self.pending else None
+        if last is not None and last[0] == "BlockRemoved":
+            last[1].append(h)
+        else:
+            self.pending.append(block_removed([h], self.medium))
+
+    def take(self) -> list[Event]:
+        events, self.pending = self.pending, []
+        return events
+
+    def rebase(self) -> list[Event]:
+        self.pending = []
+        return snapshot_events(self.cached, self.block_size, self.medium)
+
+
+def _bind(sock: Any, endpoint: str, label: str) -> str:
+    """Binds (a `*` host or port, ipc, inproc: vLLM's rule) or connects; the address bound."""
+    import zmq
+
+    try:
+        if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
+            sock.bind(endpoint)
+            return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        sock.connect(endpoint)
+        return endpoint
+    except zmq.ZMQError as exc:
+        raise ValueError(f"kv_events_config.{label} {endpoint!r}: {exc}; choose a free port "
+                         "or another address") from None
+
+
+class ZmqKVEventPublisher:
+    """PUB + replay ROUTER sockets served by one thread (see the module's docstring)."""
+
+    def __init__(self, config: dict[str, Any], recorder: KVEventRecorder) -> None:
+        import zmq
+
+        self.recorder = recorder
+        self.topic = config.get("topic") or ""
+        self._ctx = zmq.Context.instance()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.set_hwm(config.get("hwm", 100_000))
+        self._pub.setsockopt(zmq.LINGER, 0)
+        self.endpoint = _bind(self._pub, config.get("endpoint") or "tcp://*:5557", "endpoint")
+        self._replay = None
+        self.replay_endpoint = None
+        if config.get("replay_endpoint"):
+            self._replay = self._ctx.socket(zmq.ROUTER)
+            self._replay.setsockopt(zmq.LINGER, 0)
+            self.replay_endpoint = _bind(self._replay, config["replay_endpoint"],
+                                         "replay_endpoint")
+        self._queue: queue.Queue = queue.Queue(maxsize=config.get("max_queue_size", 100_000))
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.get("buffer_steps", 10_000))
+        self._mirror: dict[int, tuple[int | None, tuple[int, ...]]] = {}
+        self._next_seq = 0          # engine thread
+        self._needs_rebase = False  # engine thread: a batch was dropped
+        self.last_seq = -1          # publisher thread: last batch sent
+        self.batches_dropped = 0
+        self.batches_published = self.events_published = self.bytes_published = 0
+        self._running = True
+        self._put([all_blocks_cleared()])  # seq 0: this engine's cache starts empty
+        self._thread = threading.Thread(target=self._serve, daemon=True, name="kv-events")
+        self._thread.start()
+
+    # ---- engine thread ------------------------------------------------------------------
+    def flush(self) -> None:
+        """Publishes the step's events; never waits (a full queue drops and counts them)."""
+        if self._needs_rebase:
+            self._put(self.recorder.rebase())
+        elif self.recorder.pending:
+            self._put(self.recorder.take())
+
+    def _put(self, events: list[Event]) -> None:
+        seq, self._next_seq = self._next_seq, self._next_seq + 1
+        try:
+            self._queue.put_nowait((seq, time.time(), events))
+            self._needs_rebase = False
+        except queue.Full:
+            self.batches_dropped += 1
+            self._needs_rebase = True
+
+    def close(self) -> None:
+        if not self._running:
+            return
+        self._running = False
+        try:
+            self._queue.put(None, timeout=1.0)
+        except queue.Full:
+            pass
+        self._thread.join(timeout=5.0)
+
+    def info(self) -> dict[str, Any]:
+        """What the engine's `/kv_events` route advertises."""
+        return {"publisher": "zmq", "endpoint": self.endpoint,
+                "replay_endpoint": self.replay_endpoint, "topic": self.topic,
+                "block_size": self.recorder.block_size, "medium": self.recorder.medium,
+                "hash": "engine.block_hash.external_hash"}
+
+    def collector(self) -> Any:
+        """A Prometheus collector of the publisher's counters."""
+        from prometheus_client.core import CounterMetricFamily
+
+        publisher = self
+
+        class Collector:
+            def collect(self) -> Iterable[Any]:
+                for name, doc, value in (
+                        ("paged:kv_events_batches_published", "KV event batches sent.",
+                         publisher.batches_published),
+                        ("paged:kv_events_published", "KV events sent.",
+                         publisher.events_published),
+                        ("paged:kv_events_bytes_published", "KV event payload bytes sent.",
+                         publisher.bytes_published),
+                        ("paged:kv_events_batches_dropped", "KV event batches dropped "
+                         "because the publisher's queue was full (subscribers resync).",
+                         publisher.batches_dropped)):
+                    yield CounterMetricFamily(name, doc, value=value)
+
+        return Collector()
+
+    # ---- publisher thread -----------------------------------------------------------------
+    def _serve(self) -> None:
+        try:
+            while True:
+                if self._replay is not None:
+                    while self._replay.poll(0):
+                        self._answer_replay()
+                try:
+                    item = self._queue.get(timeout=0.02)
+                except queue.Empty:
+                    if not self._running:
+                        break
+                    continue
+                if item is None:
+                    break
+                self._send(*item)
+        except Exception:  # noqa: BLE001 - the engine keeps serving without events
+            logger.exception("the KV event publisher stopped")
+        finally:
+            self._pub.close(linger=0)
+            if self._replay is not None:
+                self._replay.close(linger=0)
+
+    def _send(self, seq: int, ts: float, events: list[Event]) -> None:
+        payload = encode_batch(ts, events)
+        self._pub.send_multipart((self.topic.encode(), seq.to_bytes(8, "big"), payload))
+        self._buffer.append((seq, payload))
+        apply_events(self._mirror, events)
+        self.last_seq = seq
+        self.batches_published += 1
+        self.events_published += len(events)
+        self.bytes_published += len(payload)
+
+    def _answer_replay(self) -> None:
+        frames = self._replay.recv_multipart()
+        if len(frames) != 3:
+            logger.warning("ignored a KV-event replay request of %d frames", len(frames))
+            return
+        client, _, request = frames
+        if request == SNAPSHOT_REQUEST:
+            payload = encode_batch(time.time(), snapshot_events(
+                self._mirror, self.recorder.block_size, self.recorder.medium))
+            self._replay.send_multipart((client, b"", self.last_seq.to_bytes(8, "big"), payload))
+        elif len(request) == 8:
+            start = int.from_bytes(request, "big")
+            for seq, payload in self._buffer:
+                if seq >= start:
+                    self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
+        self._replay.send_multipart((client, b"", END_SEQ, b""))
+
+
+def make_publisher(config: dict[str, Any] | None, kv: Any) -> ZmqKVEventPublisher | None:
+    """The publisher `kv_events_config` asks for, wired to the KV cache manager `kv`
+    (None when events are off)."""
+    if not config or not config.get("enable_kv_cache_events") or config.get("publisher") == "null":
+        return None
+    recorder = KVEventRecorder(kv.block_size)
+    publisher = ZmqKVEventPublisher(config, recorder)
+    kv.events = recorder
+    return publisher
