@@ -52,6 +52,28 @@ class StreamOptions(_Body):
     include_usage: StrictBool = False
 
 
+class JsonSchemaFormat(_Body):
+    name: Text = "response"
+    description: Text | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(_Body):
+    """OpenAI's `response_format`: free text, any JSON object, or JSON of a schema."""
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Body):
+    """vLLM's `structured_outputs` extra: exactly one constraint."""
+    json_: dict[str, Any] | Text | None = Field(default=None, alias="json")
+    json_object: StrictBool | None = None
+    regex: Text | None = None
+    choice: list[Text] | None = None
+    grammar: Text | None = None
+
+
 class _SamplingRequest(_Body):
     model: Text | None = None
     n: Annotated[StrictInt, Field(ge=1, le=1024)] = 1
@@ -81,6 +103,8 @@ class _SamplingRequest(_Body):
     best_of: Annotated[StrictInt, Field(ge=1, le=1024)] | None = None
     # vLLM's: logprobs of the prompt's tokens with this many alternatives each.
     prompt_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     def _max_new_tokens(self) -> int | None:
         return self.max_tokens
@@ -90,6 +114,32 @@ class _SamplingRequest(_Body):
 
     def _num_prompt_logprobs(self) -> int | None:
         return self.prompt_logprobs
+
+    def constraint(self) -> tuple[Any, str] | None:
+        """(StructuredOutputsParams, the field it came from) or None, from response_format or
+        structured_outputs (not both)."""
+        from engine.structured_output import StructuredOutputsParams
+
+        rf, so = self.response_format, self.structured_outputs
+        if rf is not None and rf.type != "text" and so is not None:
+            raise APIError("send response_format or structured_outputs, not both",
+                           param="structured_outputs")
+        if rf is not None and rf.type == "json_object":
+            return StructuredOutputsParams(json_object=True), "response_format"
+        if rf is not None and rf.type == "json_schema":
+            if rf.json_schema is None or rf.json_schema.schema_ is None:
+                raise APIError("response_format type json_schema needs json_schema.schema",
+                               param="response_format.json_schema")
+            return (StructuredOutputsParams(json=rf.json_schema.schema_),
+                    "response_format.json_schema.schema")
+        if so is None:
+            return None
+        try:
+            return StructuredOutputsParams(
+                json=so.json_, json_object=bool(so.json_object), regex=so.regex,
+                choice=so.choice, grammar=so.grammar), "structured_outputs"
+        except ValueError as exc:
+            raise APIError(str(exc), param="structured_outputs") from None
 
     def sampling_params(self):
         """A fresh SamplingParams (one per engine request: the engine may keep state in it)."""
@@ -124,6 +174,9 @@ class _SamplingRequest(_Body):
             kwargs["best_of"] = self.best_of
         if self.logit_bias:
             kwargs["logit_bias"] = _token_bias(self.logit_bias)
+        constraint = self.constraint()
+        if constraint is not None:
+            kwargs["structured_outputs"] = constraint[0]
         try:
             return SamplingParams(**kwargs)
         except (ValueError, TypeError) as exc:
@@ -219,7 +272,6 @@ class ChatCompletionRequest(_SamplingRequest):
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
     add_generation_prompt: StrictBool = True
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
 
     def _max_new_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None \
@@ -228,9 +280,6 @@ class ChatCompletionRequest(_SamplingRequest):
     def _num_logprobs(self) -> int | None:
         if self.tools:
             raise APIError("tools are not supported", param="tools")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise APIError("only response_format type 'text' is supported",
-                           param="response_format")
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError("top_logprobs requires logprobs to be true", param="top_logprobs")
         return (self.top_logprobs or 0) if self.logprobs else None

@@ -59,8 +59,22 @@ class Serving:
                            f"exceeds max_model_len ({limit}); lower max_tokens",
                            param="max_tokens")
 
+    async def _compile(self, req: Any) -> None:
+        """Compile the request's grammar on a worker thread (not the event loop); an invalid
+        schema, regex or grammar is a 400 naming the field. The engine finds it cached."""
+        constraint = req.constraint()
+        if constraint is None:
+            return
+        so, field = constraint
+        manager = self.state.engine.output.structured
+        try:
+            await asyncio.to_thread(manager.compile, so)
+        except ValueError as exc:
+            raise APIError(str(exc), param=field) from None
+
     async def _submit(self, raw: Request, req: Any, prompts: list[Any], prefix: str
                       ) -> tuple[str, RequestGroup, list[Any]]:
+        await self._compile(req)
         params = [req.sampling_params() for _ in prompts]
         if req.stop_token_ids:
             self.state.tokenization.check_ids(req.stop_token_ids, "stop_token_ids")

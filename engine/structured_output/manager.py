@@ -22,11 +22,23 @@ if TYPE_CHECKING:
     from engine.sequence import Sequence
 
 _XGR_LOCATION = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")  # "[12:00:00] /x/y.cc:42: "
+# xgrammar's rule for a length-bounded JSON string character lets raw control characters
+# through (its unbounded string rule does not); JSON forbids them unescaped.
+_LOOSE_STRING_CHAR = r'[^\"\\\r\n]'
+_JSON_STRING_CHAR = r'[^\0-\x1f\"\\\r\n]'
 
 
 def _message(exc: BaseException) -> str:
     lines = [_XGR_LOCATION.sub("", line).strip() for line in str(exc).splitlines()]
     return next((line for line in lines if line), type(exc).__name__)[:300]
+
+
+def _json_schema_ebnf(schema: Any) -> str:
+    """The schema as xgrammar's EBNF (compact JSON, strict), control characters barred."""
+    import xgrammar as xgr
+
+    ebnf = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True))
+    return ebnf.replace(_LOOSE_STRING_CHAR, _JSON_STRING_CHAR)
 
 
 class StructuredOutputManager:
@@ -66,14 +78,11 @@ class StructuredOutputManager:
             compiler = self._compiler_locked()
         kind = params.kind
         try:
-            if kind == "json_object":
-                grammar = compiler.compile_json_schema({"type": "object"}, any_whitespace=False)
-            elif kind == "json":
-                schema = params.json
+            if kind in ("json", "json_object"):
+                schema = params.json if kind == "json" else {"type": "object"}
                 if isinstance(schema, str):
                     schema = json.loads(schema)
-                grammar = compiler.compile_json_schema(schema, any_whitespace=False,
-                                                       strict_mode=True)
+                grammar = compiler.compile_grammar(_json_schema_ebnf(schema))
             elif kind == "regex":
                 grammar = compiler.compile_regex(params.regex)
             elif kind == "choice":
