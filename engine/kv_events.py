@@ -201,7 +201,8 @@ class ZmqKVEventPublisher:
         self.batches_dropped = 0
         self.batches_published = self.events_published = self.bytes_published = 0
         self._running = True
-        self._put([all_blocks_cleared()])  # seq 0: this engine's cache starts empty
+        self._next_seq = 1
+        self._send(0, time.time(), [all_blocks_cleared()])  # this engine's cache starts empty
         self._thread = threading.Thread(target=self._serve, daemon=True, name="kv-events")
         self._thread.start()
 
@@ -237,7 +238,7 @@ class ZmqKVEventPublisher:
         return {"publisher": "zmq", "endpoint": self.endpoint,
                 "replay_endpoint": self.replay_endpoint, "topic": self.topic,
                 "block_size": self.recorder.block_size, "medium": self.recorder.medium,
-                "hash": "engine.block_hash.external_hash"}
+                "hash": "engine.block_hash.external_hash", "last_seq": self.last_seq}
 
     def collector(self) -> Any:
         """A Prometheus collector of the publisher's counters."""

@@ -2,6 +2,7 @@
 `/health` (ready while any backend is) and `/metrics` (the `paged_router_*` families)."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -16,10 +17,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from engine.router.hashing import CharChunkHasher, TokenBlockHasher
+from engine.router.hashing import CharChunkHasher, EngineBlockHasher, TokenBlockHasher
+from engine.router.kv_index import KVEventFollower
 from engine.router.metrics import RouterMetrics
-from engine.router.policies import RouteRequest, make_policy
-from engine.router.pool import BackendPool
+from engine.router.policies import PrecisePolicy, RouteRequest, make_policy
+from engine.router.pool import BackendPool, normalize_url
 from engine.router.proxy import Forwarder, error
 
 logger = logging.getLogger("engine.router")
@@ -40,6 +42,8 @@ class RouterConfig:
     table_size: int = 200_000
     tokenizer: str | None = None
     hash_block_size: int = 16
+    # precise policy: backend URL -> (PUB, replay) endpoints; the others ask GET /kv_events
+    kv_events_endpoints: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     health_interval: float = 1.0
     connect_timeout: float = 2.0
     api_key: str | None = None
@@ -47,6 +51,9 @@ class RouterConfig:
     def __post_init__(self) -> None:
         if bool(self.backends) == bool(self.discover):
             raise ValueError("give exactly one of --backends URL[,URL...] or --discover SERVICE")
+        if self.policy == "precise" and not self.tokenizer:
+            raise ValueError("--policy precise hashes requests as the engines do: give "
+                             "--tokenizer DIR (the engines' model directory or tokenizer.json)")
 
 
 def _authorized(request: Request, api_key: str | None) -> bool:
@@ -68,6 +75,26 @@ def build_app(config: RouterConfig) -> Starlette:
     pool = BackendPool(metrics, health_interval=config.health_interval,
                        scrape=config.policy == "least-load")
     pool.set_urls(config.backends)
+    follower = None
+    if isinstance(policy, PrecisePolicy):
+        hasher = EngineBlockHasher(config.tokenizer, config.hash_block_size, config.max_chunks)
+
+        def on_block_size(url: str, size: int) -> None:
+            if size != hasher.block_size:
+                logger.warning("%s caches blocks of %d tokens, not %d: hashing with %d",
+                               url, size, hasher.block_size, size)
+                hasher.block_size = size
+
+        follower = KVEventFollower(policy.index, metrics=metrics, on_block_size=on_block_size,
+                                   endpoints={normalize_url(u): e for u, e in
+                                              config.kv_events_endpoints.items()})
+
+    async def follow_backends() -> None:
+        """The index follows exactly the backends the pool offers now."""
+        assert follower is not None
+        while True:
+            follower.track(b.url for b in pool.available())
+            await asyncio.sleep(0.1)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -81,9 +108,13 @@ def build_app(config: RouterConfig) -> Starlette:
                                            port_name=config.port_name)
             await watcher.start()
         await pool.start()
+        following = asyncio.create_task(follow_backends()) if follower else None
         try:
             yield
         finally:
+            if following is not None:
+                following.cancel()
+                await follower.stop()
             await pool.stop()
             if watcher is not None:
                 await watcher.stop()
@@ -116,6 +147,9 @@ def build_app(config: RouterConfig) -> Starlette:
     async def health(request: Request) -> Response:
         n = len(pool.available())
         body = {"healthy_backends": n, "backends": len(pool.all()), "policy": policy.name}
+        if follower is not None:  # what the index knows of each backend's KV events
+            body["kv_events"] = {url: {"last_seq": seq, "blocks": policy.index.size(url)}
+                                 for url, seq in follower.last_seq.items()}
         return JSONResponse(body, status_code=200 if n else 503)
 
     async def prometheus(request: Request) -> Response:
@@ -136,4 +170,5 @@ def build_app(config: RouterConfig) -> Starlette:
         Route("/metrics", prometheus, methods=["GET"]),
     ], exception_handlers={HTTPException: http_error}, lifespan=lifespan)
     app.state.pool, app.state.policy, app.state.metrics = pool, policy, metrics
+    app.state.follower = follower
     return app

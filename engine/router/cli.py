@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "directory) instead of characters")
     p.add_argument("--hash-block-size", type=int, default=16,
                    help="tokens per hashed block with --tokenizer (the engine's --block-size)")
+    p.add_argument("--kv-events-endpoints", default=None, metavar="PUB[|REPLAY],...",
+                   help="precise policy: each backend's KV-event endpoints, in --backends "
+                        "order (default: asked from each engine's GET /kv_events)")
     p.add_argument("--health-interval", type=float, default=1.0,
                    help="seconds between /health probes (and load scrapes) per backend")
     p.add_argument("--connect-timeout", type=float, default=2.0)
@@ -98,9 +101,19 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--api-key-file {args.api_key_file}: {exc.strerror}") from None
         if not args.api_key:
             raise SystemExit(f"--api-key-file {args.api_key_file} is empty")
+    backends = [u for u in (args.backends or "").split(",") if u.strip()]
+    endpoints: dict[str, tuple[str, str | None]] = {}
+    if args.kv_events_endpoints:
+        given = args.kv_events_endpoints.split(",")
+        if len(given) != len(backends):
+            raise SystemExit(f"--kv-events-endpoints lists {len(given)} backends' endpoints; "
+                             f"--backends lists {len(backends)}: give one PUB[|REPLAY] each")
+        for url, pair in zip(backends, given):
+            pub, _, replay = pair.partition("|")
+            endpoints[url] = (pub.strip(), replay.strip() or None)
     try:
         config = RouterConfig(
-            backends=[u for u in (args.backends or "").split(",") if u.strip()],
+            backends=backends, kv_events_endpoints=endpoints,
             discover=args.discover, namespace=args.namespace, port_name=args.port_name,
             policy=args.policy, load_factor=args.load_factor,
             hit_load_factor=args.hit_load_factor, cache_balance=args.cache_balance,

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.block_hash import external_hash, full_block_hashes
+
 DIGEST_BYTES = 8
 
 
@@ -116,6 +118,13 @@ class TokenBlockHasher:
         return chained(b"".join(t.to_bytes(4, "little") for t in block) for block in blocks)
 
     def request_hashes(self, body: dict[str, Any]) -> list[int]:
+        return self.block_hashes(self.token_ids(body))
+
+    def token_ids(self, body: dict[str, Any]) -> list[int]:
+        """The prompt's token ids as the engine will compute them."""
+        def encode(text: str, special: bool = False) -> list[int]:
+            return self.tokenizer.encode(text, add_special_tokens=special).ids
+
         messages = body.get("messages")
         if isinstance(messages, list) and self.template is not None:
             conversation = [{"role": m.get("role", ""), "content": _content_text(m.get("content"))}
@@ -124,18 +133,30 @@ class TokenBlockHasher:
                 text = self.template.render(messages=conversation, add_generation_prompt=True,
                                             **self.special)
             except Exception:  # noqa: BLE001 - the engine will answer 400; route by text
-                return self.hashes(request_text(body))
-            return self.hashes(text)  # the template carries its own special tokens
+                return encode(request_text(body))
+            return encode(text)  # the template carries its own special tokens
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
             prompt = prompt[0]  # a batch of id lists: route by the first
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            return self.block_hashes(prompt)
+            return list(prompt)
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             prompt = prompt[0]
         if isinstance(prompt, str):
-            return self.hashes(prompt, add_special_tokens=True)
-        return self.hashes(request_text(body))
+            return encode(prompt, special=True)
+        return encode(request_text(body))
+
+
+class EngineBlockHasher(TokenBlockHasher):
+    """The engine's own prefix-cache block hashes of a request (engine/block_hash.py, as KV
+    events publish them), for the `precise` policy: the token ids as TokenBlockHasher
+    computes them, the request's `cache_salt`, the engines' block size."""
+
+    def request_hashes(self, body: dict[str, Any]) -> list[int]:
+        salt = body.get("cache_salt")
+        return [external_hash(h) for h in full_block_hashes(
+            self.token_ids(body), self.block_size, salt if isinstance(salt, str) else None,
+            self.max_chunks)]
 
 
 def _chat_template(folder: Path) -> tuple[Any, dict[str, Any]]:

@@ -40,6 +40,16 @@ class RouterMetrics:
             "paged_router_added_latency_seconds", "Time the router itself adds before the "
             "first response byte (parsing, routing, connecting; the backend's time excluded).",
             buckets=LATENCY_BUCKETS, registry=r)
+        self.kv_events = Counter(
+            "paged_router_kv_events", "KV events applied to the index (precise policy).",
+            ["backend"], registry=r)
+        self.kv_resyncs = Counter(
+            "paged_router_kv_resyncs", "Times a backend's index was rebuilt: replay (a gap "
+            "filled), snapshot (started late or the gap was gone), restart (its sequence "
+            "began again).", ["backend", "how"], registry=r)
+        self.kv_index_blocks = Gauge(
+            "paged_router_kv_index_blocks", "Blocks each backend's prefix cache holds, by its "
+            "KV events (precise policy).", ["backend"], registry=r)
         self._queried = self._hit = 0
 
     def prefix(self, queried: int, hit: int) -> None:

@@ -10,14 +10,15 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from engine.router.hashing import ring_point
+from engine.router.kv_index import KVIndex
 from engine.router.pool import Backend
 from engine.router.ring import HashRing
 
-POLICIES = ("prefix", "least-load", "round-robin")
+POLICIES = ("prefix", "least-load", "round-robin", "precise")
 
 
 @dataclass
@@ -77,6 +78,24 @@ def load_bound(backends: Sequence[Backend], load_factor: float) -> int:
     return math.ceil(total / len(backends) * (1 + load_factor))
 
 
+def place_new_prefix(ring_order: list[Backend], bound: int, footprint: Mapping[str, int],
+                     cache_balance: float | None) -> tuple[Backend, str]:
+    """A new prefix (or one whose holders are all full): its place on the ring, skipping
+    backends at the load bound ("overflow") or above the cache-footprint bound
+    `(1+cache_balance) * mean footprint` ("balance")."""
+    fitting = [b for b in ring_order if b.in_flight < bound]
+    if cache_balance is not None and fitting:
+        cap = (1 + cache_balance) * sum(footprint.get(b.url, 0) for b in ring_order) \
+            / len(ring_order)
+        for b in fitting:
+            if footprint.get(b.url, 0) <= cap:
+                return b, ("hash" if b is ring_order[0] else
+                           "overflow" if ring_order[0].in_flight >= bound else "balance")
+    if fitting:
+        return fitting[0], "hash" if fitting[0] is ring_order[0] else "overflow"
+    return ring_order[0], "hash"  # unreachable: some backend is at most the mean
+
+
 class PrefixPolicy(Policy):
     """Longest known prefix first, consistent hashing for new prefixes, bounded load.
 
@@ -134,19 +153,8 @@ class PrefixPolicy(Policy):
                 b = by_url.get(url)
                 if b is not None and b.in_flight < hit_bound:
                     return first(b, "prefix_hit")
-        # a new prefix (or every holder is full): its place on the ring, skipping backends
-        # above the load bound ("overflow") or above the cache-footprint bound ("balance")
-        fitting = [b for b in ring_order if b.in_flight < bound]
-        if self.cache_balance is not None and fitting:
-            cap = (1 + self.cache_balance) * sum(self.footprint[b.url] for b in backends) \
-                / len(backends)
-            for b in fitting:
-                if self.footprint[b.url] <= cap:
-                    return first(b, "hash" if b is ring_order[0] else
-                                 "overflow" if ring_order[0].in_flight >= bound else "balance")
-        if fitting:
-            return first(fitting[0], "hash" if fitting[0] is ring_order[0] else "overflow")
-        return first(ring_order[0], "hash")  # unreachable: some backend is at most the mean
+        pick, decision = place_new_prefix(ring_order, bound, self.footprint, self.cache_balance)
+        return first(pick, decision)
 
     def _held(self, request: RouteRequest, url: str) -> int:
         for i in range(len(request.hashes) - 1, -1, -1):
@@ -178,11 +186,59 @@ class PrefixPolicy(Policy):
                 self.sessions.popitem(last=False)
 
 
+class PrecisePolicy(Policy):
+    """Where the prefix is, as the engines say: scores each backend by the blocks of the
+    request's prefix its prefix cache holds (the KV index that the engines' KV events keep,
+    engine/router/kv_index.py; `hashes` are the engine's own block hashes of the request),
+    most first, under the hit bound; a new prefix, or one whose holders are all full, goes
+    as in the prefix policy (its place on the ring, the tight bound, and the footprint
+    bound, here the blocks each backend really holds)."""
+
+    name = "precise"
+
+    def __init__(self, *, load_factor: float = 0.25, hit_load_factor: float = 1.0,
+                 cache_balance: float | None = 0.25, ring_replicas: int = 100,
+                 index: KVIndex | None = None) -> None:
+        for flag, value in (("--load-factor", load_factor),
+                            ("--hit-load-factor", hit_load_factor),
+                            ("--cache-balance", 0.0 if cache_balance is None else cache_balance)):
+            if value < 0:
+                raise ValueError(f"{flag} must be >= 0, got {value}")
+        self.load_factor, self.hit_load_factor = load_factor, hit_load_factor
+        self.cache_balance = cache_balance
+        self.index = KVIndex() if index is None else index
+        self.ring = HashRing(replicas=ring_replicas)
+
+    def choose(self, request: RouteRequest, backends: Sequence[Backend]) -> Choice:
+        by_url = {b.url: b for b in backends}
+        self.ring.set_nodes(by_url)
+        bound = load_bound(backends, self.load_factor)
+        hit_bound = load_bound(backends, self.hit_load_factor)
+        key = request.hashes[0] if request.hashes else ring_point(request.session or "")
+        ring_order = [by_url[u] for u in self.ring.walk(key)]
+        held = self.index.prefix_blocks(request.hashes, by_url)
+
+        def first(pick: Backend, decision: str) -> Choice:
+            rest = [b for b in ring_order if b is not pick]
+            return Choice([pick, *rest], decision, held[pick.url])
+
+        holders = sorted((i, b) for i, b in enumerate(ring_order) if held[b.url])
+        holders.sort(key=lambda ib: (-held[ib[1].url], ib[1].in_flight, ib[0]))
+        for _, b in holders:
+            if b.in_flight < hit_bound:
+                return first(b, "prefix_hit")
+        footprint = {url: self.index.size(url) for url in by_url}
+        return first(*place_new_prefix(ring_order, bound, footprint, self.cache_balance))
+
+
 def make_policy(name: str, *, load_factor: float = 0.25, hit_load_factor: float = 1.0,
                 cache_balance: float | None = 0.25, table_size: int = 200_000) -> Policy:
     if name == "prefix":
         return PrefixPolicy(load_factor=load_factor, hit_load_factor=hit_load_factor,
                             cache_balance=cache_balance, table_size=table_size)
+    if name == "precise":
+        return PrecisePolicy(load_factor=load_factor, hit_load_factor=hit_load_factor,
+                             cache_balance=cache_balance)
     if name == "least-load":
         return LeastLoadPolicy()
     if name == "round-robin":

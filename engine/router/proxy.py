@@ -119,6 +119,9 @@ class RelayResponse(Response):
             self._release()
 
 
+HASHED = ("prefix", "precise")  # the policies that route by the request's prefix hashes
+
+
 class Forwarder:
     def __init__(self, pool: BackendPool, policy: Policy, hasher: Any,
                  metrics: RouterMetrics, *, connect_timeout: float = 2.0) -> None:
@@ -135,7 +138,7 @@ class Forwarder:
 
     def route_request(self, body: dict[str, Any], headers: Any) -> RouteRequest:
         session = headers.get("x-session-id") or body.get("user")
-        hashes = self.hasher.request_hashes(body) if self.policy.name == "prefix" else []
+        hashes = self.hasher.request_hashes(body) if self.policy.name in HASHED else []
         return RouteRequest(hashes=hashes, session=str(session) if session else None)
 
     async def forward(self, request: Request, method: str, path: str, body: bytes,
@@ -203,7 +206,7 @@ class Forwarder:
                 self.metrics.retries.labels(reason="status_503").inc()
                 continue
             self.metrics.requests.labels(backend=backend.url, decision=decision).inc()
-            if self.policy.name == "prefix":
+            if self.policy.name in HASHED:
                 self.policy.record(route, backend)
                 self.metrics.prefix(len(route.hashes), choice.hit_chunks if attempt == 0 else 0)
             out_headers = [(k.lower(), v) for k, v in response.raw_headers

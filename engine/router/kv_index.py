@@ -1,0 +1,248 @@
+"""Where every cached prefix block is: an index fed by the engines' KV events.
+
+`KVIndex` maps a block hash (engine/block_hash.py's `external_hash`) to the backends whose
+prefix cache holds it. `KVEventFollower` keeps it current: for each backend it learns the
+event endpoints (given, or from the engine's `GET /kv_events`), subscribes over ZeroMQ and
+applies every batch in sequence order. A gap is filled from the replay socket; what replay
+no longer holds (or a router that starts late) comes from a snapshot; an engine that
+restarted (its sequence starts again) is cleared and resynced. A backend the pool no
+longer offers leaves the index at once. Runs in the router's event loop (zmq.asyncio), so
+the index needs no lock.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from engine.kv_events import END_SEQ, SNAPSHOT_REQUEST, decode_batch
+
+logger = logging.getLogger("engine.router")
+
+
+class KVIndex:
+    def __init__(self) -> None:
+        self.holders: dict[int, set[str]] = {}
+        self.blocks: dict[str, set[int]] = {}  # backend -> hashes it holds
+
+    def store(self, url: str, hashes: Iterable[int]) -> None:
+        mine = self.blocks.setdefault(url, set())
+        for h in hashes:
+            self.holders.setdefault(h, set()).add(url)
+            mine.add(h)
+
+    def remove(self, url: str, hashes: Iterable[int]) -> None:
+        mine = self.blocks.get(url, set())
+        for h in hashes:
+            urls = self.holders.get(h)
+            if urls is not None:
+                urls.discard(url)
+                if not urls:
+                    del self.holders[h]
+            mine.discard(h)
+
+    def clear(self, url: str) -> None:
+        self.remove(url, list(self.blocks.get(url, ())))
+
+    def drop(self, url: str) -> None:
+        self.clear(url)
+        self.blocks.pop(url, None)
+
+    def apply(self, url: str, events: Sequence[list]) -> None:
+        for event in events:
+            if event[0] == "BlockStored":
+                self.store(url, (_int(h) for h in event[1]))
+            elif event[0] == "BlockRemoved":
+                self.remove(url, (_int(h) for h in event[1]))
+            elif event[0] == "AllBlocksCleared":
+                self.clear(url)
+
+    def prefix_blocks(self, hashes: Sequence[int], urls: Iterable[str]) -> dict[str, int]:
+        """For each backend, how many of the request's leading blocks it holds."""
+        held = dict.fromkeys(urls, 0)
+        alive = set(held)
+        for i, h in enumerate(hashes):
+            alive &= self.holders.get(h, set())
+            if not alive:
+                break
+            for url in alive:
+                held[url] = i + 1
+        return held
+
+    def size(self, url: str) -> int:
+        return len(self.blocks.get(url, ()))
+
+
+def _int(h: Any) -> int:
+    return int.from_bytes(h[:8], "big") if isinstance(h, bytes) else int(h)
+
+
+def connectable(endpoint: str, backend_url: str) -> str:
+    """An engine's bound address (`tcp://*:5557`, `tcp://0.0.0.0:5557`) as the router
+    reaches it: the backend URL's host in place of a wildcard host."""
+    scheme, _, rest = endpoint.partition("://")
+    host, _, port = rest.rpartition(":")
+    if scheme == "tcp" and host in ("*", "0.0.0.0", "[::]", "::", ""):
+        host = urlsplit(backend_url).hostname or "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
+        return f"tcp://{host}:{port}"
+    return endpoint
+
+
+class KVEventFollower:
+    """One task per backend, following its KV events into `index`."""
+
+    REPLAY_TIMEOUT = 2.0
+
+    def __init__(self, index: KVIndex, *, endpoints: dict[str, tuple[str, str | None]] | None
+                 = None, metrics: Any = None, on_block_size: Any = None) -> None:
+        import zmq.asyncio
+
+        self.index, self.static = index, endpoints or {}
+        self.metrics, self.on_block_size = metrics, on_block_size
+        self.ctx = zmq.asyncio.Context.instance()
+        self.tasks: dict[str, asyncio.Task] = {}
+        self.last_seq: dict[str, int] = {}
+        self.resyncs: dict[str, list[str]] = {}  # url -> how it resynced, in order
+
+    def track(self, urls: Iterable[str]) -> None:
+        """Follow exactly these backends: new ones start, gone ones leave the index now."""
+        wanted = set(urls)
+        for url in list(self.tasks):
+            if url not in wanted:
+                self.tasks.pop(url).cancel()
+                self.index.drop(url)
+                self.last_seq.pop(url, None)
+                self._export(url)
+        for url in wanted - self.tasks.keys():
+            self.tasks[url] = asyncio.get_running_loop().create_task(self._follow(url))
+
+    async def stop(self) -> None:
+        tasks = list(self.tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.tasks.clear()
+
+    async def _endpoints(self, url: str) -> tuple[str, str | None, str]:
+        if url in self.static:
+            pub, replay = self.static[url]
+            return pub, replay, ""
+        import httpx
+
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            reply = await client.get(url + "/kv_events")
+        if reply.status_code != 200:
+            raise RuntimeError(f"{url}/kv_events answered {reply.status_code}: start the engine "
+                               "with --kv-events-config '{\"enable_kv_cache_events\": true, "
+                               "\"replay_endpoint\": \"tcp://*:5558\"}'")
+        info = reply.json()
+        if self.on_block_size is not None and info.get("block_size"):
+            self.on_block_size(url, int(info["block_size"]))
+        replay = info.get("replay_endpoint")
+        return (connectable(info["endpoint"], url),
+                connectable(replay, url) if replay else None, info.get("topic") or "")
+
+    async def _follow(self, url: str) -> None:
+        import zmq
+
+        while True:  # until cancelled: a failure waits, clears this backend and starts over
+            sub = replay = None
+            try:
+                pub_ep, replay_ep, topic = await self._endpoints(url)
+                sub = self.ctx.socket(zmq.SUB)
+                sub.setsockopt(zmq.LINGER, 0)
+                sub.setsockopt_string(zmq.SUBSCRIBE, topic)
+                sub.connect(pub_ep)
+                if replay_ep:
+                    replay = self.ctx.socket(zmq.DEALER)
+                    replay.setsockopt(zmq.LINGER, 0)
+                    replay.connect(replay_ep)
+                self.last_seq[url] = -1
+                await self._snapshot(url, replay)  # a router that starts late starts here
+                while True:
+                    _, seq_bytes, payload = await sub.recv_multipart()
+                    await self._on_batch(url, int.from_bytes(seq_bytes, "big"), payload, replay)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - unreachable engine, bad reply: retry
+                logger.warning("KV events of %s: %s; retrying", url, exc)
+                self.index.clear(url)
+                self._export(url)
+                await asyncio.sleep(1.0)
+            finally:
+                for sock in (sub, replay):
+                    if sock is not None:
+                        sock.close(linger=0)
+
+    async def _on_batch(self, url: str, seq: int, payload: bytes, replay: Any) -> None:
+        last = self.last_seq[url]
+        _, events = decode_batch(payload)
+        clears = bool(events) and events[0][0] == "AllBlocksCleared"
+        if seq == last + 1 or (clears and seq > last):
+            self._apply(url, seq, events)  # in order, or a rebase: history no longer matters
+        elif seq <= last:
+            if seq < last or clears:  # the engine restarted: its sequence began again
+                self._resynced(url, "restart")
+                self.index.clear(url)
+                self.last_seq[url] = -1
+                if clears:
+                    self._apply(url, seq, events)
+                else:
+                    await self._snapshot(url, replay)
+        else:  # a gap: replay what the buffer still holds, else a snapshot
+            if not await self._replay(url, replay, last + 1, seq):
+                await self._snapshot(url, replay)
+            if self.last_seq[url] + 1 == seq:
+                self._apply(url, seq, events)
+
+    def _apply(self, url: str, seq: int, events: list) -> None:
+        self.index.apply(url, events)
+        self.last_seq[url] = seq
+        if self.metrics is not None:
+            self.metrics.kv_events.labels(backend=url).inc(len(events))
+        self._export(url)
+
+    async def _ask(self, replay: Any, request: bytes) -> list[tuple[int, bytes]]:
+        await replay.send_multipart([b"", request])
+        out = []
+        while True:
+            _, seq, payload = await asyncio.wait_for(replay.recv_multipart(), self.REPLAY_TIMEOUT)
+            if seq == END_SEQ:
+                return out
+            out.append((int.from_bytes(seq, "big"), payload))
+
+    async def _replay(self, url: str, replay: Any, start: int, until: int) -> bool:
+        """Applies batches start..until-1 from the replay buffer; False if any is missing."""
+        if replay is None:
+            return False
+        for seq, payload in await self._ask(replay, start.to_bytes(8, "big")):
+            if seq >= until:
+                break
+            if seq != self.last_seq[url] + 1:
+                return False  # a hole: dropped by the engine or gone from its buffer
+            self._apply(url, seq, decode_batch(payload)[1])
+        if self.last_seq[url] + 1 == until:
+            self._resynced(url, "replay")
+            return True
+        return False
+
+    async def _snapshot(self, url: str, replay: Any) -> None:
+        if replay is None:  # no replay socket: start from what arrives from now on
+            self.index.clear(url)
+            return
+        (seq, payload), *_ = await self._ask(replay, SNAPSHOT_REQUEST)
+        self.index.clear(url)
+        self._apply(url, seq, decode_batch(payload)[1])
+        self._resynced(url, "snapshot")
+
+    def _resynced(self, url: str, how: str) -> None:
+        self.resyncs.setdefault(url, []).append(how)
+        if self.metrics is not None:
+            self.metrics.kv_resyncs.labels(backend=url, how=how).inc()
+
+    def _export(self, url: str) -> None:
+        if self.metrics is not None:
+            self.metrics.kv_index_blocks.labels(backend=url).set(self.index.size(url))

@@ -1,0 +1,193 @@
+"""The precise policy and its KV index on their own: scoring by held blocks, the bounded
+load (the shared conformance check), and the follower's resync paths against a real
+ZeroMQ publisher (gap -> replay, gap the buffer lost -> snapshot, restart -> clear)."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from test_router_bounded_load import check_placements
+
+from engine.block_hash import external_hash
+from engine.kv_events import KVEventRecorder, ZmqKVEventPublisher
+from engine.router.kv_index import KVEventFollower, KVIndex, connectable
+from engine.router.policies import PrecisePolicy, RouteRequest, load_bound
+from engine.router.pool import Backend
+
+
+def pool(n: int = 3) -> list[Backend]:
+    return [Backend(f"http://127.0.0.{i + 2}:8000") for i in range(n)]
+
+
+def test_index_counts_the_leading_blocks_each_backend_holds():
+    index = KVIndex()
+    index.apply("a", [["BlockStored", [1, 2, 3], None, [], 16, None, "GPU"]])
+    index.apply("b", [["BlockStored", [1, 2], None, [], 16, None, "GPU"],
+                      ["BlockStored", [9], None, [], 16, None, "GPU"]])
+    assert index.prefix_blocks([1, 2, 3, 4], ["a", "b", "c"]) == {"a": 3, "b": 2, "c": 0}
+    # hashes are chained, so holding hash i means holding the prefix up to block i
+    assert index.prefix_blocks([1, 9], ["a", "b"]) == {"a": 1, "b": 2}
+    index.apply("a", [["BlockRemoved", [2], "GPU"]])
+    assert index.prefix_blocks([1, 2, 3], ["a", "b"]) == {"a": 1, "b": 2}
+    index.apply("b", [["AllBlocksCleared"]])
+    assert index.prefix_blocks([1, 2, 3], ["a", "b"]) == {"a": 1, "b": 0}
+    assert index.size("b") == 0 and 9 not in index.holders
+    index.drop("a")
+    assert index.holders == {} and "a" not in index.blocks
+
+
+def test_precise_sends_a_request_to_the_backend_holding_most_of_its_prefix():
+    backends = pool()
+    a, b, c = backends
+    policy = PrecisePolicy()
+    request = RouteRequest([11, 12, 13, 14])
+    owner = policy.choose(request, backends)
+    assert owner.decision in ("hash", "balance") and owner.hit_chunks == 0
+    holder = next(x for x in backends if x is not owner.order[0])
+    policy.index.store(holder.url, [11, 12])
+    other = next(x for x in backends if x not in (holder, owner.order[0]))
+    policy.index.store(other.url, [11])
+    choice = policy.choose(request, backends)
+    assert choice.order[0] is holder and choice.decision == "prefix_hit"
+    assert choice.hit_chunks == 2
+    # the holder evicts (a BlockRemoved): it no longer counts; the one-block holder does
+    policy.index.remove(holder.url, [11, 12])
+    choice = policy.choose(request, backends)
+    assert choice.order[0] is other and choice.hit_chunks == 1
+    # a full holder (at the hit bound) yields to the next holder, then to the ring
+    tight = PrecisePolicy(load_factor=0.0, hit_load_factor=0.0, index=policy.index)
+    policy.index.store(holder.url, [11, 12])
+    holder.in_flight = 2                      # bound ceil(3/3) = 1: full
+    assert tight.choose(request, backends).order[0] is other
+    other.in_flight = 2                       # bound ceil(5/3) = 2: both full
+    choice = tight.choose(request, backends)
+    assert choice.order[0] is owner.order[0] and choice.decision == "hash"
+    assert choice.order[0].in_flight + 1 <= load_bound(backends, 0.0)
+
+
+class IndexedPrecise(PrecisePolicy):
+    """The index fed as if each request's blocks were cached where it went, and a few
+    blocks evicted now and then (the engines' events, without engines)."""
+
+    def record(self, request: RouteRequest, backend: Backend) -> None:
+        self.index.store(backend.url, request.hashes)
+        if len(self.index.blocks[backend.url]) > 40:
+            self.index.remove(backend.url, sorted(self.index.blocks[backend.url])[:10])
+
+
+@pytest.mark.parametrize("cache_balance", [0.25, None], ids=["balance", "off"])
+def test_precise_keeps_the_bounded_load_rule(cache_balance):
+    seen: set[str] = set()
+    for seed in range(6):
+        policy = IndexedPrecise(load_factor=0.25, hit_load_factor=1.0,
+                                cache_balance=cache_balance)
+        seen |= check_placements(policy, seed=seed, n_backends=2 + seed % 3,
+                                 load_factor=0.25, hit_load_factor=1.0)
+    assert {"prefix_hit", "hash", "overflow"} <= seen
+
+
+def test_wildcard_event_endpoints_take_the_backend_host():
+    assert connectable("tcp://*:5557", "http://10.1.2.3:8000") == "tcp://10.1.2.3:5557"
+    assert connectable("tcp://0.0.0.0:41000", "http://127.0.0.3:9") == "tcp://127.0.0.3:41000"
+    assert connectable("tcp://10.9.9.9:5557", "http://10.1.2.3:8000") == "tcp://10.9.9.9:5557"
+
+
+H = [bytes([i]) * 16 for i in range(8)]  # engine block hashes (16 bytes)
+E = [external_hash(h) for h in H]
+
+
+def publish(recorder: KVEventRecorder, publisher: ZmqKVEventPublisher, *steps) -> None:
+    for step in steps:
+        for kind, i in step:
+            if kind == "+":
+                recorder.stored(H[i], None, [i, i])
+            else:
+                recorder.removed(H[i])
+        publisher.flush()
+
+
+async def follow(publisher: ZmqKVEventPublisher, script) -> tuple[KVIndex, KVEventFollower]:
+    """A follower fed by hand: `script(follower, batches)` delivers (or withholds) the
+    published batches, as a SUB socket that missed some would."""
+    import zmq
+
+    index = KVIndex()
+    follower = KVEventFollower(index)
+    replay = follower.ctx.socket(zmq.DEALER)
+    replay.connect(publisher.replay_endpoint)
+    try:
+        await script(follower, replay)
+    finally:
+        replay.close(linger=0)
+    return index, follower
+
+
+def buffered(publisher: ZmqKVEventPublisher, upto: int) -> dict[int, bytes]:
+    import time
+
+    deadline = time.monotonic() + 10
+    while publisher.last_seq < upto:  # the publisher thread sent them all
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    return dict(publisher._buffer)
+
+
+def new_publisher(**config: Any) -> tuple[KVEventRecorder, ZmqKVEventPublisher]:
+    recorder = KVEventRecorder(block_size=2)
+    return recorder, ZmqKVEventPublisher(
+        {"endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*", **config},
+        recorder)
+
+
+def test_a_gap_is_filled_by_replay_in_order():
+    recorder, publisher = new_publisher()
+    try:
+        publish(recorder, publisher, [("+", 0), ("+", 1)], [("+", 2)], [("-", 0), ("+", 3)])
+        batches = buffered(publisher, 3)
+
+        async def script(follower: KVEventFollower, replay: Any) -> None:
+            follower.last_seq["u"] = 0
+            follower.index.apply("u", [["AllBlocksCleared"]])
+            await follower._on_batch("u", 3, batches[3], replay)  # 1 and 2 were missed
+
+        index, follower = asyncio.run(follow(publisher, script))
+        assert set(index.blocks["u"]) == {E[1], E[2], E[3]}
+        assert follower.resyncs["u"] == ["replay"] and follower.last_seq["u"] == 3
+    finally:
+        publisher.close()
+
+
+def test_a_gap_the_buffer_no_longer_holds_comes_from_a_snapshot():
+    recorder, publisher = new_publisher(buffer_steps=1)
+    try:
+        publish(recorder, publisher, [("+", 0)], [("+", 1)], [("-", 0)], [("+", 4)])
+        batches = buffered(publisher, 4)
+
+        async def script(follower: KVEventFollower, replay: Any) -> None:
+            follower.last_seq["u"] = 0
+            await follower._on_batch("u", 4, batches[4], replay)
+
+        index, follower = asyncio.run(follow(publisher, script))
+        assert set(index.blocks["u"]) == {E[1], E[4]}
+        assert follower.resyncs["u"] == ["snapshot"] and follower.last_seq["u"] == 4
+    finally:
+        publisher.close()
+
+
+def test_a_restarted_engine_is_cleared_and_resynced():
+    recorder, publisher = new_publisher()
+    try:
+        publish(recorder, publisher, [("+", 5)], [("+", 6)])
+        batches = buffered(publisher, 2)
+
+        async def script(follower: KVEventFollower, replay: Any) -> None:
+            follower.last_seq["u"] = 50  # what the follower saw of the engine before
+            follower.index.store("u", [E[7]])  # a block the old engine held
+            await follower._on_batch("u", 2, batches[2], replay)
+
+        index, follower = asyncio.run(follow(publisher, script))
+        assert set(index.blocks["u"]) == {E[5], E[6]}
+        assert follower.resyncs["u"] == ["restart", "snapshot"]
+    finally:
+        publisher.close()
