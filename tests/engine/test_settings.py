@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -68,10 +69,13 @@ def test_the_operator_image_file_set_parses_specs_without_torch(tmp_path):
             "spec = s.parse_spec({'model': {'uri': 'a/b'}, 'engine': {'blockSize': 32}}, "
             "name='x', namespace='d'); print(spec.engine.flags()[:2]); "
             "assert 'torch' not in sys.modules")
-    # -S, then site-packages without their .pth files: the editable install's finder would
-    # otherwise resolve engine.* submodules from the checkout.
-    boot = (f"import sys, site; sys.path[:0] = [{str(app)!r}]; "
-            f"sys.path += site.getsitepackages(); exec({code!r})")
+    # -S, then this interpreter's site-packages without their .pth files: the editable
+    # install's finder would otherwise resolve engine.* submodules from the checkout. The
+    # paths come from this process: under -S a venv's python does not know it is one.
+    paths = sysconfig.get_paths()
+    site_packages = list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+    boot = (f"import sys; sys.path[:0] = [{str(app)!r}]; "
+            f"sys.path += {site_packages!r}; exec({code!r})")
     out = subprocess.run([sys.executable, "-S", "-c", boot], capture_output=True, text=True,
                          timeout=60, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
