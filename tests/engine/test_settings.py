@@ -60,15 +60,20 @@ def _operator_image_files(tmp: Path) -> Path:
 
 def test_the_operator_image_file_set_parses_specs_without_torch(tmp_path):
     """Only what the operator Dockerfile copies (paged_operator, engine/__init__.py,
-    settings.py and settings_k8s.py): the spec parser runs, and torch stays out."""
+    settings.py and settings_k8s.py, the tuner's space grammar and the workload names): the
+    service spec parser and the tuning contract run, and torch, optuna, locust stay out."""
     app = _operator_image_files(tmp_path)
     assert sorted(p.name for p in (app / "engine").iterdir()) == [
         "__init__.py", "settings.py", "settings_k8s.py"]
-    code = ("import sys, engine, paged_operator.spec as s; "
+    code = ("import sys, engine, paged_operator.spec as s, paged_operator.contract as c; "
             f"assert engine.__file__.startswith({str(app)!r}), engine.__file__; "
+            f"assert c.__file__.startswith({str(app)!r}), c.__file__; "
             "spec = s.parse_spec({'model': {'uri': 'a/b'}, 'engine': {'blockSize': 32}}, "
             "name='x', namespace='d'); print(spec.engine.flags()[:2]); "
-            "assert 'torch' not in sys.modules")
+            "t = c.parse_tuning({'targetRef': {'name': 'svc'}, 'workload': 'rag'}); "
+            "print(t.workload, sorted(p.name for p in t.space)); "
+            "print(c.spec_error({'targetRef': {'name': 'svc'}, 'workload': 'nope'})); "
+            "assert not {'torch', 'optuna', 'locust'} & set(sys.modules), sorted(sys.modules)")
     # -S, then this interpreter's site-packages without their .pth files: the editable
     # install's finder would otherwise resolve engine.* submodules from the checkout. The
     # paths come from this process: under -S a venv's python does not know it is one.
@@ -79,7 +84,10 @@ def test_the_operator_image_file_set_parses_specs_without_torch(tmp_path):
     out = subprocess.run([sys.executable, "-S", "-c", boot], capture_output=True, text=True,
                          timeout=60, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "['--block-size', '32']"
+    assert out.stdout.splitlines() == [
+        "['--block-size', '32']",
+        "rag ['block_size', 'gpu_memory_utilization', 'max_num_batched_tokens', 'max_num_seqs']",
+        "spec.workload: 'nope' is not one of chat, summarize, code, rag, mixed"]
 
 
 @pytest.mark.parametrize("name, value, rule", [
