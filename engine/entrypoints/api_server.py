@@ -55,6 +55,9 @@ class ServerSettings:
     access_log_prompts: bool = False
     request_log: str | None = None  # JSONL file of per-request lengths (request_log.py)
     request_log_prefix_tokens: int = 32
+    chat_template: str | None = None  # --chat-template's text (None: the tokenizer's)
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
 
 
 class ServerState:
@@ -132,7 +135,8 @@ def _load(state: ServerState, engine_factory: Callable[[], Any]) -> None:
                                          prefix_tokens=state.settings.request_log_prefix_tokens)
     state.tokenization = Tokenization(
         copy.deepcopy(engine.tokenizer), max_prompt_bytes=state.settings.max_prompt_bytes,
-        vocab_size=min(engine.info.vocab_size, len(engine.tokenizer)))
+        vocab_size=min(engine.info.vocab_size, len(engine.tokenizer)),
+        chat_template=state.settings.chat_template)
     state.model_name, state.max_model_len = engine.model_name, engine.info.max_model_len
     state.metrics, state.engine = metrics, engine
 

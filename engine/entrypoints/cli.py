@@ -11,10 +11,12 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 from engine import settings as engine_settings
 from engine.entrypoints.api_server import ServerSettings, build_app
+from engine.entrypoints.tool_calls import TOOL_CALL_PARSERS
 from engine.listen import listen_socket
 
 logger = logging.getLogger("engine.server")
@@ -73,6 +75,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-log-prefix-tokens", type=_positive_int, default=32, metavar="N",
                    help="the request log's prefix group is a hash of the first N prompt tokens "
                         "(deeper hashes at 2N, 4N, ...)")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="a Jinja chat template file used instead of the tokenizer's (e.g. "
+                        "examples/tool_chat_template_smollm2_hermes.jinja for tools)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='let tool_choice "auto" parse calls out of the model\'s text '
+                        "(needs --tool-call-parser)")
+    p.add_argument("--tool-call-parser", default=None, choices=list(TOOL_CALL_PARSERS),
+                   help="how calls are written in the model's text: hermes = "
+                        "<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
 
@@ -98,7 +109,12 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         raise SystemExit("--shutdown-grace-period must be >= 0")
     if not args.header_read_timeout > 0:
         raise SystemExit("--header-read-timeout must be > 0")
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise SystemExit("--enable-auto-tool-choice needs --tool-call-parser (hermes)")
     return ServerSettings(api_key=_api_key(args),
+                          chat_template=_chat_template(args.chat_template),
+                          enable_auto_tool_choice=args.enable_auto_tool_choice,
+                          tool_call_parser=args.tool_call_parser,
                           max_waiting_requests=args.max_waiting_requests,
                           max_request_body_bytes=args.max_request_body_bytes,
                           max_prompt_bytes=args.max_prompt_bytes,
@@ -107,6 +123,15 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
                           access_log_prompts=args.access_log_prompts,
                           request_log=_request_log_path(args.request_log),
                           request_log_prefix_tokens=args.request_log_prefix_tokens)
+
+
+def _chat_template(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SystemExit(f"--chat-template {path}: {exc.strerror or exc}") from None
 
 
 def _request_log_path(path: str | None) -> str | None:

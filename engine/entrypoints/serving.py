@@ -25,6 +25,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from engine.entrypoints.errors import APIError, error_body
 from engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest
 from engine.entrypoints.request_group import RequestGroup
+from engine.entrypoints.tool_calls import ToolStream, check_tools
+from engine.entrypoints.tool_calls import message as tool_message
 
 NEG_INF_LOGPROB = -9999.0
 
@@ -198,14 +200,19 @@ class Serving:
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Any:
         model = self._check_model(req.model)
         conversation = req.conversation()
+        settings = self.state.settings
+        mode = check_tools(req, auto_parser=settings.tool_call_parser
+                           if settings.enable_auto_tool_choice else None)
         req.sampling_params()
         raw.state.prompt_log = conversation
+        tools = ([t.model_dump(exclude_none=True) for t in req.tools]
+                 if req.tools and mode != "none" else None)
         ids = await self.state.tokenization.render_chat(
-            conversation, add_generation_prompt=req.add_generation_prompt)
+            conversation, add_generation_prompt=req.add_generation_prompt, tools=tools)
         self._check_length(ids, req._max_new_tokens(), "messages")
         rid, group, params = await self._submit(raw, req, [ids], "chatcmpl")
         header = {"id": rid, "created": int(time.time()), "model": model}
-        view = _ChatView(self, req)
+        view = _ChatView(self, req, mode)
         if req.stream:
             return _sse(self._stream(group, header, n=req.n, view=view, usage=bool(
                 req.stream_options and req.stream_options.include_usage)))
@@ -309,8 +316,10 @@ class _ChatView:
 
     has_prefix = False
 
-    def __init__(self, serving: Serving, req: ChatCompletionRequest) -> None:
-        self.serving, self.req = serving, req
+    def __init__(self, serving: Serving, req: ChatCompletionRequest, mode: str) -> None:
+        self.serving, self.req, self.mode = serving, req, mode
+        self.named = req.tool_choice.function.name if mode == "named" else None
+        self.streams: dict[int, ToolStream] = {}  # choice index -> its tool-call deltas
 
     @staticmethod
     def num_tokens(c: Any) -> int:
@@ -328,11 +337,18 @@ class _ChatView:
             entries = serving._entries(c.token_ids[start:], (c.logprobs or [])[start:],
                                        req.top_logprobs or 0)
             logprobs = serving._format(entries, chat=True)
-        if sent_chars is None:
-            body = {"message": {"role": "assistant", "content": c.text}}
+        finish = c.finish_reason
+        if self.mode == "none":
+            body = ({"message": {"role": "assistant", "content": c.text}} if sent_chars is None
+                    else {"delta": {"content": c.text[sent_chars:]}})
+        elif sent_chars is None:
+            msg, finish = tool_message(self.mode, c.text, finish, named=self.named)
+            body = {"message": msg}
         else:
-            body = {"delta": {"content": c.text[sent_chars:]}}
-        return {**body, "logprobs": logprobs, "finish_reason": c.finish_reason,
+            stream = self.streams.setdefault(c.index, ToolStream(self.mode, self.named))
+            delta, finish = stream.delta(c.text, finish)
+            body = {"delta": delta}
+        return {**body, "logprobs": logprobs, "finish_reason": finish,
                 "stop_reason": c.stop_reason}
 
 

@@ -24,8 +24,9 @@ T = TypeVar("T")
 
 class Tokenization:
     def __init__(self, tokenizer: "PreTrainedTokenizerBase", *, max_prompt_bytes: int,
-                 vocab_size: int) -> None:
+                 vocab_size: int, chat_template: str | None = None) -> None:
         self.tokenizer = tokenizer
+        self.chat_template = chat_template
         self.max_prompt_bytes = max_prompt_bytes
         self.vocab_size = vocab_size
         self._token_texts: dict[int, str] = {}
@@ -59,13 +60,14 @@ class Tokenization:
     def _encode_all(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
         return [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
 
-    async def render_chat(self, conversation: list[dict[str, str]], *,
-                          add_generation_prompt: bool, param: str = "messages") -> list[int]:
+    async def render_chat(self, conversation: list[dict[str, Any]], *,
+                          add_generation_prompt: bool, param: str = "messages",
+                          tools: list[dict[str, Any]] | None = None) -> list[int]:
         self.check_size([m["content"] for m in conversation], param)
         if not conversation:
             raise APIError("messages must not be empty", param=param)
         try:
-            ids = await self._run(self._render, conversation, add_generation_prompt)
+            ids = await self._run(self._render, conversation, add_generation_prompt, tools)
         except APIError:
             raise
         except Exception as exc:  # a template that rejects the conversation (roles, order)
@@ -73,11 +75,12 @@ class Tokenization:
                            param=param) from None
         return ids
 
-    def _render(self, conversation: list[dict[str, str]], add_generation_prompt: bool
-                ) -> list[int]:
+    def _render(self, conversation: list[dict[str, Any]], add_generation_prompt: bool,
+                tools: list[dict[str, Any]] | None = None) -> list[int]:
+        # --chat-template replaces the tokenizer's own (None: the tokenizer's)
         return list(self.tokenizer.apply_chat_template(
             conversation, add_generation_prompt=add_generation_prompt, tokenize=True,
-            return_dict=False))
+            return_dict=False, tools=tools, chat_template=self.chat_template))
 
     def check_ids(self, ids: list[int], param: str) -> None:
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
