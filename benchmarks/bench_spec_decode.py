@@ -1,0 +1,200 @@
+"""Speculative decoding (n-gram prompt lookup) against plain decoding, same model, same run.
+
+For each workload and concurrency, every configuration (off, then k = 2, 4 drafts) serves
+the same requests, closed loop: `concurrency` requests in flight, a new one admitted when
+one finishes. Greedy decoding, so every configuration produces the same tokens (checked).
+Configurations take turns within each round (the order alternates), so a shared, noisy
+machine slows them alike; the table gives medians over rounds and ratios against "off".
+
+Workloads (distinct prompts per request, so the prefix cache does not help one config):
+- summarize: a document, then a request to restate it (the answer copies the prompt);
+- code: a Python module, then a request to return it with type hints (copies, edits);
+- chat: a short question (little to copy).
+
+    python benchmarks/bench_spec_decode.py --model builtin://smollm2-135m-instruct \
+        --concurrency 1,4 --requests 4 --max-tokens 96 --threads 1
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+_NOUNS = ("library council budget station bridge river school market garden museum harbor "
+          "tower clinic park road").split()
+_VERBS = "opened approved funded repaired closed expanded planned visited".split()
+
+
+def _document(rng: random.Random, sentences: int) -> str:
+    out = []
+    for _ in range(sentences):
+        a, b = rng.sample(_NOUNS, 2)
+        out.append(f"The {a} {rng.choice(_VERBS)} the new {b} in {rng.choice(['March', 'May', 'June', 'July'])} "
+                   f"after {rng.randint(2, 9)} years of work.")
+    return " ".join(out)
+
+
+def _module(rng: random.Random, functions: int) -> str:
+    out = []
+    for i in range(functions):
+        a, b = rng.sample(_NOUNS, 2)
+        out.append(f"def load_{a}_{i}(path, limit):\n    rows = read_rows(path)\n"
+                   f"    {b} = [r for r in rows if r.size < limit]\n    return sorted({b})\n")
+    return "\n".join(out)
+
+
+def prompts(workload: str, count: int, seed: int) -> list[str]:
+    """The user messages of one workload (distinct per request)."""
+    rng = random.Random(f"{workload}-{seed}")
+    out = []
+    for _ in range(count):
+        if workload == "summarize":
+            out.append(f"{_document(rng, 8)}\n\nRepeat the text above exactly, sentence by sentence.")
+        elif workload == "code":
+            out.append(f"{_module(rng, 4)}\nReturn the whole module above unchanged, adding a "
+                       "docstring to each function.")
+        elif workload == "chat":
+            a, b = rng.sample(_NOUNS, 2)
+            out.append(f"In a few sentences, how should a city decide between a new {a} and "
+                       f"a new {b}?")
+        else:
+            raise ValueError(f"unknown workload {workload!r}")
+    return out
+
+
+def run_closed_loop(engine, texts: list[str], concurrency: int, max_tokens: int, tag: str):
+    """Serve `texts` with `concurrency` in flight; returns (wall seconds, outputs by index,
+    per-request TPOT seconds, spec counters added)."""
+    from engine import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    before = engine.get_stats()
+    pending = list(enumerate(texts))
+    done: dict[int, object] = {}
+    start = time.perf_counter()
+    in_flight = 0
+    while pending or in_flight:
+        while pending and in_flight < concurrency:
+            i, text = pending.pop(0)
+            engine.add_request(f"{tag}-{i}", text, params)
+            in_flight += 1
+        for out in engine.step():
+            if out.finished:
+                done[int(out.request_id.rsplit("-", 1)[1])] = out
+                in_flight -= 1
+    wall = time.perf_counter() - start
+    tpot = []
+    for out in done.values():
+        m, n = out.metrics, len(out.outputs[0].token_ids)
+        if n > 1:
+            tpot.append((m.finished_time - m.first_token_time) / (n - 1))
+    after = engine.get_stats()
+    spec = (after.spec_num_drafts - before.spec_num_drafts,
+            after.spec_num_draft_tokens - before.spec_num_draft_tokens,
+            after.spec_num_accepted_tokens - before.spec_num_accepted_tokens,
+            [a - b for a, b in zip(after.spec_num_accepted_tokens_per_pos,
+                                   before.spec_num_accepted_tokens_per_pos or
+                                   [0] * len(after.spec_num_accepted_tokens_per_pos))])
+    return wall, [done[i] for i in range(len(texts))], tpot, spec
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None,
+                   help="checkpoint or builtin://NAME (default: the 23M bench Llama)")
+    p.add_argument("--workloads", default="summarize,code,chat")
+    p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--k", default="2,4", help="num_speculative_tokens values to compare")
+    p.add_argument("--prompt-lookup", default="2,4", help="prompt_lookup_min,max")
+    p.add_argument("--requests", type=int, default=None,
+                   help="requests per workload and concurrency (default: the concurrency, "
+                        "at least 4)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    return p
+
+
+def _model_path(model: str | None) -> str:
+    if model:
+        return model
+    from benchmarks.bench_decode import bench_model_path
+    return str(bench_model_path(None))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    import torch
+
+    from engine import LLMEngine
+
+    lo, hi = (int(x) for x in args.prompt_lookup.split(","))
+    levels = [int(c) for c in args.concurrency.split(",")]
+    configs = {"off": None}
+    for k in (int(x) for x in args.k.split(",")):
+        configs[f"k={k}"] = {"method": "ngram", "num_speculative_tokens": k,
+                             "prompt_lookup_min": lo, "prompt_lookup_max": hi}
+    model = _model_path(args.model)
+    engines = {name: LLMEngine.from_args(
+        model=model, max_model_len=1024, max_num_seqs=max(levels), num_gpu_blocks_override=2048,
+        block_size=16, speculative_config=spec, device="cpu", dtype="float32",
+        cpu_threads=args.threads) for name, spec in configs.items()}
+    tokenizer = next(iter(engines.values())).tokenizer
+    chat = tokenizer.chat_template is not None
+    print(f"# {Path(model).name}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
+          f"greedy, max_tokens {args.max_tokens}, prompt_lookup {lo}..{hi}; closed loop; "
+          f"{args.rounds} rounds, configurations in turn; medians")
+    print("| workload | conc | config | out tok/s | TPOT ms | tok/s vs off | TPOT vs off | "
+          "accepted % | accepted % per position |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---|")
+    for workload in args.workloads.split(","):
+        for c in levels:
+            n = args.requests or max(4, c)
+            rates: dict[str, list[float]] = {k: [] for k in configs}
+            tpots: dict[str, list[float]] = {k: [] for k in configs}
+            spec_totals = {k: [0, 0, 0, None] for k in configs}
+            for r in range(args.rounds):
+                texts = prompts(workload, n, seed=r)
+                if chat:
+                    texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}],
+                                                           tokenize=False,
+                                                           add_generation_prompt=True)
+                             for t in texts]
+                reference = None
+                order = list(configs) if r % 2 == 0 else list(configs)[::-1]
+                for name in order:
+                    wall, outs, tpot, spec = run_closed_loop(
+                        engines[name], texts, c, args.max_tokens, f"{workload}{c}{name}{r}")
+                    tokens = [o.outputs[0].token_ids for o in outs]
+                    if reference is None:
+                        reference = tokens
+                    assert tokens == reference, f"{name} changed the greedy output"
+                    rates[name].append(sum(map(len, tokens)) / wall)
+                    tpots[name].append(statistics.median(tpot))
+                    t = spec_totals[name]
+                    t[0] += spec[0]
+                    t[1] += spec[1]
+                    t[2] += spec[2]
+                    t[3] = spec[3] if t[3] is None else [a + b for a, b in zip(t[3], spec[3])]
+            off_rate, off_tpot = statistics.median(rates["off"]), statistics.median(tpots["off"])
+            for name in configs:
+                rate, tpot = statistics.median(rates[name]), statistics.median(tpots[name])
+                drafts, draft_tokens, accepted, per_pos = spec_totals[name]
+                acc = f"{100 * accepted / draft_tokens:.0f}" if draft_tokens else "–"
+                pos = " / ".join(f"{100 * a / drafts:.0f}" for a in per_pos) if drafts else "–"
+                print(f"| {workload} | {c} | {name} | {rate:.1f} | {1000 * tpot:.1f} | "
+                      f"{rate / off_rate:.2f}x | {tpot / off_tpot:.2f}x | {acc} | {pos} |",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
