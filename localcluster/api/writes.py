@@ -60,7 +60,7 @@ _cluster_ips = (str(ipaddress.ip_address("10.96.0.10") + i) for i in itertools.c
 
 def defaults(kind: Kind, obj: dict[str, Any]) -> None:
     """Fill what the API server's defaulting would, for the fields our components read."""
-    spec = obj.setdefault("spec", {}) if kind.plural not in (
+    spec = obj.setdefault("spec", {}) if kind.schema is None and kind.plural not in (
         "configmaps", "secrets", "events", "endpoints", "serviceaccounts", "leases",
         "roles", "rolebindings", "clusterroles", "clusterrolebindings", "endpointslices") \
         else None

@@ -4,7 +4,8 @@
   or `python -m paged_operator` (operator image); `python` is this checkout's interpreter.
   A container with its own `command` runs that command on the host. Other images cannot run.
 - The pod's loopback address replaces the bind address: `--host X` / `--host=X` become the
-  pod IP (manifests.py passes `--host 0.0.0.0 --port 8000`; every pod keeps port 8000).
+  pod IP (manifests.py passes `--host 0.0.0.0 --port 8000`; every pod keeps port 8000), and
+  so does 0.0.0.0 in a URL argument (the operator's `--liveness=http://0.0.0.0:8080/healthz`).
 - Volumes are folders under the pod's directory (emptyDir, configMap/secret contents written
   out) or under DIR/volumes (a persistentVolumeClaim, e.g. the model cache, kept across pods);
   an argument or env value under a mount path is rewritten to the folder (/dev/shm is kept),
@@ -69,8 +70,8 @@ def rebind(args: list[str], ip: str) -> list[str]:
             skip = True
         elif arg.startswith("--host="):
             out.append(f"--host={ip}")
-        else:
-            out.append(arg)
+        else:   # a listen URL on every address, e.g. the operator's --liveness=http://0.0.0.0:8080
+            out.append(arg.replace("://0.0.0.0:", f"://{ip}:"))
     return out
 
 

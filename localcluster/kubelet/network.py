@@ -168,6 +168,8 @@ class Network:
     def write_cluster_json(self, services: dict[tuple[str, str], dict[str, Any]]) -> None:
         listed = {}
         for (ns, name), fwd in sorted(self.forwarders.items()):
+            if (ns, name) not in services:   # made while this pass awaited: the next lists it
+                continue
             ports = {p.get("name") or str(p["port"]): f"{fwd.ip}:{p['port']}"
                      for p in services[(ns, name)]["spec"].get("ports") or []}
             first = next(iter(ports.values()), None)

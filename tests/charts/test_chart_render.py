@@ -24,17 +24,29 @@ def test_helm_lint_strict_is_clean():
 def test_default_render_validates_and_watches_only_its_own_namespace():
     docs = render(include_crds=True)
     for doc in docs:
-        validate_k8s(doc)
+        if doc["apiVersion"] != "kopf.dev/v1":   # a custom resource: no upstream schema
+            validate_k8s(doc)
     kinds = by_kind(docs)
     # Least privilege by default: nothing cluster-wide.
-    assert sorted(kinds) == ["CustomResourceDefinition", "Deployment", "Role", "RoleBinding",
-                             "ServiceAccount"]
-    assert kinds["CustomResourceDefinition"][0] == crd()
+    assert sorted(kinds) == ["CustomResourceDefinition", "Deployment", "KopfPeering", "Role",
+                             "RoleBinding", "ServiceAccount"]
+    assert crd() in kinds["CustomResourceDefinition"]
+    assert {"kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"} <= {
+        c["metadata"]["name"] for c in kinds["CustomResourceDefinition"]}
     deployment = kinds["Deployment"][0]
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    # Two replicas peering (kopf): one handles resources, the other takes over; a rolling
+    # update keeps one running throughout.
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    [peering] = kinds["KopfPeering"]
+    assert peering["metadata"]["namespace"] == "inference"
+    env = {e["name"]: e.get("value") or e["valueFrom"] for e in container["env"]}
+    assert env["PAGED_OPERATOR_PEERING"] == peering["metadata"]["name"]
+    assert env["PAGED_OPERATOR_PEERING_LIFETIME"] == "15"
+    assert env["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}   # kopf's identity
     assert container["image"] == "pagedinference/operator:0.1.0"
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
     assert [a for a in container["args"] if a.startswith("--namespace")] == [
@@ -50,14 +62,15 @@ def test_default_render_validates_and_watches_only_its_own_namespace():
     binding = kinds["RoleBinding"][0]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "namespace": "inference",
                                     "name": pod["serviceAccountName"]}]
-    env = {e["name"]: e["value"] for e in container["env"]}
     assert env["PAGED_OPERATOR_ENGINE_IMAGE"] == "pagedinference/engine:0.1.0"
 
 
 def test_cluster_wide_is_a_switch_and_excludes_a_namespace_list():
     kinds = by_kind(render("clusterWide=true"))
-    assert sorted(kinds) == ["ClusterRole", "ClusterRoleBinding", "Deployment",
-                             "ServiceAccount"]
+    assert sorted(kinds) == ["ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding",
+                             "Deployment", "ServiceAccount"]
+    assert {"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings"],
+            "verbs": ["get", "list", "watch", "patch"]} in kinds["ClusterRole"][0]["rules"]
     container = kinds["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]
     assert not any(a.startswith("--namespace") for a in container["args"])
     binding = kinds["ClusterRoleBinding"][0]
@@ -69,7 +82,10 @@ def test_cluster_wide_is_a_switch_and_excludes_a_namespace_list():
 
 def test_rbac_is_minimal_and_has_no_wildcards():
     rules = by_kind(render())["Role"][0]["rules"]
-    assert rules == by_kind(render("clusterWide=true"))["ClusterRole"][0]["rules"]
+    cluster_rules = by_kind(render("clusterWide=true"))["ClusterRole"][0]["rules"]
+    # the same, but for the peering objects' scope
+    assert [r for r in rules if r["apiGroups"] != ["kopf.dev"]] == [
+        r for r in cluster_rules if r["apiGroups"] != ["kopf.dev"]]
     for rule in rules:
         for key in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[key], rule
@@ -83,6 +99,7 @@ def test_rbac_is_minimal_and_has_no_wildcards():
     assert granted[("apps", "deployments")] == {"get", "list", "watch", "create", "patch",
                                                 "delete"}
     assert granted[("", "events")] == {"create"}
+    assert granted[("kopf.dev", "kopfpeerings")] == {"get", "list", "watch", "patch"}
     assert granted[("", "pods")] == {"get", "list", "watch"}  # engine errors, read-only
     # What the router's Role grants, the operator must hold (RBAC escalation check).
     assert granted[("discovery.k8s.io", "endpointslices")] == {"get", "list", "watch"}
@@ -102,12 +119,16 @@ def test_non_default_values_render_namespaced_rbac(tmp_path):
         "verbose": True, "logFormat": "json", "resyncSeconds": 15, "healthPort": 9090,
         "nodeSelector": {"kubernetes.io/os": "linux"},
         "tolerations": [{"key": "control", "operator": "Exists"}],
-        "engineImage": "registry.example/engine:9", "podLabels": {"team": "ml"}}
+        "engineImage": "registry.example/engine:9", "podLabels": {"team": "ml"},
+        "replicaCount": 1}
     docs = render(values=values, tmp_path=tmp_path)
     for doc in docs:
         validate_k8s(doc)
     kinds = by_kind(docs)
     assert "ClusterRole" not in kinds and "ServiceAccount" not in kinds
+    assert "KopfPeering" not in kinds   # one replica runs standalone, replaced by Recreate
+    assert kinds["Deployment"][0]["spec"]["strategy"] == {"type": "Recreate"}
+    assert not any(r["apiGroups"] == ["kopf.dev"] for r in kinds["Role"][0]["rules"])
     assert sorted(r["metadata"]["namespace"] for r in kinds["Role"]) == ["team-a", "team-b"]
     assert all(b["subjects"][0]["name"] == "existing-sa" for b in kinds["RoleBinding"])
     container = kinds["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]
@@ -123,6 +144,7 @@ def test_non_default_values_render_namespaced_rbac(tmp_path):
 @pytest.mark.parametrize("bad", [
     "healthPort=80", "logFormat=xml", "resyncSeconds=0", "image.pullPolicy=Sometimes",
     "watchNamespaces[0]=Not_A_Namespace", "resources.limits.memory=lots", "unknownKey=1",
+    "replicaCount=0", "peering.lifetimeSeconds=4", "peering.other=1",
 ])
 def test_values_violating_the_schema_are_rejected(bad):
     proc = helm("template", "pio", str(CHART), "--set", bad, check=False)

@@ -1,11 +1,15 @@
-"""The local API server refuses what a real one refuses, in its words, through real kubectl:
-custom resources are pruned, defaulted and validated against their CRD's schema and CEL rules
-(transition rules too). One cluster for the module, without the operator."""
+"""The local API server is as strict as a real one, through real kubectl and helm: custom
+resources are pruned, defaulted and validated against their CRD's schema and CEL rules
+(transition rules too), in kube-apiserver's words; protobuf bodies (kubectl's generators,
+Helm) are accepted; the chart installs, upgrades and uninstalls, and its two operator
+replicas peer so that killing the active one mid-reconcile hands over without duplicates.
+One cluster for the module, without `up`'s own operator."""
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
 import subprocess
 from typing import Any
 
@@ -62,8 +66,9 @@ def cel_messages() -> set[str]:
         if isinstance(node.get("items"), dict):
             walk(node["items"])
     for path in CRDS.glob("*.yaml"):
-        for version in yaml.safe_load(path.read_text())["spec"]["versions"]:
-            walk(version["schema"]["openAPIV3Schema"])
+        for crd in yaml.safe_load_all(path.read_text()):
+            for version in crd["spec"]["versions"]:
+                walk(version["schema"]["openAPIV3Schema"])
     return found
 
 
@@ -299,3 +304,87 @@ def test_helm_install_upgrade_uninstall(local_cluster: LocalCluster, apply_mode:
     crds = {c["metadata"]["name"] for c in local_cluster.json("get", "crds")["items"]}
     assert {"pagedinferenceservices.serving.pagedinference.dev",
             "pagedinferencetunings.serving.pagedinference.dev"} <= crds   # Helm keeps CRDs
+
+
+# ---- operator HA: two replicas from the chart, kopf peering ----
+
+HA_NS, SERVICES = "ha", 20
+
+
+def _operator_pods(cluster: LocalCluster) -> dict[str, dict[str, Any]]:
+    return {p["metadata"]["name"]: p for p in cluster.json(
+        "get", "pods", "-n", HA_NS, "-l", "app.kubernetes.io/name=paged-inference-operator")[
+        "items"]}
+
+
+def _log(cluster: LocalCluster, pod: str) -> str:
+    path = cluster.dir / "pods" / HA_NS / pod / "logs" / "operator.log"
+    return path.read_text() if path.exists() else ""
+
+
+def _peers(cluster: LocalCluster) -> dict[str, Any]:
+    peering = cluster.json("get", "kopfpeerings", "-n", HA_NS)["items"]
+    return (peering[0].get("status") or {}) if peering else {}
+
+
+def _service(i: int) -> dict[str, Any]:
+    obj = pis(f"s{i:02d}", image="example.org/idle:1",   # pods stay Waiting: no processes
+              resources={"gpus": 0, "cpu": "1", "memory": "1Gi"})
+    obj["metadata"]["namespace"] = HA_NS
+    return obj
+
+
+def test_killing_the_active_operator_hands_over_without_duplicates(local_cluster):
+    cluster = local_cluster
+    helm(cluster, "install", "ha", CHART, "-n", HA_NS, "--create-namespace")
+    # two replicas, both recorded in the peering object (kopf pauses the lower priority)
+    cluster.wait_for(lambda: len(_peers(cluster)) == 2, 120, "two peered operator replicas")
+    peers = _peers(cluster)
+    active = max(peers, key=lambda p: peers[p]["priority"])   # the earliest started
+    [standby] = [p for p in peers if p != active]
+
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(
+        {"apiVersion": "v1", "kind": "List", "items": [_service(i) for i in range(SERVICES)]}))
+
+    def deployments() -> list[dict[str, Any]]:
+        return cluster.json("get", "deploy", "-n", HA_NS, "-l",
+                            "app.kubernetes.io/name=paged-inference-engine")["items"]
+    cluster.wait_for(lambda: len(deployments()) >= 3, 90, "the active operator at work")
+    assert "Handler '" not in _log(cluster, standby)   # the paused one wrote nothing
+    pid = int(_operator_pods(cluster)[active]["status"]["containerStatuses"][0][
+        "containerID"].removeprefix("local://"))
+    os.kill(pid, signal.SIGKILL)   # mid-reconcile: no chance to leave the peering
+    done_at_kill = sum(1 for s in cluster.json("get", "pis", "-n", HA_NS)["items"]
+                       if (s.get("status") or {}).get("observedGeneration"))
+    assert done_at_kill < SERVICES, "the operator finished before it was killed"
+
+    def took_over() -> bool:   # kopf logs the resume; or the handlers' own lines
+        log = _log(cluster, standby)
+        return "Resuming operations" in log.split("Pausing operations")[-1] or "Handler '" in log
+    cluster.wait_for(took_over, 60, "the standby to take over (the record lives 15 s)")
+
+    def settled() -> list[dict[str, Any]] | None:
+        items = cluster.json("get", "pis", "-n", HA_NS)["items"]
+        ok = [s for s in items if (s.get("status") or {}).get("observedGeneration") == 1
+              and {c["type"]: c["reason"] for c in s["status"].get("conditions", [])}.get(
+                  "Ready") == "ReplicasNotReady"]
+        return items if len(ok) == SERVICES else None
+    services = cluster.wait_for(settled, 150, "every service's status from the new active")
+
+    # one set of children each: one Deployment per service, never rolled (one ReplicaSet)
+    owners = {s["metadata"]["uid"]: s["metadata"]["name"] for s in services}
+    children: dict[str, list[str]] = {name: [] for name in owners.values()}
+    for child in cluster.json("get", "deploy,svc,sa", "-n", HA_NS)["items"]:
+        for ref in child["metadata"].get("ownerReferences") or []:
+            if ref["uid"] in owners:
+                children[owners[ref["uid"]]].append(child["kind"])
+    kinds = {name: sorted(k) for name, k in children.items()}
+    assert all(k == kinds["s00"] for k in kinds.values()), kinds
+    assert kinds["s00"].count("Deployment") == 1
+    replicasets = cluster.json("get", "rs", "-n", HA_NS, "-l",
+                               "app.kubernetes.io/name=paged-inference-engine")["items"]
+    assert len(replicasets) == SERVICES
+    # the killed replica came back (restartPolicy Always) with a lower priority: it waits
+    cluster.wait_for(lambda: _peers(cluster)[active]["priority"] < _peers(cluster)[standby][
+        "priority"], 60, "the restarted replica to record itself")
+    helm(cluster, "uninstall", "ha", "-n", HA_NS)

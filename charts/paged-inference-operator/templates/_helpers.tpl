@@ -91,6 +91,11 @@ holds).
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+{{- if gt (int .Values.replicaCount) 1 }}
+- apiGroups: [kopf.dev]
+  resources: [{{ if .Values.clusterWide }}clusterkopfpeerings{{ else }}kopfpeerings{{ end }}]
+  verbs: [get, list, watch, patch]
+{{- end }}
 {{ include "pio.tuningRules" . }}
 {{- end }}
 
