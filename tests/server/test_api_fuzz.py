@@ -46,6 +46,46 @@ def test_no_5xx_and_only_documented_statuses(case):
     case.validate_response(response, checks=[status_code_conformance])
 
 
+# The fields that evaluation and agent tools send, made required in a copy of the document
+# so that every generated body carries them (in the document above they are optional and
+# rarely drawn).
+NEW_FIELDS = {
+    "CompletionRequest": ["echo", "logprobs", "prompt_logprobs", "logit_bias", "best_of",
+                          "response_format", "structured_outputs"],
+    "ChatCompletionRequest": ["tools", "tool_choice", "response_format", "logit_bias",
+                              "structured_outputs", "prompt_logprobs"],
+}
+
+
+@pytest.fixture()
+def new_fields_schema(server):
+    import httpx
+
+    doc = httpx.get(server.base_url + "/openapi.json").json()
+    for name, fields in NEW_FIELDS.items():
+        model = doc["components"]["schemas"][name]
+        assert set(fields) <= set(model["properties"]), name  # documented
+        model["required"] = sorted({*model.get("required", []), *fields})
+    doc["paths"] = {k: v for k, v in doc["paths"].items()
+                    if k in ("/v1/completions", "/v1/chat/completions")}
+    schema = schemathesis.openapi.from_dict(doc)
+    schema.config.update(base_url=server.base_url)
+    return schema
+
+
+new_fields = schemathesis.pytest.from_fixture("new_fields_schema")
+
+
+@new_fields.parametrize()
+@settings(max_examples=15, deadline=None, phases=[Phase.generate],
+          suppress_health_check=list(HealthCheck), derandomize=True)
+def test_new_fields_no_5xx(case):
+    case.body = _bounded(case.body)
+    response = case.call(timeout=60)
+    assert response.status_code < 500, (case.as_curl_command(), response.text[:500])
+    case.validate_response(response, checks=[status_code_conformance])
+
+
 def test_the_document_lists_the_4xx_we_answer(server):
     import httpx
 
