@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Routing benchmark: prefix vs least-load vs round-robin over N engine replicas.
+"""Routing benchmark: precise vs prefix vs least-load vs round-robin over N engine replicas.
 
     python benchmarks/bench_routing.py [--replicas 4] [--tenants 16] [--requests 64] ...
 
@@ -15,6 +15,10 @@ prompts (same lengths, same tenant sequence), so no phase profits from an earlie
 cache, and each measures only after the same warm-up. The large replica gets the same
 workload directly: its hit rate is the reference. Prefix hit rates come from the engines'
 own `vllm:prefix_cache_hits/queries`; TTFT is client-side (first streamed token).
+Every engine publishes KV events (--kv-events-config), whichever policy reads them, so
+the phases differ only by the router; `precise` follows them (the engines' tokenizer from
+the model directory), and each phase reports the event traffic the engines sent (events/s,
+payload bytes/s, from their `paged:kv_events_*` counters).
 Finally the router's added latency: tiny requests, direct vs through the router.
 """
 from __future__ import annotations
@@ -44,7 +48,8 @@ WORDS = ("order refund shipping account invoice warranty return parcel courier p
 # a policy name, or one of these variants of it (for an ablation in the same run)
 VARIANTS = {"prefix-ring-only": ["--policy", "prefix", "--cache-balance", "off"],
             "prefix-one-bound": ["--policy", "prefix", "--hit-load-factor", "0.25"],
-            "prefix-hit-2": ["--policy", "prefix", "--hit-load-factor", "2.0"]}
+            "prefix-hit-2": ["--policy", "prefix", "--hit-load-factor", "2.0"],
+            "precise-hit-2": ["--policy", "precise", "--hit-load-factor", "2.0"]}
 
 
 class Proc:
@@ -92,6 +97,18 @@ def prefix_counters(urls: list[str]) -> tuple[float, float]:
             elif line.startswith("vllm:prefix_cache_queries_total"):
                 queries += float(line.rsplit(" ", 1)[1])
     return hits, queries
+
+
+def event_counters(urls: list[str]) -> tuple[float, float]:
+    """(events, payload bytes) the engines have published so far."""
+    events = size = 0.0
+    for url in urls:
+        for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+            if line.startswith("paged:kv_events_published_total"):
+                events += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("paged:kv_events_bytes_published_total"):
+                size += float(line.rsplit(" ", 1)[1])
+    return events, size
 
 
 def system_prompts(url: str, n: int, lo: int, hi: int, seed: int) -> list[str]:
@@ -173,10 +190,13 @@ def phase(name: str, target: str, engine_urls: list[str], args, prompts: list[st
           tenants_warm: list[int], tenants: list[int], seed: int) -> dict:
     asyncio.run(run_load(target, prompts, tenants_warm, args.users, args.max_tokens, seed))
     h0, q0 = prefix_counters(engine_urls)
+    e0, b0 = event_counters(engine_urls)
     res = asyncio.run(run_load(target, prompts, tenants, args.users, args.max_tokens, seed + 1,
                                rate=args.rate))
     h1, q1 = prefix_counters(engine_urls)
+    e1, b1 = event_counters(engine_urls)
     row = {"policy": name, "hit_rate": (h1 - h0) / max(q1 - q0, 1.0),
+           "events_per_s": (e1 - e0) / res["wall"], "event_bytes_per_s": (b1 - b0) / res["wall"],
            "ttft_p50": pct(res["ttfts"], 50), "ttft_p90": pct(res["ttfts"], 90),
            "req_per_s": len(res["ttfts"]) / res["wall"], "errors": res["errors"],
            "tok_per_s": res["out_tokens"] / res["wall"]}
@@ -233,8 +253,8 @@ def main() -> int:
                         "(the warm-up stays closed loop)")
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--latency-requests", type=int, default=200)
-    p.add_argument("--policies", default="prefix,least-load,round-robin",
-                   help="comma-separated: prefix, least-load, round-robin, or the prefix "
+    p.add_argument("--policies", default="precise,prefix,least-load,round-robin",
+                   help="comma-separated: precise, prefix, least-load, round-robin, or the prefix "
                         f"variants {', '.join(VARIANTS)}")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--logs", default="/tmp/bench_routing")
@@ -247,12 +267,22 @@ def main() -> int:
     logs.mkdir(parents=True, exist_ok=True)
     common = ["serve", *([args.model] if args.model else []), "--port", "0",
               "--cpu-threads", "1", "--max-model-len", "2048", "--seed", "0"]
+
+    def events(host: str) -> list[str]:
+        return ["--kv-events-config", json.dumps({
+            "enable_kv_cache_events": True, "endpoint": f"tcp://{host}:*",
+            "replay_endpoint": f"tcp://{host}:*"})]
+
+    from engine.model_loader import resolve_model_path  # the engines' tokenizer, for precise
+    model_dir = str(resolve_model_path(args.model))
     t0 = time.perf_counter()
     engines = [Proc([*common, "--host", f"127.0.0.{i + 2}", "--num-gpu-blocks-override",
-                     str(args.blocks)], "serving on", logs / f"engine-{i}.log")
+                     str(args.blocks), *events(f"127.0.0.{i + 2}")], "serving on",
+                    logs / f"engine-{i}.log")
                for i in range(args.replicas)]
     large = Proc([*common, "--host", f"127.0.0.{args.replicas + 2}",
-                  "--num-gpu-blocks-override", str(args.blocks * args.replicas)],
+                  "--num-gpu-blocks-override", str(args.blocks * args.replicas),
+                  *events(f"127.0.0.{args.replicas + 2}")],
                  "serving on", logs / "engine-large.log")
     procs = [*engines, large]
     try:
@@ -270,6 +300,8 @@ def main() -> int:
             prompts = system_prompts(urls[0], args.tenants, lo, hi, seed=100 + k)
             router = Proc(["router", "--host", "127.0.0.1", "--port", "0",
                            *VARIANTS.get(policy, ["--policy", policy]),
+                           *(["--tokenizer", model_dir]
+                             if "precise" in VARIANTS.get(policy, [policy]) else []),
                            "--backends", ",".join(urls)], "routing on", logs / f"router-{policy}.log")
             router.wait_ready()
             rows.append(phase(policy, router.url, urls, args, prompts, tenants_warm, tenants,
@@ -287,11 +319,15 @@ def main() -> int:
           f"{f'open loop at {args.rate:g} req/s' if args.rate else f'{args.users} users'}, "
           f"{args.requests} measured requests after {args.warmup} warm-up, "
           f"max_tokens {args.max_tokens}; total {time.perf_counter() - t0:.0f}s\n")
-    print("| policy | prefix hit rate | TTFT p50 (s) | TTFT p90 (s) | req/s | tokens/s | errors |")
-    print("|---|---|---|---|---|---|---|")
+    reference = rows[-1]
+    print("| policy | prefix hit rate | vs large replica | TTFT p50 (s) | TTFT p90 (s) | "
+          "req/s | tokens/s | KV events/s | event KiB/s | errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['policy']} | {r['hit_rate']:.1%} | {r['ttft_p50']:.2f} | "
+        print(f"| {r['policy']} | {r['hit_rate']:.1%} | "
+              f"{r['hit_rate'] / max(reference['hit_rate'], 1e-9):.1%} | {r['ttft_p50']:.2f} | "
               f"{r['ttft_p90']:.2f} | {r['req_per_s']:.2f} | {r['tok_per_s']:.1f} | "
+              f"{r['events_per_s']:.0f} | {r['event_bytes_per_s'] / 1024:.1f} | "
               f"{r['errors']} |")
     print(f"\nrouter added latency (tiny requests, {args.latency_requests} each, interleaved): "
           f"direct p50 {latency['direct_p50_ms']:.2f} ms, via router p50 "
