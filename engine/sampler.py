@@ -93,15 +93,16 @@ class Sampler:
         return SampleResult(chosen.tolist(), chosen_lp.tolist(), top)
 
     def process(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """The processed logits of each row (a copy): logit_bias, penalties, min_tokens,
-        then the grammar's mask for structured rows; temperature and truncation come after
+        """The processed logits of each row (a copy): logit_bias, penalties, the grammar's
+        mask for structured rows, then min_tokens (unless the grammar allows nothing but a
+        stop token, which then wins); temperature and truncation come after
         (`distribution`). A speculative verifier reads its target rows through this too."""
         logits = logits.clone()
         self._apply_logit_bias(logits, seqs)
         self._apply_penalties(logits, seqs)
-        self._apply_min_tokens(logits, seqs)
         if self.structured is not None:
             self.structured.apply_masks(logits, seqs)
+        self._apply_min_tokens(logits, seqs)
         return logits
 
     def distribution(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -150,7 +151,9 @@ class Sampler:
                 if not s.params.ignore_eos:
                     banned |= self.eos_token_ids
                 if banned:
-                    logits[i, list(banned)] = float("-inf")
+                    row = logits[i].index_fill(0, torch.tensor(sorted(banned)), float("-inf"))
+                    if bool(torch.isfinite(row).any()):  # a grammar may allow only a stop
+                        logits[i] = row
 
     @staticmethod
     def _truncate(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

@@ -4,6 +4,7 @@ constraint; unconstrained rows batched with constrained ones get the tokens they
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import jsonschema
@@ -119,3 +120,13 @@ def test_params_need_exactly_one_constraint():
         SO(regex="a", choice=["a"])
     with pytest.raises(ValueError, match="choice"):
         SO(choice=[])
+
+
+def test_min_tokens_yields_to_a_grammar_that_is_done(llm):
+    """min_tokens bans the stop tokens, but a finished choice allows nothing else: the
+    grammar wins (no all -inf row, no NaN), the output is the choice."""
+    out = llm.generate(["hello"], SamplingParams(
+        temperature=0, max_tokens=20, min_tokens=10, logprobs=0,
+        structured_outputs=SO(choice=["yes", "no"])))[0].outputs[0]
+    assert out.text in ("yes", "no") and out.finish_reason == "stop"
+    assert all(math.isfinite(lp[t]) for t, lp in zip(out.token_ids, out.logprobs))
