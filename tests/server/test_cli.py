@@ -80,6 +80,22 @@ def test_flag_prefixes_are_rejected(argv, capsys):
     assert (full.host, full.port, full.block_size) == ("0.0.0.0", 1, 16)
 
 
+def test_chat_template_and_tool_flags(tmp_path):
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages[0].content }}")
+    s = server_settings(parse("--chat-template", str(template), "--enable-auto-tool-choice",
+                              "--tool-call-parser", "hermes"))
+    assert (s.chat_template, s.enable_auto_tool_choice, s.tool_call_parser) == (
+        "{{ messages[0].content }}", True, "hermes")
+    assert server_settings(parse()).chat_template is None
+    with pytest.raises(SystemExit, match="--tool-call-parser"):
+        server_settings(parse("--enable-auto-tool-choice"))
+    with pytest.raises(SystemExit, match="--chat-template"):
+        server_settings(parse("--chat-template", str(tmp_path / "missing.jinja")))
+    with pytest.raises(SystemExit):
+        parse("--tool-call-parser", "mistral")  # not one we parse
+
+
 def test_api_key_file(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_API_KEY", "from-env")
     key_file = tmp_path / "key"
