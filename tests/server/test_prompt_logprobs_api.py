@@ -115,3 +115,22 @@ def test_echo_streamed_equals_unstreamed(http, hf):
     assert text == whole["text"]
     assert tokens == whole["logprobs"]["tokens"]
     assert lps == whole["logprobs"]["token_logprobs"]
+
+
+def test_logit_bias_and_best_of_through_the_api(http, hf):
+    """logit_bias +100 on one token makes every sampled token that token; best_of=3, n=1
+    returns, of the three samples n=3 draws with the same seed, the one of highest
+    cumulative logprob."""
+    token = hf[0].encode(" cache")[0]
+    r = http.post("/v1/completions", json={"prompt": "hello", "max_tokens": 5, "seed": 1,
+                                           "ignore_eos": True,
+                                           "logit_bias": {str(token): 100}}).json()
+    assert r["choices"][0]["text"] == hf[0].decode([token] * 5)
+    body = {"prompt": "the model", "max_tokens": 5, "seed": 7, "temperature": 1.0,
+            "ignore_eos": True, "logprobs": 0}
+    three = http.post("/v1/completions", json={**body, "n": 3}).json()["choices"]
+    best = http.post("/v1/completions", json={**body, "best_of": 3}).json()["choices"]
+    assert len(best) == 1
+    top = max(three, key=lambda c: sum(c["logprobs"]["token_logprobs"]))
+    assert best[0]["text"] == top["text"]
+    assert len({c["text"] for c in three}) > 1
