@@ -8,6 +8,7 @@ with the token the step committed (a step that is redone has not advanced it).
 """
 from __future__ import annotations
 
+import copy
 import json
 import re
 import threading
@@ -52,6 +53,7 @@ class StructuredOutputManager:
         self._compiler: Any = None
         self._grammars: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._matchers: dict[int, Any] = {}  # seq_id -> GrammarMatcher (engine thread)
+        self._unconfirmed: set[int] = set()  # masked this step, token not yet accepted
         self.num_compiled = 0  # compilations done (cache misses)
 
     # --- compiling (any thread) --------------------------------------------------------
@@ -60,8 +62,10 @@ class StructuredOutputManager:
         if self._compiler is None:
             import xgrammar as xgr
 
+            # a copy: the first compile may run on a server worker thread while the engine
+            # thread detokenizes with the original (fast tokenizers are not thread-safe)
             info = xgr.TokenizerInfo.from_huggingface(
-                self.tokenizer, vocab_size=self.vocab_size,
+                copy.deepcopy(self.tokenizer), vocab_size=self.vocab_size,
                 stop_token_ids=sorted(self.eos_token_ids))
             self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         return self._compiler
@@ -116,6 +120,11 @@ class StructuredOutputManager:
     def apply_masks(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         """Set to -inf, in place, every token the grammar forbids next, in the rows of
         constrained sequences (logits: [len(seqs), vocab]); other rows are untouched."""
+        # Matchers masked for a step that never committed (it raised and is redone, or its
+        # new forks were dropped) go: `_matcher` rebuilds one by replaying the output.
+        for seq_id in self._unconfirmed:
+            self._matchers.pop(seq_id, None)
+        self._unconfirmed.clear()
         rows = [i for i, s in enumerate(seqs) if s.params.structured_outputs is not None]
         if not rows:
             return
@@ -125,6 +134,7 @@ class StructuredOutputManager:
         masked = []
         for i in rows:
             matcher = self._matcher(seqs[i])
+            self._unconfirmed.add(seqs[i].seq_id)
             if not matcher.is_terminated():  # done: only its stop token was left
                 matcher.fill_next_token_bitmask(bitmask, i)
                 masked.append(i)
@@ -136,8 +146,14 @@ class StructuredOutputManager:
         if seq.params.structured_outputs is None:
             return
         matcher = self._matcher(seq)
+        self._unconfirmed.discard(seq.seq_id)
         if not matcher.is_terminated() and not matcher.accept_token(token):
             raise RuntimeError(f"token {token} does not fit the request's grammar")
 
     def forget(self, seq: Sequence) -> None:
         self._matchers.pop(seq.seq_id, None)
+        self._unconfirmed.discard(seq.seq_id)
+
+    @property
+    def num_matchers(self) -> int:
+        return len(self._matchers)

@@ -130,3 +130,33 @@ def test_min_tokens_yields_to_a_grammar_that_is_done(llm):
         structured_outputs=SO(choice=["yes", "no"])))[0].outputs[0]
     assert out.text in ("yes", "no") and out.finish_reason == "stop"
     assert all(math.isfinite(lp[t]) for t, lp in zip(out.token_ids, out.logprobs))
+
+
+def test_a_failed_step_leaves_no_matcher_behind(llm, monkeypatch):
+    """A step that raises after the masks were filled (here: sampling, for one structured
+    n=2 request at the end of its prompt, when its forks were just made) is redone request
+    by request; the culprit fails alone, the other structured request is valid, and no
+    matcher outlives its sequence."""
+    from engine.sampler import Sampler
+
+    original = Sampler.distribution
+
+    def distribution(self, logits, seqs):
+        if any(s.request_id == "bad" for s in seqs):
+            raise RuntimeError("injected sampling fault")
+        return original(self, logits, seqs)
+
+    monkeypatch.setattr(Sampler, "distribution", distribution)
+    engine = llm.llm_engine
+    engine.add_request("bad", "hello", SamplingParams(n=2, temperature=1.0, max_tokens=20,
+                                                      structured_outputs=CASES["choice"]))
+    engine.add_request("good", "the cache", SamplingParams(
+        n=2, temperature=1.0, seed=1, max_tokens=40, structured_outputs=CASES["regex"]))
+    finals = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+    assert finals["bad"].error and not finals["good"].error
+    assert all(_valid("regex", c.text) for c in finals["good"].outputs)
+    assert engine.output.structured.num_matchers == 0
