@@ -38,7 +38,8 @@ _FUNCTIONS = {"find": _find}
 
 
 @functools.lru_cache(maxsize=512)
-def _program(rule: str) -> Any:
+def program(rule: str) -> Any:
+    """A CEL expression compiled in the API server's environment (cached)."""
     return _ENV.program(_ENV.compile(rule), functions=_FUNCTIONS)
 
 
@@ -49,7 +50,7 @@ def compile_errors(schema: dict[str, Any], path: str) -> list[dict[str, str]]:
         for key in ("rule", "messageExpression"):
             if key in rule:
                 try:
-                    _program(rule[key])
+                    program(rule[key])
                 except Exception as e:   # celpy raises its parser's errors
                     causes.append(_cause(f"{path}.x-kubernetes-validations[{i}].{key}",
                                          "Invalid value", rule[key],
@@ -252,7 +253,7 @@ def _check_rules(schema: dict[str, Any], value: Any, old: Any, path: str,
         activation = {"self": _cel_value(value, root)}
         if transition:
             activation["oldSelf"] = _cel_value(None if old is _MISSING else old, root)
-        result = _program(rule["rule"]).evaluate(activation)
+        result = program(rule["rule"]).evaluate(activation)
         if result is True or (isinstance(result, celtypes.BoolType) and bool(result)):
             continue
         where = path
@@ -263,7 +264,7 @@ def _check_rules(schema: dict[str, Any], value: Any, old: Any, path: str,
         else:
             message = rule.get("message") or f"failed rule: {rule['rule']}"
             if rule.get("messageExpression"):
-                text = _program(rule["messageExpression"]).evaluate(activation)
+                text = program(rule["messageExpression"]).evaluate(activation)
                 if isinstance(text, str) and text.strip():
                     message = str(text)
         kind = {"FieldValueForbidden": "Forbidden", "FieldValueRequired": "Required value",

@@ -45,6 +45,8 @@ class Store:
         self._history: collections.deque[Event] = collections.deque(maxlen=HISTORY)
         self._watchers: set[asyncio.Queue[Event]] = set()
         self.hooks: list[Callable[[Event], None]] = []   # in-process observers (kubelet, CRDs)
+        self._uids: dict[str, Key] = {}                  # uid -> key of the object
+        self._dependents: dict[str, set[Key]] = {}       # owner uid -> keys of its dependents
         self.graceful_pods = False   # set when a kubelet runs the pods (it finishes deletion)
 
     @property
@@ -63,6 +65,21 @@ class Store:
     def _bump(self, obj: dict[str, Any]) -> None:
         self._rv += 1
         obj["metadata"]["resourceVersion"] = str(self._rv)
+
+    def _put(self, key: Key, obj: dict[str, Any]) -> None:
+        """Store `obj` under `key`, keeping the uid and owner indexes of the collector."""
+        old = self.objects.get(key)
+        if old is not None:
+            self._unindex(key, old)
+        self.objects[key] = obj
+        self._uids[obj["metadata"]["uid"]] = key
+        for ref in obj["metadata"].get("ownerReferences") or []:
+            self._dependents.setdefault(ref.get("uid"), set()).add(key)
+
+    def _unindex(self, key: Key, obj: dict[str, Any]) -> None:
+        self._uids.pop(obj["metadata"].get("uid"), None)
+        for ref in obj["metadata"].get("ownerReferences") or []:
+            self._dependents.get(ref.get("uid"), set()).discard(key)
 
     # ---- reads ----
     def get(self, kind: Kind, namespace: str | None, name: str) -> dict[str, Any] | None:
@@ -94,9 +111,12 @@ class Store:
         for drop in ("deletionTimestamp", "resourceVersion", "managedFields"):
             meta.pop(drop, None)
         self._bump(obj)
-        self.objects[key] = obj
+        self._put(key, obj)
         self.kinds[kind.key] = kind
         self._emit(kind, "ADDED", obj)
+        refs = meta.get("ownerReferences") or []
+        if refs and not any(r.get("uid") in self._uids for r in refs):
+            return self.delete(kind, namespace, meta["name"])   # its owners are gone already
         return obj
 
     def update(self, kind: Kind, new: dict[str, Any]) -> dict[str, Any]:
@@ -117,7 +137,7 @@ class Store:
         if new == old:
             return old   # a no-op write changes nothing, as in etcd
         self._bump(new)
-        self.objects[key] = new
+        self._put(key, new)
         if meta.get("deletionTimestamp") and not meta.get("finalizers") \
                 and not self._awaits_kubelet(kind, new):
             self._remove(kind, key)
@@ -147,30 +167,33 @@ class Store:
                 obj["metadata"]["deletionGracePeriodSeconds"] = grace if grace is not None \
                     else obj.get("spec", {}).get("terminationGracePeriodSeconds", 30)
             self._bump(obj)
-            self.objects[key] = obj
+            self._put(key, obj)
             self._emit(kind, "MODIFIED", obj)
             return obj
         return self._remove(kind, key)
 
     def _remove(self, kind: Kind, key: Key) -> dict[str, Any]:
         obj = self.objects.pop(key)
+        self._unindex(key, obj)
         self._bump(obj)
         self._emit(kind, "DELETED", obj)
         if kind.plural == "namespaces" and not kind.group:
             for other, child in list(self.objects.items()):
                 if other[2] == key[3] and other in self.objects:
                     self.delete(self.kinds[other[:2]], other[2], other[3])
-        self.collect_garbage()
+        self.collect_garbage(obj["metadata"].get("uid"))
         return obj
 
-    def collect_garbage(self) -> None:
-        """Delete dependents none of whose owners exist (background cascading deletion)."""
-        uids = {o["metadata"].get("uid") for o in self.objects.values()}
-        for key, obj in list(self.objects.items()):
-            refs = obj["metadata"].get("ownerReferences")
-            if refs and not any(r.get("uid") in uids for r in refs) and key in self.objects:
-                if not obj["metadata"].get("deletionTimestamp"):
-                    self.delete(self.kinds[key[:2]], key[2], key[3])
+    def collect_garbage(self, owner_uid: str | None) -> None:
+        """Delete the dependents of a removed owner that have no other owner left
+        (background cascading deletion)."""
+        for key in sorted(self._dependents.pop(owner_uid, set())):
+            obj = self.objects.get(key)
+            if obj is None or obj["metadata"].get("deletionTimestamp"):
+                continue
+            refs = obj["metadata"].get("ownerReferences") or []
+            if not any(r.get("uid") in self._uids for r in refs):
+                self.delete(self.kinds[key[:2]], key[2], key[3])
 
     # ---- watches ----
     def subscribe(self, since: int | None) -> tuple[list[Event], asyncio.Queue[Event]]:

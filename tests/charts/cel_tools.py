@@ -1,37 +1,21 @@
 """Run the CRD's CEL rules (x-kubernetes-validations) on objects, as the API server would.
 
-No API server runs here, so the rules are evaluated with cel-python (`celpy`): the schema
-is walked with the object, structural defaults are applied first (Kubernetes defaults
-before it validates), and every rule runs with `self` bound to the value at the node that
-declares it; rules on absent fields do not run. Kubernetes' CEL environment adds a few
-libraries to standard CEL; the one our rules use, the regex library's `find`, is provided
-here with its documented meaning (the first match, or "").
+No API server runs here, so the rules are evaluated in the local API server's CEL
+environment (localcluster/api/admission.py: cel-python with the Kubernetes regex library's
+`find`): the schema is walked with the object, structural defaults are applied first
+(Kubernetes defaults before it validates), and every rule runs with `self` bound to the
+value at the node that declares it; rules on absent fields do not run.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
-import re
 from typing import Any
 
 import celpy
-from celpy import celtypes
 
-ENV = celpy.Environment()
-
-
-def _find(text: Any, pattern: Any) -> celtypes.StringType:
-    match = re.search(str(pattern), str(text))
-    return celtypes.StringType(match.group(0) if match else "")
-
-
-FUNCTIONS = {"find": _find}
-
-
-@functools.lru_cache(maxsize=None)
-def _program(rule: str) -> Any:
-    return ENV.program(ENV.compile(rule), functions=FUNCTIONS)
+from localcluster.api.admission import default as apply_defaults
+from localcluster.api.admission import program
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +25,7 @@ class Rule:
     message: str
 
     def holds(self, value: Any) -> bool:
-        result = _program(self.rule).evaluate({"self": celpy.json_to_cel(value)})
+        result = program(self.rule).evaluate({"self": celpy.json_to_cel(value)})
         if isinstance(result, celpy.CELEvalError):
             raise AssertionError(f"rule at {self.path} failed to evaluate: {result}")
         return bool(result)
@@ -56,19 +40,6 @@ def rules(schema: dict[str, Any], path: str = "") -> list[Rule]:
     if isinstance(schema.get("items"), dict):
         found += rules(schema["items"], f"{path}[]")
     return found
-
-
-def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
-    """Structural defaulting: a missing property with a `default` gets it, recursively."""
-    if isinstance(value, dict):
-        for name, child in (schema.get("properties") or {}).items():
-            if name not in value and "default" in child:
-                value[name] = copy.deepcopy(child["default"])
-            if name in value:
-                value[name] = apply_defaults(child, value[name])
-    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
-        return [apply_defaults(schema["items"], item) for item in value]
-    return value
 
 
 def violations(schema: dict[str, Any], obj: Any) -> list[Rule]:
