@@ -24,9 +24,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.entrypoints.errors import APIError, error_body
 from engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest
+from engine.entrypoints.choices import ChatView, CompletionView
 from engine.entrypoints.request_group import RequestGroup
-from engine.entrypoints.tool_calls import ToolStream, check_tools
-from engine.entrypoints.tool_calls import message as tool_message
+from engine.entrypoints.tool_calls import check_tools
 
 NEG_INF_LOGPROB = -9999.0
 
@@ -140,7 +140,8 @@ class Serving:
         for s, _, _ in entries:
             offsets.append(pos)
             pos += len(s)
-        return {"tokens": [s for s, _, _ in entries], "token_logprobs": [lp for _, lp, _ in entries],
+        return {"tokens": [s for s, _, _ in entries],
+                "token_logprobs": [lp for _, lp, _ in entries],
                 "top_logprobs": [None if top is None else dict(top) for _, _, top in entries],
                 "text_offset": offsets}
 
@@ -183,7 +184,7 @@ class Serving:
                        for p, ids in zip(prompts, token_ids)] if req.echo else None)
         rid, group, params = await self._submit(raw, req, token_ids, "cmpl")
         header = {"id": rid, "created": int(time.time()), "model": model}
-        view = _CompletionView(self, req, echo_texts)
+        view = CompletionView(self, req, echo_texts)
         if req.stream:
             return _sse(self._stream(group, header, n=req.n, view=view, usage=bool(
                 req.stream_options and req.stream_options.include_usage)))
@@ -212,7 +213,7 @@ class Serving:
         self._check_length(ids, req._max_new_tokens(), "messages")
         rid, group, params = await self._submit(raw, req, [ids], "chatcmpl")
         header = {"id": rid, "created": int(time.time()), "model": model}
-        view = _ChatView(self, req, mode)
+        view = ChatView(self, req, mode)
         if req.stream:
             return _sse(self._stream(group, header, n=req.n, view=view, usage=bool(
                 req.stream_options and req.stream_options.include_usage)))
@@ -227,7 +228,7 @@ class Serving:
 
     async def _stream(self, group: RequestGroup, header: dict[str, Any], *, n: int, view: Any,
                       usage: bool) -> AsyncIterator[str]:
-        chat = isinstance(view, _ChatView)
+        chat = isinstance(view, ChatView)
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
@@ -269,87 +270,6 @@ class Serving:
         finally:
             group.close()  # aborts whatever is unfinished (client gone, cancelled)
         yield "data: [DONE]\n\n"
-
-
-class _CompletionView:
-    """What a /v1/completions choice shows of an engine output: with echo the prompt's text
-    (and, with logprobs, its tokens' logprobs) first; with max_tokens 0 nothing generated."""
-
-    def __init__(self, serving: Serving, req: CompletionRequest,
-                 echo_texts: list[str] | None) -> None:
-        self.serving, self.req, self.echo_texts = serving, req, echo_texts
-        self.prompt_only = req.prompt_only
-        self.has_prefix = echo_texts is not None or req.prompt_logprobs is not None
-
-    def num_tokens(self, c: Any) -> int:
-        return 0 if self.prompt_only else len(c.token_ids)
-
-    def num_chars(self, c: Any) -> int:
-        return 0 if self.prompt_only else len(c.text)
-
-    def choice(self, p_index: int, out: Any, c: Any, *, start: int, first: bool,
-               sent_chars: int = 0) -> dict[str, Any]:
-        req, serving = self.req, self.serving
-        ids, lps, text = (([], [], "") if self.prompt_only
-                          else (c.token_ids, c.logprobs or [], c.text))
-        k = req.logprobs or 0
-        entries = serving._entries(ids[start:], lps[start:], k)
-        prefix, offset0 = "", sent_chars
-        if first and self.echo_texts is not None:
-            prefix = self.echo_texts[p_index]
-            if req.logprobs is not None:
-                entries = serving._entries(out.prompt_token_ids, out.prompt_logprobs, k) + entries
-            offset0 = 0
-        body = {"text": prefix + text[sent_chars:],
-                "logprobs": (serving._format(entries, chat=False, offset0=offset0)
-                             if req.logprobs is not None else None),
-                "finish_reason": ("length" if self.prompt_only and c.finish_reason
-                                  else c.finish_reason),
-                "stop_reason": None if self.prompt_only else c.stop_reason}
-        if first and req.prompt_logprobs is not None:
-            body["prompt_logprobs"] = serving._vllm_prompt_logprobs(out, req.prompt_logprobs)
-        return body
-
-
-class _ChatView:
-    """What a chat choice shows: the message (or, streaming, its delta) and logprobs."""
-
-    has_prefix = False
-
-    def __init__(self, serving: Serving, req: ChatCompletionRequest, mode: str) -> None:
-        self.serving, self.req, self.mode = serving, req, mode
-        self.named = req.tool_choice.function.name if mode == "named" else None
-        self.streams: dict[int, ToolStream] = {}  # choice index -> its tool-call deltas
-
-    @staticmethod
-    def num_tokens(c: Any) -> int:
-        return len(c.token_ids)
-
-    @staticmethod
-    def num_chars(c: Any) -> int:
-        return len(c.text)
-
-    def choice(self, p_index: int, out: Any, c: Any, *, start: int, first: bool,
-               sent_chars: int | None = None) -> dict[str, Any]:
-        req, serving = self.req, self.serving
-        logprobs = None
-        if req.logprobs:
-            entries = serving._entries(c.token_ids[start:], (c.logprobs or [])[start:],
-                                       req.top_logprobs or 0)
-            logprobs = serving._format(entries, chat=True)
-        finish = c.finish_reason
-        if self.mode == "none":
-            body = ({"message": {"role": "assistant", "content": c.text}} if sent_chars is None
-                    else {"delta": {"content": c.text[sent_chars:]}})
-        elif sent_chars is None:
-            msg, finish = tool_message(self.mode, c.text, finish, named=self.named)
-            body = {"message": msg}
-        else:
-            stream = self.streams.setdefault(c.index, ToolStream(self.mode, self.named))
-            delta, finish = stream.delta(c.text, finish)
-            body = {"delta": delta}
-        return {**body, "logprobs": logprobs, "finish_reason": finish,
-                "stop_reason": c.stop_reason}
 
 
 def _sse(body: AsyncIterator[str]) -> StreamingResponse:

@@ -179,7 +179,8 @@ class ToolStream:
             if done and safe < len(text):
                 _, calls = parse_hermes(text)
                 if calls:
-                    out["tool_calls"] = [{"index": i, **call(n, a)} for i, (n, a) in enumerate(calls)]
+                    out["tool_calls"] = [{"index": i, **call(n, a)}
+                                         for i, (n, a) in enumerate(calls)]
                     return out, "tool_calls" if finish_reason == "stop" else finish_reason
                 out["content"] = out.get("content", "") + text[safe:]
             return out, finish_reason
