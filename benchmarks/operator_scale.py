@@ -1,50 +1,53 @@
-"""Scale check: N PagedInferenceServices into the emulated API server, time to all children.
+"""Scale check: N PagedInferenceServices into an API server, time to all children.
 
-    python benchmarks/operator_scale.py [--count 100] [--resync 60]
+    python benchmarks/operator_scale.py [--counts 100 300 1000] [--resync 60]
 
-Runs the real operator (kopf, in its own thread, as in tests/operator) against kmock's
-KubernetesEmulator over HTTP, creates --count resources at once, and reports how long
-until every Deployment exists, until every status has conditions, and until everything
-is gone again after deleting them. A measurement, not a test: it asserts nothing about
-speed; the emulator is in-process Python, so the figures bound the operator's own cost.
+For each count, a fresh local-cluster API server (localcluster/api: the store, admission
+with the CRDs' schemas and CEL rules, watches; no kubelet, so pods never exist) in this
+process, the real operator as its own process (`python -m paged_operator`, as the chart
+runs one replica), then --count resources created at once. Reports how long until every
+Deployment exists, until every status has conditions, and until everything is gone again
+after deleting them; the operator's API requests per resource (by method); the operator
+process's peak RSS (VmHWM) and CPU time, beside the API server's CPU time. A measurement,
+not a test: it asserts nothing about speed.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import kmock
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "tests" / "operator")]
+sys.path[:0] = [str(ROOT)]
 
-import kmock  # noqa: E402
-from operator_harness import (DEPLOYMENTS, PIS, RESOURCES, Cluster,  # noqa: E402
-                              Operator, api_path, pis_body)
+from localcluster.api import ApiServer  # noqa: E402
+
+CRDS = ROOT / "charts" / "paged-inference-operator" / "crds"
+GROUP = "serving.pagedinference.dev/v1alpha1"
+NAMESPACE = "default"
 
 
-class ScaleCluster(Cluster):
-    """kmock routes each request by scanning its whole request log (O(log length) per
-    request, so O(n^2) over a run). Drop answered requests from the log so that the
-    figures measure the operator, not the mock's history; count requests here instead."""
+class CountingApiServer(ApiServer):
+    """Counts the requests it answers, by method (the operator's, once it runs)."""
 
-    KEEP = 20
-    counts: dict[str, int]
-    answered: set[int]
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.counts: collections.Counter[str] = collections.Counter()
 
     async def _handle(self, request: kmock.Request):  # type: ignore[override]
-        if request.resource is not None:
-            self.counts[request.method.value] = self.counts.get(request.method.value, 0) + 1
-        if len(self._requests) > self.KEEP:  # requests still in flight must stay routable
-            self._requests[:] = [r for r in self._requests if id(r) not in self.answered]
-            self.answered.clear()
-        try:
-            return await super()._handle(request)
-        finally:
-            self.answered.add(id(request))
+        self.counts[request.method.value] += 1
+        return await super()._handle(request)
 
 
 async def wait_until(check, *, timeout: float) -> float:
@@ -52,74 +55,130 @@ async def wait_until(check, *, timeout: float) -> float:
     while not check():
         if time.perf_counter() - start > timeout:
             raise SystemExit(f"timed out after {timeout} s")
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.25)   # polls share this process with the API server
     return time.perf_counter() - start
 
 
-async def run(count: int, resync: float, timeout: float) -> None:
-    async with ScaleCluster() as cluster, kmock.Server(cluster) as server:
-        cluster.counts, cluster.answered = {}, set()
-        for resource, info in RESOURCES.items():
-            cluster.declare(resource, **info)
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def run(count: int, resync: float, timeout: float) -> dict[str, Any]:
+    async with CountingApiServer() as api, kmock.Server(api) as server:
+        client = server.client
+        for path in sorted(CRDS.glob("*.yaml")):
+            for crd in yaml.safe_load_all(path.read_text()):
+                response = await client.post(
+                    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=crd)
+                assert response.status == 201, await response.text()
+        pis_kind = api.catalog.find(*GROUP.split("/"), "pagedinferenceservices")
+        deploy_kind = api.catalog.find("apps", "v1", "deployments")
+
+        def live(kind: Any) -> list[dict[str, Any]]:
+            return list(api.store.items(kind, NAMESPACE))
+
         kubeconfig = Path(tempfile.mkdtemp()) / "kubeconfig"
         kubeconfig.write_text(
             "apiVersion: v1\nkind: Config\ncurrent-context: s\n"
             f"clusters: [{{name: s, cluster: {{server: '{server.url}'}}}}]\n"
             "users: [{name: s, user: {token: scale}}]\n"
             "contexts: [{name: s, context: {cluster: s, user: s}}]\n")
-        os.environ.update(KUBECONFIG=str(kubeconfig), PAGED_OPERATOR_RESYNC_SECONDS=str(resync))
-        operator = Operator()
-        await operator.start()
+        log = open(kubeconfig.with_name("operator.log"), "w")
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "paged_operator", "--liveness", "", "--log-format", "plain",
+             "--namespace", NAMESPACE],
+            env={**os.environ, "KUBECONFIG": str(kubeconfig),
+                 "PAGED_OPERATOR_RESYNC_SECONDS": str(resync),
+                 "PYTHONPATH": str(ROOT / "operator")},
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
+            # ready once its watches stand: watched resources answer a first GET each
+            await wait_until(lambda: "Initial authentication has finished" in
+                             kubeconfig.with_name("operator.log").read_text(), timeout=120)
+            await wait_until(lambda: api.counts["GET"] >= 3, timeout=60)
+            before = dict(api.counts)
+            cpu_before, own_before = cpu_seconds(operator.pid), time.process_time()
             spec = {"model": {"uri": "Qwen/Qwen2.5-0.5B-Instruct"}, "engine": {"blockSize": 16}}
-            client = server.client
             start = time.perf_counter()
-            responses = await asyncio.gather(*[
-                client.post(api_path(PIS), json=pis_body(f"svc-{i:03d}", spec))
+            responses = await asyncio.gather(*[client.post(
+                f"/apis/{GROUP}/namespaces/{NAMESPACE}/pagedinferenceservices",
+                json={"apiVersion": GROUP, "kind": "PagedInferenceService",
+                      "metadata": {"name": f"svc-{i:04d}"}, "spec": spec})
                 for i in range(count)])
-            assert all(r.status == 200 for r in responses)
+            assert all(r.status == 201 for r in responses)
             created = time.perf_counter() - start
             deployments = created + await wait_until(
-                lambda: len(cluster.live(DEPLOYMENTS)) == count, timeout=timeout)
+                lambda: len(live(deploy_kind)) == count, timeout=timeout)
             statuses = deployments + await wait_until(lambda: all(
-                (o.get("status") or {}).get("conditions") for o in cluster.live(PIS).values())
-                and len(cluster.live(PIS)) == count, timeout=timeout)
-            requests = sum(cluster.counts.values())
-            posts = cluster.counts.get("POST", 0)
+                (o.get("status") or {}).get("conditions") for o in live(pis_kind)),
+                timeout=timeout)
+            methods = {m: n - before.get(m, 0) - (count if m == "POST" else 0)
+                       for m, n in api.counts.items()}   # the operator's, not our POSTs
+            requests = sum(methods.values())
+            rss = peak_rss_mib(operator.pid)
+            cpu = cpu_seconds(operator.pid) - cpu_before
+            server_cpu = time.process_time() - own_before
 
             start = time.perf_counter()
-            await asyncio.gather(*[client.delete(api_path(PIS, f"svc-{i:03d}"))
-                                   for i in range(count)])
-            gone = await wait_until(lambda: not cluster.live(PIS)
-                                    and not cluster.live(DEPLOYMENTS), timeout=timeout)
+            await asyncio.gather(*[client.delete(
+                f"/apis/{GROUP}/namespaces/{NAMESPACE}/pagedinferenceservices/svc-{i:04d}")
+                for i in range(count)])
+            gone = await wait_until(lambda: not live(pis_kind) and not live(deploy_kind),
+                                    timeout=timeout)
         finally:
-            await operator.stop()
+            os.killpg(operator.pid, signal.SIGTERM)
+            await asyncio.to_thread(operator.wait, 30)
+            log.close()
+    return {"count": count, "created": created, "deployments": deployments,
+            "statuses": statuses, "gone": gone, "requests": requests / count,
+            "children": methods.get("POST", 0) / count, "rss": rss, "cpu": cpu,
+            "server_cpu": server_cpu,
+            "methods": ", ".join(f"{m} {n / count:.1f}" for m, n in sorted(methods.items()))}
 
-    print(f"operator scale check: {count} PagedInferenceServices, kmock emulator over HTTP, "
+
+def report(rows: list[dict[str, Any]]) -> None:
+    print(f"operator scale check: the local cluster's API server, the operator as its own process, "
           f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}")
-    print(f"| {'phase':<44} | {'seconds':>8} | {'ms per resource':>15} |")
-    print(f"|{'-' * 46}|{'-' * 10}|{'-' * 17}|")
-    for label, seconds in (("all resources POSTed", created),
-                           ("all Deployments exist", deployments),
-                           ("all statuses have conditions", statuses),
-                           ("after deleting: resources and children gone", gone)):
-        print(f"| {label:<44} | {seconds:8.2f} | {1000 * seconds / count:15.1f} |")
-    print(f"API requests until statuses settled: {requests} "
-          f"({requests / count:.1f} per resource), POSTs: {posts} "
-          f"({(posts - count) / count:.1f} children per resource)")
+    print("| services | all POSTed | all Deployments | per resource | all statuses | "
+          "per resource | all gone after delete | API requests per resource | "
+          "children per resource | operator peak RSS | operator CPU | API server CPU |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        n = r["count"]
+        print(f"| {n:.0f} | {r['created']:.2f} s | {r['deployments']:.2f} s | "
+              f"{1000 * r['deployments'] / n:.1f} ms | {r['statuses']:.2f} s | "
+              f"{1000 * r['statuses'] / n:.1f} ms | {r['gone']:.2f} s | "
+              f"{r['requests']:.1f} | {r['children']:.1f} | {r['rss']:.0f} MiB | "
+              f"{r['cpu']:.1f} s | {r['server_cpu']:.1f} s |")
+    for r in rows:
+        print(f"{r['count']:.0f} services: API requests per resource by method: {r['methods']}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--count", type=int, default=100)
+    parser.add_argument("--counts", type=int, nargs="+", default=[100, 300, 1000])
     parser.add_argument("--resync", type=float, default=60.0,
                         help="drift-check period, seconds (the operator's default)")
-    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args()
-    if args.count < 1:
-        parser.error("--count must be >= 1")
-    asyncio.run(run(args.count, args.resync, args.timeout))
+    if min(args.counts) < 1:
+        parser.error("--counts must be >= 1")
+    rows = []
+    for count in args.counts:
+        rows.append(asyncio.run(run(count, args.resync, args.timeout)))
+        report(rows[-1:])
+    if len(rows) > 1:
+        report(rows)
 
 
 if __name__ == "__main__":
