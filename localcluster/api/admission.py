@@ -253,7 +253,10 @@ def _check_rules(schema: dict[str, Any], value: Any, old: Any, path: str,
         activation = {"self": _cel_value(value, root)}
         if transition:
             activation["oldSelf"] = _cel_value(None if old is _MISSING else old, root)
-        result = program(rule["rule"]).evaluate(activation)
+        try:
+            result = program(rule["rule"]).evaluate(activation)
+        except celpy.CELEvalError as e:   # celpy raises some evaluation errors
+            result = e
         if result is True or (isinstance(result, celtypes.BoolType) and bool(result)):
             continue
         where = path
@@ -264,7 +267,10 @@ def _check_rules(schema: dict[str, Any], value: Any, old: Any, path: str,
         else:
             message = rule.get("message") or f"failed rule: {rule['rule']}"
             if rule.get("messageExpression"):
-                text = program(rule["messageExpression"]).evaluate(activation)
+                try:
+                    text = program(rule["messageExpression"]).evaluate(activation)
+                except celpy.CELEvalError:
+                    text = None
                 if isinstance(text, str) and text.strip():
                     message = str(text)
         kind = {"FieldValueForbidden": "Forbidden", "FieldValueRequired": "Required value",
