@@ -129,6 +129,8 @@ def system_prompts(url: str, n: int, lo: int, hi: int, seed: int) -> list[str]:
 
 async def run_load(url: str, prompts: list[str], tenants: list[int], users: int,
                    max_tokens: int, seed: int, rate: float | None = None) -> dict:
+    # url: one target, or several separated by commas (router replicas: request i goes to
+    # target i mod n)
     """Closed loop: `users` workers take the next (tenant, question) until none is left.
     Open loop (`rate`): request i is sent at its Poisson arrival time (`rate` requests/s,
     seeded), whatever the server's latency, as the issue's peers measure a rate."""
@@ -142,8 +144,10 @@ async def run_load(url: str, prompts: list[str], tenants: list[int], users: int,
                 "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
                 "temperature": 0}
         start, first = time.perf_counter(), None
+        targets = url.split(",")
         try:
-            async with client.stream("POST", url + "/v1/completions", json=body) as r:
+            async with client.stream("POST", targets[i % len(targets)] + "/v1/completions",
+                                     json=body) as r:
                 if r.status_code != 200:
                     errors += 1
                     return
@@ -256,6 +260,10 @@ def main() -> int:
     p.add_argument("--policies", default="precise,prefix,least-load,round-robin",
                    help="comma-separated: precise, prefix, least-load, round-robin, or the prefix "
                         f"variants {', '.join(VARIANTS)}")
+    p.add_argument("--routers", type=int, default=1,
+                   help="router replicas per policy, requests spread over them in turn (each "
+                        "router sees only its share: the prefix policy's table is per router, "
+                        "the engines' KV events are the same for all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--logs", default="/tmp/bench_routing")
     p.add_argument("--out", default=None, help="write the results as JSON here")
@@ -298,15 +306,18 @@ def main() -> int:
         policies = [x for x in args.policies.split(",") if x]
         for k, policy in enumerate(policies):
             prompts = system_prompts(urls[0], args.tenants, lo, hi, seed=100 + k)
-            router = Proc(["router", "--host", "127.0.0.1", "--port", "0",
-                           *VARIANTS.get(policy, ["--policy", policy]),
-                           *(["--tokenizer", model_dir]
-                             if "precise" in VARIANTS.get(policy, [policy]) else []),
-                           "--backends", ",".join(urls)], "routing on", logs / f"router-{policy}.log")
-            router.wait_ready()
-            rows.append(phase(policy, router.url, urls, args, prompts, tenants_warm, tenants,
-                              seed=10 * k))
-            router.stop()
+            routers = [Proc(["router", "--host", "127.0.0.1", "--port", "0",
+                             *VARIANTS.get(policy, ["--policy", policy]),
+                             *(["--tokenizer", model_dir]
+                               if "precise" in VARIANTS.get(policy, [policy]) else []),
+                             "--backends", ",".join(urls)], "routing on",
+                            logs / f"router-{policy}-{j}.log") for j in range(args.routers)]
+            for router in routers:
+                router.wait_ready()
+            rows.append(phase(policy, ",".join(r.url for r in routers), urls, args, prompts,
+                              tenants_warm, tenants, seed=10 * k))
+            for router in routers:
+                router.stop()
         prompts = system_prompts(urls[0], args.tenants, lo, hi, seed=99)
         rows.append(phase("single large replica (reference)", large.url, [large.url], args,
                           prompts, tenants_warm, tenants, seed=99))
@@ -314,7 +325,8 @@ def main() -> int:
     finally:
         for e in procs:
             e.stop()
-    print(f"\n{args.replicas} replicas x {args.blocks} blocks, {args.tenants} tenants "
+    print(f"\n{args.replicas} replicas x {args.blocks} blocks, {args.routers} router(s), "
+          f"{args.tenants} tenants "
           f"({lo}-{hi} token system prompts, Zipf {args.zipf}), "
           f"{f'open loop at {args.rate:g} req/s' if args.rate else f'{args.users} users'}, "
           f"{args.requests} measured requests after {args.warmup} warm-up, "
