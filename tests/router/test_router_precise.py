@@ -191,3 +191,55 @@ def test_a_restarted_engine_is_cleared_and_resynced():
         assert follower.resyncs["u"] == ["restart", "snapshot"]
     finally:
         publisher.close()
+
+
+def test_precise_without_a_tokenizer_or_with_mismatched_endpoints_names_the_flag():
+    from engine.router.app import RouterConfig
+    from engine.router.cli import main
+
+    with pytest.raises(ValueError, match="--policy precise .* --tokenizer"):
+        RouterConfig(backends=["http://127.0.0.2:8000"], policy="precise")
+    with pytest.raises(SystemExit, match="--kv-events-endpoints lists 1 .* --backends lists 2"):
+        main(["--backends", "http://127.0.0.2:8000,http://127.0.0.3:8000", "--policy",
+              "precise", "--kv-events-endpoints", "tcp://127.0.0.2:5557"])
+
+
+def test_a_follower_with_given_endpoints_starts_from_a_snapshot_then_follows_live_batches():
+    recorder, publisher = new_publisher()
+    try:
+        publish(recorder, publisher, [("+", 0), ("+", 1)])  # before the follower starts
+
+        async def scenario() -> tuple[set, set, list]:
+            index = KVIndex()
+            follower = KVEventFollower(index, endpoints={
+                "http://u": (publisher.endpoint, publisher.replay_endpoint)})
+            follower.track(["http://u"])
+
+            async def until(condition, nudge=None) -> None:
+                for i in range(1000):
+                    if condition():
+                        return
+                    if nudge is not None and i % 20 == 19:
+                        nudge()  # one more live batch: a gap is noticed on the next one
+                    await asyncio.sleep(0.01)
+                raise AssertionError("the index did not follow")
+
+            await until(lambda: index.blocks.get("http://u") == {E[0], E[1]})
+            before = set(index.blocks["http://u"])
+            # live batches from now on (repeated until the subscription has reached the PUB)
+            publish(recorder, publisher, [("-", 0), ("+", 2)])
+            await until(lambda: E[2] in index.blocks["http://u"] and
+                        E[0] not in index.blocks["http://u"],
+                        nudge=lambda: publish(recorder, publisher, [("+", 3)]))
+            after = set(index.blocks["http://u"])
+            follower.track([])  # the backend went away: out of the index at once
+            gone = list(index.blocks)
+            await follower.stop()
+            return before, after, gone
+
+        before, after, gone = asyncio.run(scenario())
+        assert before == {E[0], E[1]}
+        assert {E[1], E[2]} <= after and E[0] not in after
+        assert gone == []
+    finally:
+        publisher.close()
