@@ -58,9 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prefix policy: chunk hashes remembered (LRU)")
     p.add_argument("--tokenizer", default=None,
                    help="prefix policy: hash token blocks with this tokenizer.json (or model "
-                        "directory) instead of characters")
+                        "directory) instead of characters; precise policy (required): the "
+                        "engines' model directory, to hash requests as the engines do")
     p.add_argument("--hash-block-size", type=int, default=16,
-                   help="tokens per hashed block with --tokenizer (the engine's --block-size)")
+                   help="tokens per hashed block with --tokenizer (the engine's --block-size; "
+                        "the precise policy takes the engines' own from GET /kv_events)")
     p.add_argument("--kv-events-endpoints", default=None, metavar="PUB[|REPLAY],...",
                    help="precise policy: each backend's KV-event endpoints, in --backends "
                         "order (default: asked from each engine's GET /kv_events)")
