@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("bench_decode", REPO / "scripts" / "bench_decode.py")
+    spec = importlib.util.spec_from_file_location("bench_decode", REPO / "benchmarks" / "bench_decode.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
