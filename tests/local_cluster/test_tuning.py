@@ -22,8 +22,9 @@ import pytest
 import yaml
 
 from cluster_harness import LocalCluster, alive
-from tuning_harness import (AUTOSCALING, PREVIOUS, apply, engine_of, finished, hpa_target,
-                            service, target, trial_services, tuning)
+from tuning_harness import (AUTOSCALING, AUTOSCALING_DEFAULTS, ENGINE_DEFAULTS, PREVIOUS,
+                            apply, engine_of, finished, hpa_target, service, target,
+                            trial_services, tuning)
 
 pytestmark = pytest.mark.xdist_group("local_cluster_tuning")
 __all__ = ["target"]   # the module's target service (a fixture)
@@ -52,7 +53,8 @@ def test_manual_tuning_searches_confirms_and_recommends(target: LocalCluster) ->
     patch = yaml.safe_load(target.json("get", "cm", "manual-recommendation")["data"]
                            ["patch.yaml"])
     assert patch == {"spec": {"engine": {"blockSize": 16, "maxNumSeqs": 4}}}
-    assert engine_of(target, "chat") == {"blockSize": 16, "maxNumSeqs": 16}
+    assert engine_of(target, "chat") == {**ENGINE_DEFAULTS, "blockSize": 16,
+                                         "maxNumSeqs": 16}
     assert trial_services(target, "manual") == []
     target.kubectl("wait", "job/manual-tuner", "--for=condition=Complete", "--timeout=30s",
                    timeout=40)
@@ -81,7 +83,8 @@ def test_unreachable_min_gain_changes_nothing_and_a_gain_that_does_not_hold_roll
     assert status["applied"] == "No" and status["decision"].get("winner") is None
     assert "minGain 1000" in status["decision"]["reason"]
     assert status["gain"]["low"] > 1   # a real gain, just not the one asked for
-    assert engine_of(target, "chat") == {"blockSize": 16, "maxNumSeqs": 16}
+    assert engine_of(target, "chat") == {**ENGINE_DEFAULTS, "blockSize": 16,
+                                         "maxNumSeqs": 16}
 
     status = finished(target, "regress")["status"]
     assert status["applied"] == "RolledBack", status
@@ -90,8 +93,8 @@ def test_unreachable_min_gain_changes_nothing_and_a_gain_that_does_not_hold_roll
     assert status["capacity"]["autoscaling"]["target"] == applied
     assert status["appliedAutoscaling"] == {"target": applied}
     live = target.json("get", "pis", "slow")
-    assert live["spec"]["engine"] == {"blockSize": 16, "maxNumSeqs": 16}
-    assert live["spec"]["autoscaling"] == AUTOSCALING
+    assert live["spec"]["engine"] == {**ENGINE_DEFAULTS, "blockSize": 16, "maxNumSeqs": 16}
+    assert live["spec"]["autoscaling"] == {**AUTOSCALING_DEFAULTS, **AUTOSCALING}
     assert PREVIOUS not in (live["metadata"].get("annotations") or {})
     target.wait_for(lambda: hpa_target(target, "slow") == "50", 30, "the HPA restored")
     target.kubectl("delete", "pis", "slow", "--wait=false")
@@ -107,18 +110,20 @@ def test_auto_applies_the_winner_and_rolls_the_pods(target: LocalCluster) -> Non
     # capacity: open-loop probes on one replica with the winning settings, and the
     # autoscaler's queueDepth target they imply, applied with the engine settings
     capacity = status["capacity"]
-    assert capacity["engine"] == {"blockSize": 16, "maxNumSeqs": 4}
+    assert capacity["engine"] == {**ENGINE_DEFAULTS, "blockSize": 16, "maxNumSeqs": 4}
     assert capacity["ratePerReplica"] > 0 and 1 <= len(capacity["probes"]) <= 2
     goal = capacity["autoscaling"]["target"]
     assert capacity["autoscaling"]["metric"] == "queueDepth" and float(goal) > 0
     live = target.json("get", "pis", "chat")
-    assert live["spec"]["engine"] == {"blockSize": 16, "maxNumSeqs": 4}
-    assert live["spec"]["autoscaling"] == {**AUTOSCALING, "target": goal}
+    assert live["spec"]["engine"] == {**ENGINE_DEFAULTS, "blockSize": 16, "maxNumSeqs": 4}
+    assert live["spec"]["autoscaling"] == {**AUTOSCALING_DEFAULTS, **AUTOSCALING,
+                                           "target": goal}
     assert status["recommendation"]["patch"]["spec"]["autoscaling"] == {"target": goal}
     target.wait_for(lambda: hpa_target(target, "chat") == goal, 30, "the HPA's new target")
     notes = live["metadata"]["annotations"]
-    assert json.loads(notes[PREVIOUS]) == {"engine": {"blockSize": 16, "maxNumSeqs": 16},
-                                           "autoscaling": {"target": "50"}}
+    assert json.loads(notes[PREVIOUS]) == {
+        "engine": {**ENGINE_DEFAULTS, "blockSize": 16, "maxNumSeqs": 16},
+        "autoscaling": {"target": "50"}}
     assert notes["serving.pagedinference.dev/applied-by"] == "auto"
     now = {p["metadata"]["name"] for p in target.pods("app.kubernetes.io/instance=chat")
            if not p["metadata"].get("deletionTimestamp")}
@@ -338,27 +343,28 @@ def test_a_trace_in_a_config_map_replays_on_two_load_workers(
     target.kubectl("delete", "pis", "replay", "--wait=false")
 
 
-def test_a_spec_no_job_can_run_is_refused_with_a_condition_naming_the_field(
+def test_a_spec_no_job_can_run_is_refused_at_admission_and_runs_once_fixed(
         target: LocalCluster) -> None:
     """Both spec.workload and spec.workloadFrom; workloadFrom.prometheus without
-    spec.prometheus.url. The local API server does not run the CRD's CEL rules (the
-    tests/charts CEL test does): the operator refuses them, and makes no Job."""
+    spec.prometheus.url. The API server refuses both with the CRD's CEL messages, as a
+    real one does (the operator's own check of the same rules: tests/operator); once
+    fixed, the Job runs and reports what it could not do."""
     both = tuning("both", "chat", trials=1, space={"maxNumSeqs": [4]},
                   workloadFrom={"trace": {"url": "http://127.0.0.1:9/trace.jsonl"}})
     noprom = tuning("noprom", "chat", trials=1, space={"maxNumSeqs": [4]}, workload=None,
                     workloadFrom={"prometheus": {"window": "1h"}})
-    apply(target, both, noprom)
+    for body, message in ((both, "give spec.workload or spec.workloadFrom, not both"),
+                          (noprom, "spec.workloadFrom.prometheus needs spec.prometheus.url")):
+        done = target.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(body), check=False)
+        name = body["metadata"]["name"]
+        assert done.returncode == 1 and done.stderr.startswith(
+            f'The PagedInferenceTuning "{name}" is invalid: spec: Invalid value: "object": '
+            f"{message}"), done.stderr
+        assert target.kubectl("get", "pit", name, check=False).returncode != 0
 
     def refused(name: str) -> dict | None:
         status = target.json("get", "pit", name).get("status") or {}
         return status if status.get("phase") == "Failed" else None
-    for name, field in (("both", "spec.workload and spec.workloadFrom: give one"),
-                        ("noprom", "spec.workloadFrom.prometheus needs spec.prometheus.url")):
-        status = target.wait_for(lambda: refused(name), 30, f"{name} refused")
-        (condition,) = status["conditions"]
-        assert (condition["type"], condition["status"]) == ("SpecValid", "False")
-        assert field in condition["message"] and field in status["decision"]["reason"]
-        assert target.kubectl("get", "job", f"{name}-tuner", check=False).returncode != 0
     # fixed: the Job starts, and finds no histograms to fit in this Prometheus
     noprom["spec"]["prometheus"] = {"url": target.info["prometheus"]}
     apply(target, noprom)
@@ -368,4 +374,4 @@ def test_a_spec_no_job_can_run_is_refused_with_a_condition_naming_the_field(
                              "fitted" in s["decision"]["reason"] and s, 90, "the fit's error")
     assert status["decision"]["reason"].startswith("spec.workloadFrom.prometheus: ")
     assert [c["status"] for c in status["conditions"]] == ["True"]
-    target.kubectl("delete", "pit", "both", "noprom", "--wait=false")
+    target.kubectl("delete", "pit", "noprom", "--wait=false")

@@ -16,8 +16,8 @@ import optuna
 import pytest
 
 from cluster_harness import LocalCluster
-from tuning_harness import (PREVIOUS, apply, engine_of, finished, service, target,
-                            trial_services, tuning)
+from tuning_harness import (ENGINE_DEFAULTS, PREVIOUS, apply, engine_of, finished, service,
+                            target, trial_services, tuning)
 
 pytestmark = pytest.mark.xdist_group("local_cluster_tuning")
 __all__ = ["target"]   # the module's target service (a fixture)
@@ -103,7 +103,8 @@ def test_auto_verifies_the_gain_with_promql_on_the_live_traffic(
     for figures in (before, after):
         sent = sent_in(live_traffic["liveok"], figures, 8)
         assert abs(figures["requests"] - sent) <= max(6, 0.3 * sent), (figures, sent)
-    assert engine_of(target, "liveok") == {"blockSize": 16, "maxNumSeqs": 4}
+    assert engine_of(target, "liveok") == {**ENGINE_DEFAULTS, "blockSize": 16,
+                                           "maxNumSeqs": 4}
 
 
 def test_a_regression_on_the_live_traffic_is_caught_by_promql_and_rolled_back(
@@ -120,7 +121,7 @@ def test_a_regression_on_the_live_traffic_is_caught_by_promql_and_rolled_back(
     assert "rolled back" in status["decision"]["reason"]
     assert "live goodput" in status["decision"]["reason"]
     live = target.json("get", "pis", "livedrop")
-    assert live["spec"]["engine"] == {"blockSize": 16, "maxNumSeqs": 16}
+    assert live["spec"]["engine"] == {**ENGINE_DEFAULTS, "blockSize": 16, "maxNumSeqs": 16}
     assert PREVIOUS not in (live["metadata"].get("annotations") or {})
 
 

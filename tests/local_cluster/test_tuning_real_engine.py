@@ -21,13 +21,14 @@ import time
 
 import pytest
 
-from tuning_harness import apply, finished, trial_services
+from tuning_harness import ENGINE_DEFAULTS, apply, finished, trial_services
 
 pytestmark = pytest.mark.xdist_group("local_cluster_tuning_real")
 
 LOCAL_CLUSTER_ARGS = ["--no-postgres"]
 PREVIOUS = "serving.pagedinference.dev/previous-engine"
 ENGINE = {"blockSize": 16, "maxNumSeqs": 1, "maxModelLen": 1024}
+STORED = {**ENGINE_DEFAULTS, **ENGINE}   # as the API server stores it: the CRD's defaults in
 
 
 def service() -> dict:
@@ -73,7 +74,7 @@ def test_auto_tuning_on_the_real_engine(local_cluster) -> None:
     assert sorted(e["engine"]["maxNumSeqs"] for e in status["history"]) == [4, 8]
     assert all(e.get("goodput", 0) > 0 for e in status["history"]), status["history"]
     # the confirmation: baseline (the target's settings) vs the best, with intervals
-    assert status["baseline"]["engine"] == ENGINE
+    assert status["baseline"]["engine"] == STORED
     assert status["baseline"]["rounds"] == 2 and len(status["baseline"]["goodputInterval"]) == 2
     assert status["best"]["engine"]["maxNumSeqs"] in (4, 8)
     assert status["best"]["source"] == "confirmation"
@@ -92,11 +93,11 @@ def test_auto_tuning_on_the_real_engine(local_cluster) -> None:
     if status["applied"] == "Yes":
         assert verification["held"] is True
         assert verification["goodput"] > verification["baselineGoodput"]
-        assert live["spec"]["engine"] == {**ENGINE, **status["best"]["engine"]}
-        assert json.loads(live["metadata"]["annotations"][PREVIOUS]) == {"engine": ENGINE}
+        assert live["spec"]["engine"] == {**STORED, **status["best"]["engine"]}
+        assert json.loads(live["metadata"]["annotations"][PREVIOUS]) == {"engine": STORED}
     else:   # the gain did not hold on the live service: back to the target's settings
         assert verification["held"] is False and "rolled back" in status["decision"]["reason"]
-        assert live["spec"]["engine"] == ENGINE
+        assert live["spec"]["engine"] == STORED
     assert trial_services(cluster, "tiny-auto") == []
     cluster.kubectl("wait", "job/tiny-auto-tuner", "--for=condition=Complete",
                     "--timeout=30s", timeout=40)

@@ -81,6 +81,19 @@ def trial_services(cluster: LocalCluster, name: str) -> list[str]:
                                                          f"{TUNING}={name}")["items"]]
 
 
+def _defaults(field: str) -> dict:
+    """The CRD's defaults under spec.<field>: what the API server fills in, as a real one."""
+    crd = yaml.safe_load((ROOT / "charts/paged-inference-operator/crds/"
+                          "pagedinferenceservices.yaml").read_text())
+    props = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "properties"][field]["properties"]
+    return {k: v["default"] for k, v in props.items() if "default" in v}
+
+
+ENGINE_DEFAULTS = _defaults("engine")
+AUTOSCALING_DEFAULTS = _defaults("autoscaling")
+
+
 def engine_of(cluster: LocalCluster, name: str) -> dict:
     return cluster.json("get", "pis", name)["spec"]["engine"]
 
