@@ -34,7 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 _KV_SCHEDULER_TESTS = ["tests/engine/test_scheduler_policy.py",
                        "tests/engine/test_scheduler_accounting.py",
                        "tests/engine/test_kv_cache_accounting.py",
-                       "tests/engine/test_kv_scheduler_properties.py"]
+                       "tests/engine/test_kv_scheduler_properties.py",
+                       "tests/engine/test_spec_decode_proposer.py"]
 _OPERATOR_TESTS = ["tests/operator/test_operator_manifests.py",
                    "tests/operator/test_operator_engine_contract.py",
                    "tests/operator/test_operator_spec_parsing.py",
@@ -43,7 +44,9 @@ TARGETS = {
     "engine/kv_cache_manager.py": _KV_SCHEDULER_TESTS,
     "engine/scheduler.py": _KV_SCHEDULER_TESTS,
     "engine/sampler.py": ["tests/engine/test_sampler_oracle.py",
-                          "tests/engine/test_sampler_draws.py"],
+                          "tests/engine/test_sampler_draws.py",
+                          "tests/engine/test_sampling_bias_best_of.py",
+                          "tests/engine/test_spec_decode_sampling.py"],
     "operator/paged_operator/manifests.py": _OPERATOR_TESTS,
     "operator/paged_operator/spec.py": _OPERATOR_TESTS,
     "tuner/measure/scoring.py": ["tests/tuner/test_tuner_scoring.py",

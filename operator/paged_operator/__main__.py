@@ -1,7 +1,8 @@
 """`python -m paged_operator`: run the operator with a liveness endpoint.
 
 Watches every namespace unless --namespace (or $WATCH_NAMESPACE, comma-separated) names
-some. Runs standalone (no kopf peering): the chart deploys one replica with Recreate.
+some. With $PAGED_OPERATOR_PEERING set (the chart sets it when replicaCount > 1) the replicas
+peer through kopf so that one reconciles (handlers.py); otherwise it runs standalone.
 """
 from __future__ import annotations
 
