@@ -96,6 +96,14 @@ def place_new_prefix(ring_order: list[Backend], bound: int, footprint: Mapping[s
     return ring_order[0], "hash"  # unreachable: some backend is at most the mean
 
 
+
+def check_bounds(load_factor: float, hit_load_factor: float, cache_balance: float | None) -> None:
+    """The bounded-load settings the affinity policies share; ValueError naming the flag."""
+    for flag, value in (("--load-factor", load_factor), ("--hit-load-factor", hit_load_factor),
+                        ("--cache-balance", 0.0 if cache_balance is None else cache_balance)):
+        if value < 0:
+            raise ValueError(f"{flag} must be >= 0, got {value}")
+
 class PrefixPolicy(Policy):
     """Longest known prefix first, consistent hashing for new prefixes, bounded load.
 
@@ -119,11 +127,7 @@ class PrefixPolicy(Policy):
     def __init__(self, *, load_factor: float = 0.25, hit_load_factor: float = 1.0,
                  cache_balance: float | None = 0.25, table_size: int = 200_000,
                  session_table_size: int = 100_000, ring_replicas: int = 100) -> None:
-        for flag, value in (("--load-factor", load_factor),
-                            ("--hit-load-factor", hit_load_factor),
-                            ("--cache-balance", 0.0 if cache_balance is None else cache_balance)):
-            if value < 0:
-                raise ValueError(f"{flag} must be >= 0, got {value}")
+        check_bounds(load_factor, hit_load_factor, cache_balance)
         self.load_factor, self.hit_load_factor = load_factor, hit_load_factor
         self.cache_balance, self.table_size = cache_balance, table_size
         self.session_table_size = session_table_size
@@ -199,11 +203,7 @@ class PrecisePolicy(Policy):
     def __init__(self, *, load_factor: float = 0.25, hit_load_factor: float = 1.0,
                  cache_balance: float | None = 0.25, ring_replicas: int = 100,
                  index: KVIndex | None = None) -> None:
-        for flag, value in (("--load-factor", load_factor),
-                            ("--hit-load-factor", hit_load_factor),
-                            ("--cache-balance", 0.0 if cache_balance is None else cache_balance)):
-            if value < 0:
-                raise ValueError(f"{flag} must be >= 0, got {value}")
+        check_bounds(load_factor, hit_load_factor, cache_balance)
         self.load_factor, self.hit_load_factor = load_factor, hit_load_factor
         self.cache_balance = cache_balance
         self.index = KVIndex() if index is None else index
