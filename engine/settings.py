@@ -29,7 +29,7 @@ class Setting:
     default: Any
     help: str
     flag: str | None = None          # `python -m engine serve` flag (vLLM's); None: Python only
-    field: str | None = None         # camelCase key of PagedInferenceService spec.engine
+    field: str | None = None         # camelCase key of spec.engine (of its object, for keys)
     optional: bool = False           # None is allowed (and means "decided at start-up")
     minimum: float | None = None
     maximum: float | None = None
@@ -41,6 +41,7 @@ class Setting:
     crd_default: bool = False        # the CRD declares the default (always passed on)
     tune: str | None = None          # the tuner's default range (tuner/search/space.py's grammar)
     keys: tuple["Setting", ...] = ()  # type dict: its keys, each checked like a setting
+    key_rules: tuple["AtMost", ...] = ()  # type dict: rules between its keys
 
     @property
     def rule(self) -> str:
@@ -82,6 +83,14 @@ class AtLeast:
     name: str
     other: str
     why: str
+
+
+@dataclass(frozen=True)
+class AtMost:
+    """Rule between two keys of a dict setting: `name` <= `other` when both are given (an
+    unset one is filled from the other)."""
+    name: str
+    other: str
 
 
 TABLE: tuple[Setting, ...] = (
@@ -130,16 +139,20 @@ TABLE: tuple[Setting, ...] = (
     Setting("speculative_config", dict, None, "Speculative decoding, as vLLM's JSON: "
             '{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": N, '
             '"prompt_lookup_min": M} (default: off)', flag="--speculative-config",
-            optional=True, keys=(
+            field="speculative", optional=True, managed=True, keys=(
                 Setting("method", str, "ngram", "how drafts are proposed: n-gram prompt "
-                        "lookup in the request's own tokens", choices=("ngram",)),
+                        "lookup in the request's own tokens", field="method",
+                        choices=("ngram",)),
                 Setting("num_speculative_tokens", int, None, "draft tokens verified per "
-                        "step and sequence", minimum=1, maximum=16),
+                        "step and sequence", field="numSpeculativeTokens", minimum=1,
+                        maximum=16),
                 Setting("prompt_lookup_max", int, None, "longest n-gram matched (default: "
-                        "prompt_lookup_min, or 5)", optional=True, minimum=1, maximum=64),
+                        "prompt_lookup_min, or 5)", field="promptLookupMax", optional=True,
+                        minimum=1, maximum=64),
                 Setting("prompt_lookup_min", int, None, "shortest n-gram matched (default: "
-                        "prompt_lookup_max, or 5)", optional=True, minimum=1, maximum=64),
-            )),
+                        "prompt_lookup_max, or 5)", field="promptLookupMin", optional=True,
+                        minimum=1, maximum=64),
+            ), key_rules=(AtMost("prompt_lookup_min", "prompt_lookup_max"),)),
     Setting("kv_events_config", dict, None, "Publish KV cache events (blocks stored in and "
             "removed from the prefix cache), as vLLM's JSON: {\"enable_kv_cache_events\": "
             'true, "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": '
@@ -167,9 +180,12 @@ RULES: tuple[AtLeast, ...] = (
             "every running sequence needs at least one token per step"),
 )
 
-def check(setting: Setting | str, value: Any, label: str | None = None) -> Any:
+def check(setting: Setting | str, value: Any, label: str | None = None, *,
+          by_field: bool = False) -> Any:
     """`value` if valid for the setting (an int given for a float becomes a float), else
-    ValueError `<label> must be <rule>, got <value>` (label defaults to the setting's name)."""
+    ValueError `<label> must be <rule>, got <value>` (label defaults to the setting's name).
+    A dict setting's keys are read and named by their `field` (camelCase) when `by_field`;
+    the result is keyed by name either way."""
     s = SETTINGS[setting] if isinstance(setting, str) else setting
     if value is None and s.optional:
         return None
@@ -177,7 +193,7 @@ def check(setting: Setting | str, value: Any, label: str | None = None) -> Any:
     if isinstance(value, bool) and s.type is not bool:
         raise bad
     if s.type is dict:
-        return _check_object(s, value, s.name if label is None else label, bad)
+        return _check_object(s, value, s.name if label is None else label, bad, by_field)
     if s.type is float and isinstance(value, int):
         value = float(value)
     if s.type is str and isinstance(value, os.PathLike):
@@ -196,41 +212,45 @@ def check(setting: Setting | str, value: Any, label: str | None = None) -> Any:
     return value
 
 
-def _check_object(s: Setting, value: Any, label: str, bad: ValueError) -> dict[str, Any]:
+def _check_object(s: Setting, value: Any, label: str, bad: ValueError, by_field: bool
+                  ) -> dict[str, Any]:
     """A dict setting: known keys only, each checked (`<label>.<key> must be ...`), required
-    ones (no default, not optional) present, defaults filled in."""
+    ones (no default, not optional) present, defaults filled in, then its key rules."""
     if not isinstance(value, Mapping):
         raise bad
-    known = {k.name: k for k in s.keys}
-    unknown = sorted(set(value) - set(known), key=str)
+    key_of = {k.name: k.field if by_field else k.name for k in s.keys}
+    unknown = sorted(set(value) - set(key_of.values()), key=str)
     prefix = f"{label}." if label else ""  # argparse's label is "" (it names the flag)
     if unknown:
         raise ValueError(f"{label or 'the object'} has no key {unknown[0]!r}; known: "
-                         f"{', '.join(known)}")
+                         f"{', '.join(key_of.values())}")
     out: dict[str, Any] = {}
     for key in s.keys:
-        raw = value.get(key.name)
+        raw = value.get(key_of[key.name])
         if raw is None and key.default is None and not key.optional:
-            raise ValueError(f"{prefix}{key.name} is required: {key.rule}")
-        out[key.name] = check(key, key.default if raw is None else raw, prefix + key.name)
+            raise ValueError(f"{prefix}{key_of[key.name]} is required: {key.rule}")
+        out[key.name] = check(key, key.default if raw is None else raw,
+                              prefix + key_of[key.name])
     normalize = _NORMALIZE.get(s.name)
-    return normalize(out, prefix) if normalize else out
+    out = normalize(out) if normalize else out
+    for rule in s.key_rules:
+        if out[rule.name] is not None and out[rule.other] is not None \
+                and out[rule.name] > out[rule.other]:
+            raise ValueError(f"{prefix}{key_of[rule.name]} ({out[rule.name]}) must be <= "
+                             f"{prefix}{key_of[rule.other]} ({out[rule.other]})")
+    return out
 
 
-def _speculative_lookup(config: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """vLLM's n-gram defaults: an unset bound takes the other's value, both unset 5; min <=
-    max."""
+def _speculative_lookup(config: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's n-gram defaults: an unset bound takes the other's value, both unset 5."""
     lo, hi = config["prompt_lookup_min"], config["prompt_lookup_max"]
     if lo is None and hi is None:
         lo = hi = 5
-    lo, hi = (hi if lo is None else lo), (lo if hi is None else hi)
-    if lo > hi:
-        raise ValueError(f"{prefix}prompt_lookup_min ({lo}) must be <= "
-                         f"{prefix}prompt_lookup_max ({hi})")
-    return {**config, "prompt_lookup_min": lo, "prompt_lookup_max": hi}
+    return {**config, "prompt_lookup_min": hi if lo is None else lo,
+            "prompt_lookup_max": lo if hi is None else hi}
 
 
-_NORMALIZE: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
+_NORMALIZE: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "speculative_config": _speculative_lookup}
 
 

@@ -42,9 +42,23 @@ def from_spec(engine: Mapping[str, Any]) -> dict[str, Any]:
         if raw is None:
             values[s.name] = s.default if s.crd_default else None
         else:
-            values[s.name] = check(s, raw, spec_label(s))
+            values[s.name] = check(s, raw, spec_label(s), by_field=True)
     check_rules(values, spec_label)
     return values
+
+
+def to_spec(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings by name -> spec.engine's camelCase form (a dict setting's keys too); None
+    (unset) left out."""
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        s = SETTINGS[name]
+        if value is None:
+            continue
+        if s.type is dict:
+            value = {k.field: value[k.name] for k in s.keys if value.get(k.name) is not None}
+        out[s.field] = value
+    return out
 
 
 def spec_to_flags(engine: Mapping[str, Any]) -> list[str]:
@@ -52,28 +66,48 @@ def spec_to_flags(engine: Mapping[str, Any]) -> list[str]:
     return flags_for(from_spec(engine))
 
 
+def _value_schema(s: Setting, description: str) -> dict[str, Any]:
+    """One setting's (or a dict setting's key's) OpenAPI v3 schema."""
+    node: dict[str, Any] = {"type": {int: "integer", float: "number", bool: "boolean",
+                                     str: "string", dict: "object"}[s.type],
+                            "description": description}
+    if s.type is dict:
+        node["properties"] = {k.field: _value_schema(k, f"{k.help}; {k.rule}.")
+                              for k in s.keys}
+        required = [k.field for k in s.keys if k.default is None and not k.optional]
+        if required:
+            node["required"] = required
+        field = {k.name: k.field for k in s.keys}
+        rules = []
+        for rule in s.key_rules:  # an unset key is filled from the other: only both can break it
+            lo, hi = field[rule.name], field[rule.other]
+            rules.append({"rule": f"!has(self.{lo}) || !has(self.{hi}) || self.{lo} <= self.{hi}",
+                          "message": f"{lo} must be <= {hi}"})
+        if rules:
+            node["x-kubernetes-validations"] = rules
+    elif s.power_of_two:
+        lo, hi = int(s.minimum or 1), int(s.maximum or 2**30)
+        node["enum"] = [2**k for k in range(31) if lo <= 2**k <= hi]
+    elif s.choices is not None:
+        node["enum"] = list(s.choices)
+    else:
+        if s.minimum is not None:
+            node["minimum"] = s.minimum
+            if s.exclusive_minimum:
+                node["exclusiveMinimum"] = True
+        if s.maximum is not None:
+            node["maximum"] = s.maximum
+    if s.crd_default:
+        node["default"] = s.default
+    return node
+
+
 def crd_engine_schema() -> dict[str, Any]:
     """The CRD's spec.engine OpenAPI v3 schema (scripts/gen_crd_engine.py writes it)."""
     props: dict[str, Any] = {}
     for s in SPEC_SETTINGS:
-        node: dict[str, Any] = {"type": {int: "integer", float: "number", bool: "boolean",
-                                         str: "string"}[s.type],
-                                "description": f"{s.help}. Flag {s.flag}; {s.rule}."}
-        if s.power_of_two:
-            lo, hi = int(s.minimum or 1), int(s.maximum or 2**30)
-            node["enum"] = [2**k for k in range(31) if lo <= 2**k <= hi]
-        elif s.choices is not None:
-            node["enum"] = list(s.choices)
-        else:
-            if s.minimum is not None:
-                node["minimum"] = s.minimum
-                if s.exclusive_minimum:
-                    node["exclusiveMinimum"] = True
-            if s.maximum is not None:
-                node["maximum"] = s.maximum
-        if s.crd_default:
-            node["default"] = s.default
-        props[s.field] = node
+        rule = "an object of the keys below" if s.type is dict else s.rule
+        props[s.field] = _value_schema(s, f"{s.help}. Flag {s.flag}; {rule}.")
     flags = ", ".join(f"'{f}'" for f in managed_flags())
     props["extraArgs"] = {
         "type": "array", "maxItems": 64,

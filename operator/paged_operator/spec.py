@@ -41,8 +41,8 @@ AUTOSCALING_METRICS = {
 
 def _applied(self) -> dict[str, Any]:
     """The settings in spec.engine's camelCase form, unset ones left out."""
-    out = {s.field: getattr(self, s.name) for s in engine_settings.SPEC_SETTINGS}
-    return {k: v for k, v in out.items() if v is not None} | {"extraArgs": list(self.extra_args)}
+    values = {s.name: getattr(self, s.name) for s in engine_settings.SPEC_SETTINGS}
+    return settings_k8s.to_spec(values) | {"extraArgs": list(self.extra_args)}
 
 
 def _flags(self) -> list[str]:

@@ -28,6 +28,10 @@ VALID = [
     {"model__uri": "pvc://models/llama...3/v..2"},         # dots inside names are fine
     {"model__uri": "/models/.cache/x"},
     {"model__uri": "builtin://smollm2-135m-instruct"},
+    {"engine__speculative": {"numSpeculativeTokens": 4}},
+    {"engine__speculative": {"numSpeculativeTokens": 4, "promptLookupMin": 9}},  # max: 9 too
+    {"engine__speculative": {"method": "ngram", "numSpeculativeTokens": 4, "promptLookupMax": 3,
+                             "promptLookupMin": 3}},
 ]
 # (changes, where the broken rule is declared)
 INVALID = [
@@ -53,6 +57,9 @@ INVALID = [
     ({"model__uri": "/models/.%2E"}, "spec.model.uri"),
     ({"model__uri": "/models/%252e%252e/x"}, "spec.model.uri"),
     ({"model__uri": "hf://org/.."}, "spec.model.uri"),
+    ({"engine__speculative": {"numSpeculativeTokens": 2, "promptLookupMin": 4,
+                              "promptLookupMax": 3}}, "spec.engine.speculative"),
+    ({"engine__extraArgs": ["--speculative-config", "{}"]}, "spec.engine.extraArgs"),
 ]
 
 
@@ -94,6 +101,16 @@ def test_long_names_break_the_root_rule_and_the_operator():
     assert [r.path for r in broken] == [""] and "52" in broken[0].message
     with pytest.raises(InvalidSpecError, match="metadata.name"):
         parse_spec({"model": {"uri": "a/b"}}, name="x" * 53, namespace="default")
+
+
+def test_the_speculative_rule_names_both_fields_and_the_operator_agrees():
+    body = with_spec(engine__speculative={"numSpeculativeTokens": 2, "promptLookupMin": 4,
+                                          "promptLookupMax": 3})
+    [broken] = violations(SCHEMA, body)
+    assert broken.message == "promptLookupMin must be <= promptLookupMax"
+    with pytest.raises(InvalidSpecError, match=r"^spec.engine.speculative.promptLookupMin \(4\) "
+                                               r"must be <= spec.engine.speculative.promptLookupMax"):
+        parse_spec(body["spec"], name="svc", namespace="default")
 
 
 def test_the_extra_args_rule_lists_exactly_the_operators_managed_flags():

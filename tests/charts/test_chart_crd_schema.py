@@ -119,6 +119,14 @@ INVALID = [  # rejected by the OpenAPI schema, and by the operator should it sli
     ("apiKeySecretRef", {"name": "s", "key": "a/b"}),
     ("networkPolicy", {"allowFrom": [{}]}), ("networkPolicy", {"enabled": "yes"}),
     ("router", {"enabled": True, "policy": "random"}), ("router", {"replicas": 0}),
+    ("engine__speculative", {"numSpeculativeTokens": 0}),
+    ("engine__speculative", {"numSpeculativeTokens": 17}),
+    ("engine__speculative", {"method": "eagle", "numSpeculativeTokens": 2}),
+    ("engine__speculative", {"numSpeculativeTokens": 2, "promptLookupMax": 65}),
+    ("engine__speculative", {"numSpeculativeTokens": 2, "promptLookupMin": 0}),
+    ("engine__speculative", {"numSpeculativeTokens": "2"}),
+    ("engine__speculative", {"promptLookupMax": 3}),       # numSpeculativeTokens is required
+    ("engine__speculative", "ngram"),
 ]
 @pytest.mark.parametrize("changes", VALID)
 def test_valid_specs_pass_schema_and_operator(changes):

@@ -85,7 +85,13 @@ def _valid_other_value(s: settings.Setting):
         return int(s.maximum)
     if s.type is float:
         return 0.5 if (s.maximum or 1) >= 0.5 and s.default != 0.5 else 0.25
+    if s.type is dict:  # every key given (nothing left for the engine to fill in)
+        return {k.name: k.choices[-1] if k.choices else int(k.minimum) + 2 for k in s.keys}
     return (s.default or int(s.minimum or 1)) + 7
+
+
+def _camel(s: settings.Setting, value):
+    return {k.field: value[k.name] for k in s.keys} if s.type is dict else value
 
 
 def test_a_spec_engine_value_reaches_the_engine_through_operator_and_cli():
@@ -95,7 +101,9 @@ def test_a_spec_engine_value_reaches_the_engine_through_operator_and_cli():
     values["max_num_batched_tokens"] = max(values["max_num_batched_tokens"],
                                            values["max_num_seqs"])
     engine = space.to_engine_spec(values)
-    assert engine == {s.field: values[s.name] for s in SPEC}
+    assert engine == {s.field: _camel(s, values[s.name]) for s in SPEC}
+    assert engine["speculative"] == {"method": "ngram", "numSpeculativeTokens": 3,
+                                     "promptLookupMax": 3, "promptLookupMin": 3}
     spec = parse_spec({"model": {"uri": "a/b"}, "engine": engine}, name="svc", namespace="d")
     assert spec.engine.applied() == {**engine, "extraArgs": []}
     args = manifests.deployment(spec)["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -142,6 +150,51 @@ def test_the_same_bad_value_is_refused_everywhere_naming_the_setting(s, value, c
         if s.type is not str:
             with pytest.raises(space.SpaceError, match=f"^{s.name} must be {rule}"):
                 space.parse_param(s.name, str(value))
+
+
+DICT = [s for s in SPEC if s.type is dict]
+KEY_BAD = [(s, k, v) for s in DICT for k in s.keys for v in _bad_values(k)]
+
+
+def _required(s: settings.Setting, by_field: bool) -> dict:
+    return {k.field if by_field else k.name: int(k.minimum) for k in s.keys
+            if k.default is None and not k.optional}
+
+
+@pytest.mark.parametrize("s, key, value", KEY_BAD,
+                         ids=[f"{s.name}.{k.name}={v}" for s, k, v in KEY_BAD])
+def test_a_bad_key_of_an_object_setting_is_refused_everywhere_naming_the_key(s, key, value,
+                                                                             capsys):
+    """spec.engine.speculative.numSpeculativeTokens: 17 is refused by the engine, its CLI,
+    the operator and the CRD's schema, each naming the key as its source spells it."""
+    assert {"speculative_config"} <= {s.name for s in DICT}
+    rule = re.escape(key.rule)
+    given = {**_required(s, False), key.name: value}
+    with pytest.raises(ValueError, match=f"^{s.name}.{key.name} must be {rule}, got"):
+        EngineConfig(**{s.name: given})
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", *settings.flags_for({s.name: given})])
+    assert re.search(f"argument {s.flag}: {key.name} must be {rule}, got", capsys.readouterr().err)
+    spec_value = {**_required(s, True), key.field: value}
+    with pytest.raises(InvalidSpecError,
+                       match=f"^spec.engine.{s.field}.{key.field} must be {rule}, got"):
+        parse_spec({"model": {"uri": "a/b"}, "engine": {s.field: spec_value}}, name="svc",
+                   namespace="d")
+    errors = list(crd_validator().iter_errors(with_spec(**{f"engine__{s.field}": spec_value})))
+    assert [list(e.absolute_path) for e in errors] == [["spec", "engine", s.field, key.field]]
+
+
+@pytest.mark.parametrize("s", DICT, ids=[s.name for s in DICT])
+def test_an_object_setting_without_a_required_key_is_refused_by_operator_and_crd(s):
+    for key in (k for k in s.keys if k.default is None and not k.optional):
+        value = {k: v for k, v in _required(s, True).items() if k != key.field}
+        with pytest.raises(InvalidSpecError,
+                           match=f"^spec.engine.{s.field}.{key.field} is required"):
+            parse_spec({"model": {"uri": "a/b"}, "engine": {s.field: value}}, name="svc",
+                       namespace="d")
+        errors = list(crd_validator().iter_errors(with_spec(**{f"engine__{s.field}": value})))
+        assert [e.validator for e in errors] == ["required"]
+        assert key.field in errors[0].message
 
 
 @pytest.mark.parametrize("seqs, tokens", [(64, 32), (None, 8), (4096, None)])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
@@ -16,6 +17,9 @@ from paged_operator.spec import parse_spec
      {"block_size": 32, "gpu_memory_utilization": 0.5, "max_num_seqs": 8,
       "max_num_batched_tokens": 512, "max_model_len": 2048, "enable_prefix_caching": False,
       "seed": 3}),
+    ({"speculative": {"numSpeculativeTokens": 4, "promptLookupMax": 3}},
+     {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
+                             "prompt_lookup_max": 3, "prompt_lookup_min": 3}}),
 ])
 def test_operator_args_parse_with_the_engine_cli(engine, expected):
     from engine.entrypoints.cli import add_serve_arguments, engine_kwargs
@@ -31,6 +35,23 @@ def test_operator_args_parse_with_the_engine_cli(engine, expected):
     kwargs = engine_kwargs(args)
     assert kwargs["model"] == "/mnt/model/qwen" and kwargs["served_model_name"] == "chat"
     assert {k: kwargs[k] for k in expected} == expected
+
+
+def test_spec_engine_speculative_becomes_the_speculative_config_flag_and_the_config_map():
+    """The flag carries vLLM's JSON (snake_case keys, the engine's defaults filled in); the
+    ConfigMap's applied settings keep spec.engine's camelCase; without it there is no flag."""
+    speculative = {"method": "ngram", "numSpeculativeTokens": 2, "promptLookupMin": 2}
+    spec = parse_spec({"model": {"uri": "a/b"}, "engine": {"speculative": speculative}},
+                      name="svc", namespace="default")
+    args = manifests.engine_args(spec)
+    flag = args.index("--speculative-config")
+    assert json.loads(args[flag + 1]) == {"method": "ngram", "num_speculative_tokens": 2,
+                                          "prompt_lookup_max": 2, "prompt_lookup_min": 2}
+    applied = json.loads(manifests.config_map(spec)["data"]["engine-settings.json"])
+    assert applied["speculative"] == {**speculative, "promptLookupMax": 2}
+    plain = parse_spec({"model": {"uri": "a/b"}}, name="svc", namespace="default")
+    assert "--speculative-config" not in manifests.engine_args(plain)
+    assert "speculative" not in plain.engine.applied()
 
 
 @pytest.mark.parametrize("resources, env, threads", [

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from engine import settings as engine_settings
+from engine import settings_k8s
 
 # The settings a sweep may vary are the spec.engine ones of the settings table
 # (engine/settings.py), since a result is applied to spec.engine; the default space is each
@@ -196,7 +197,10 @@ def to_engine_spec(settings: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in settings.items():
         s = SETTINGS[name]
-        out[s.field] = round(float(value), 4) if s.type is float else s.type(value)
+        if s.type is dict:
+            out |= settings_k8s.to_spec({name: value})
+        else:
+            out[s.field] = round(float(value), 4) if s.type is float else s.type(value)
     return out
 
 
@@ -210,5 +214,12 @@ def from_engine_spec(spec: dict[str, Any], *, where: str = "spec.engine") -> dic
         if key not in by_key:
             raise SpaceError(f"{where}: unknown engine setting {key!r}; known: "
                              f"{', '.join(by_key)}")
-        out[by_key[key]] = _convert(by_key[key], value)
+        s = SETTINGS[by_key[key]]
+        if s.type is dict:
+            try:
+                out[s.name] = engine_settings.check(s, value, f"{where}.{key}", by_field=True)
+            except ValueError as exc:
+                raise SpaceError(str(exc)) from None
+        else:
+            out[s.name] = _convert(s.name, value)
     return out
