@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key-file", default=None,
                    help="read the API key from this file (whitespace stripped), so it never "
                         "appears in argv; overrides --api-key")
+    p.add_argument("--log-decisions", action="store_true",
+                   help="log every placement as one JSON line (logger "
+                        "engine.router.decisions): the backends' scores, in-flight counts, "
+                        "the bounds, the pick and the decision")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     return p
@@ -89,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per probe otherwise
+    if args.log_decisions:
+        logging.getLogger("engine.router.decisions").setLevel(logging.DEBUG)
     for name, value in (("--chunk-chars", args.chunk_chars), ("--max-chunks", args.max_chunks),
                         ("--table-size", args.table_size),
                         ("--hash-block-size", args.hash_block_size)):

@@ -13,6 +13,7 @@ the one task uvicorn runs it in, plus one that waits for the client's disconnect
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -27,6 +28,8 @@ from engine.router.policies import Choice, Policy, RouteRequest
 from engine.router.pool import Backend, BackendPool
 
 logger = logging.getLogger("engine.router")
+# one JSON line per placement at DEBUG (`--log-decisions`): what the policy saw, what it chose
+decisions = logging.getLogger("engine.router.decisions")
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
               "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
 OWN_HEADERS = {"date", "server"}  # uvicorn adds the router's own
@@ -150,6 +153,11 @@ class Forwarder:
             return error("no healthy backend: every engine replica is down or ejected; "
                          "retry shortly", 503, "no_healthy_backend", **{"Retry-After": "1"})
         choice = self.policy.choose(route, backends)
+        if decisions.isEnabledFor(logging.DEBUG):
+            decisions.debug(json.dumps({
+                "t": time.time(), "decision": choice.decision, "pick": choice.order[0].url,
+                "blocks": len(route.hashes), "key": f"{route.hashes[0]:x}" if route.hashes
+                else None, "backends": [b.url for b in backends], **choice.detail}))
         headers = {k: v for k, v in request.headers.items() if k not in HOP_BY_HOP}
         query = request.scope.get("query_string", b"")
         url_tail = path + ("?" + query.decode("latin-1") if query else "")

@@ -5,7 +5,7 @@ import pytest
 
 from engine.router.hashing import CharChunkHasher
 from engine.router.policies import (LeastLoadPolicy, PrefixPolicy, RoundRobinPolicy,
-                                    RouteRequest, load_bound, make_policy)
+                                    RouteRequest, hit_bound, load_bound, make_policy)
 from engine.router.pool import Backend
 
 HASHER = CharChunkHasher(chunk_chars=32)
@@ -52,11 +52,11 @@ def place(policy: PrefixPolicy, backends: list[Backend], n: int, finish: bool) -
     placed = []
     for i in range(n):
         r = req(SYSTEM + f"user question {i}")
-        bounds = {True: load_bound(backends, policy.hit_load_factor),
+        bounds = {True: hit_bound(backends, policy.load_factor, policy.hit_load_factor),
                   False: load_bound(backends, policy.load_factor)}
         choice = policy.choose(r, backends)
         pick = choice.order[0]
-        # never above ceil((1+eps) * mean): the hit bound for a holder, else the tight one
+        # never above the hit bound for a holder, ceil((1+eps) * mean) for a new prefix
         assert pick.in_flight + 1 <= bounds[choice.decision in ("prefix_hit", "session")]
         pick.in_flight += 0 if finish else 1
         policy.record(r, pick)
@@ -80,8 +80,8 @@ def test_prefix_concentrates_concurrent_requests_up_to_the_load_bound_then_sprea
         assert placed[0][1] == "hash" and any(d == "overflow" for _, d in placed)
         spread[eps] = sorted(b.in_flight for b in backends)
         # the backends that took an overflow hold the prefix too: they share the rest
-    assert spread[0.25] == [1, 4, 4]   # the third backend only when both holders are full
-    assert spread[1.0] == [0, 3, 6]    # a looser bound concentrates more
+    assert spread[0.25] == [0, 4, 5]   # the third backend only when both holders are full
+    assert spread[1.0] == [0, 2, 7]    # a looser bound concentrates more
 
 
 def test_prefix_follows_the_longest_prefix_a_backend_was_sent():
