@@ -11,7 +11,7 @@ from typing import Any
 
 from .fields import DNS_SUBDOMAIN, InvalidSpecError, get_field, positive
 
-ROUTER_POLICIES = ("prefix", "least-load", "round-robin")
+ROUTER_POLICIES = ("prefix", "least-load", "round-robin", "precise")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -11,6 +11,7 @@ import json
 import math
 from typing import Any
 
+from . import kv_events
 from .contract import MANAGED_BY
 from .fields import quantity_value
 from .spec import AUTOSCALING_METRICS, ENGINE_PORT, ServiceSpec
@@ -56,16 +57,20 @@ def endpoint(spec: ServiceSpec) -> str:
     return f"http://{spec.name}.{spec.namespace}.svc.cluster.local:{ENGINE_PORT}"
 
 
-def engine_args(spec: ServiceSpec) -> list[str]:
+def model_arg(spec: ServiceSpec) -> str:
+    """The model as the engine (and the precise router's --tokenizer) is given it."""
     model = spec.model
     if model.kind == "pvc":
-        model_arg = f"{MODEL_DIR}/{model.path_in_claim}".rstrip("/")
-    else:
-        model_arg = model.uri
+        return f"{MODEL_DIR}/{model.path_in_claim}".rstrip("/")
     # builtin://NAME goes to the engine as it is: the engine knows its own models.
+    return model.uri
+
+
+def engine_args(spec: ServiceSpec) -> list[str]:
     key = ["--api-key-file", API_KEY_FILE] if spec.api_key else []
-    return [model_arg, "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
-            "--served-model-name", model.served_name, *key, *spec.engine.flags()]
+    return [model_arg(spec), "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
+            "--served-model-name", spec.model.served_name, *key,
+            *kv_events.engine_args(spec), *spec.engine.flags()]
 
 
 def config_map(spec: ServiceSpec) -> dict[str, Any]:
@@ -171,7 +176,8 @@ def deployment(spec: ServiceSpec) -> dict[str, Any]:
     container = {
         "name": "engine", "image": spec.image, "imagePullPolicy": spec.image_pull_policy,
         "command": ["python", "-m", "engine", "serve"], "args": engine_args(spec),
-        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"},
+                  *kv_events.container_ports(spec)],
         "env": env, "resources": _resources(spec), **_probes(spec), "volumeMounts": mounts,
         "securityContext": copy.deepcopy(CONTAINER_SECURITY),
         # An engine that exits with an error leaves its last log lines in

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from . import manifests
+from . import kv_events, manifests
 from .manifests import (CONTAINER_SECURITY, MANAGED_BY, POD_SECURITY, router_selector_labels,
                         selector_labels)
 from .spec import ENGINE_PORT, ServiceSpec
@@ -54,14 +54,32 @@ def network_policy(spec: ServiceSpec) -> dict[str, Any] | None:
                              "ports": [{"protocol": "TCP", "port": ENGINE_PORT}]}]}}
 
 
+def kv_events_network_policy(spec: ServiceSpec) -> dict[str, Any] | None:
+    """With the precise policy (kv_events.py): the engine pods' event ports, from this
+    resource's router pods only. None without it, or with network policies off (nothing is
+    restricted then, and a policy selecting the engine pods would isolate them)."""
+    if not kv_events.enabled(spec) or not spec.network_policy.enabled:
+        return None
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _meta(spec, kv_events.policy_name(spec)),
+            "spec": {"podSelector": {"matchLabels": selector_labels(spec.name)},
+                     "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"podSelector": {
+                                     "matchLabels": router_selector_labels(spec.name)}}],
+                                  "ports": [{"protocol": "TCP", "port": name} for name in
+                                            (kv_events.PUB_PORT_NAME,
+                                             kv_events.REPLAY_PORT_NAME)]}]}}
+
+
 def engine_service(spec: ServiceSpec) -> dict[str, Any]:
-    """Headless: the router watches its EndpointSlices and talks to each pod directly."""
+    """Headless: the router watches its EndpointSlices and talks to each pod directly (and,
+    with the precise policy, finds each pod's KV-event ports in them)."""
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": _meta(spec, engine_service_name(spec)),
             "spec": {"clusterIP": "None", "selector": selector_labels(spec.name),
                      "publishNotReadyAddresses": False,
                      "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http",
-                                "protocol": "TCP"}]}}
+                                "protocol": "TCP"}, *kv_events.service_ports(spec)]}}
 
 
 def router_service_account(spec: ServiceSpec) -> dict[str, Any]:
@@ -92,6 +110,7 @@ def router_args(spec: ServiceSpec) -> list[str]:
     # as --api-key / $VLLM_API_KEY today, and a key never goes into argv or env.
     hit = spec.router.hit_load_factor
     return ["--discover", engine_service_name(spec), "--policy", spec.router.policy,
+            *kv_events.router_args(spec, manifests.model_arg(spec)),
             *(["--hit-load-factor", format(hit, "g")] if hit is not None else []),
             "--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
 
@@ -101,6 +120,10 @@ def router_deployment(spec: ServiceSpec) -> dict[str, Any]:
         return {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 5, **kw}
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
+    if kv_events.enabled(spec) and spec.model.kind == "pvc":  # --tokenizer reads the weights' folder
+        volumes.append({"name": "model", "persistentVolumeClaim": {
+            "claimName": spec.model.claim_name, "readOnly": True}})
+        mounts.append({"name": "model", "mountPath": manifests.MODEL_DIR, "readOnly": True})
     container = {
         "name": "router", "image": spec.image, "imagePullPolicy": spec.image_pull_policy,
         "command": ["python", "-m", "engine", "router"], "args": router_args(spec),

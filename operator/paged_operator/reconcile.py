@@ -14,7 +14,7 @@ from typing import Any
 
 import kopf
 
-from . import manifests, manifests_access
+from . import kv_events, manifests, manifests_access
 from .kube import KINDS, ApiError, KubeApi
 from .spec import ServiceSpec, quantity_value
 
@@ -78,7 +78,9 @@ def optional_names(spec: ServiceSpec) -> dict[tuple[str, str], dict[str, Any] | 
     router = spec.router.enabled
     optional: dict[tuple[str, str], dict[str, Any] | None] = {
         ("PersistentVolumeClaim", f"{spec.name}-model-cache"): manifests.model_cache_claim(spec),
-        ("NetworkPolicy", spec.name): manifests_access.network_policy(spec)}
+        ("NetworkPolicy", spec.name): manifests_access.network_policy(spec),
+        ("NetworkPolicy", kv_events.policy_name(spec)):
+            manifests_access.kv_events_network_policy(spec)}
     for key, child in zip(
             [("ServiceAccount", manifests_access.router_name(spec)),
              ("Role", manifests_access.router_name(spec)),

@@ -70,6 +70,8 @@ def test_builtin_model_examples_validate_and_run_on_cpu(example, model):
     ({"model__uri": "builtin://default", "apiKeySecretRef": {"name": "keys"},
       "router": {"enabled": True},
       "networkPolicy": {"allowFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}}, 6),
+    # the router's precise policy adds a NetworkPolicy for the engines' event ports
+    ({"model__uri": "pvc://weights/qwen", "router": {"enabled": True, "policy": "precise"}}, 7),
 ])
 def test_operator_children_validate_against_kubernetes_schemas(extra, optional):
     body = with_spec(**extra)
@@ -78,7 +80,8 @@ def test_operator_children_validate_against_kubernetes_schemas(extra, optional):
                 manifests.pod_disruption_budget(spec)]
     children += [c for c in (manifests.model_cache_claim(spec),
                              manifests.horizontal_pod_autoscaler(spec),
-                             manifests_access.network_policy(spec)) if c]
+                             manifests_access.network_policy(spec),
+                             manifests_access.kv_events_network_policy(spec)) if c]
     children += manifests_access.router_children(spec)
     assert len(children) == 4 + optional
     for child in children:
@@ -102,6 +105,7 @@ VALID = [
     {"networkPolicy": {"allowFrom": [{"namespaceSelector": {"matchLabels": {
         "kubernetes.io/metadata.name": "monitoring"}}}]}},
     {"router": {"enabled": True, "policy": "least-load", "replicas": 2}},
+    {"router": {"enabled": True, "policy": "precise"}},
 ]
 INVALID = [  # rejected by the OpenAPI schema, and by the operator should it slip past
     ("engine__blockSize", 48), ("engine__blockSize", 0), ("engine__blockSize", 512),
