@@ -108,6 +108,8 @@ def build_app(config: RouterConfig) -> Starlette:
                                            port_name=config.port_name)
             await watcher.start()
         await pool.start()
+        if follower is not None:
+            follower.track(b.url for b in pool.available())  # before /health can answer
         following = asyncio.create_task(follow_backends()) if follower else None
         try:
             yield
@@ -147,10 +149,14 @@ def build_app(config: RouterConfig) -> Starlette:
     async def health(request: Request) -> Response:
         n = len(pool.available())
         body = {"healthy_backends": n, "backends": len(pool.all()), "policy": policy.name}
+        ready = n > 0
         if follower is not None:  # what the index knows of each backend's KV events
             body["kv_events"] = {url: {"last_seq": seq, "blocks": policy.index.size(url)}
                                  for url, seq in follower.last_seq.items()}
-        return JSONResponse(body, status_code=200 if n else 503)
+            # a (re)started router serves once the engines' snapshots are in its index
+            body["kv_index_ready"] = follower.ready()
+            ready = ready and body["kv_index_ready"]
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     async def prometheus(request: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

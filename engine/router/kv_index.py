@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -95,6 +96,7 @@ class KVEventFollower:
     """One task per backend, following its KV events into `index`."""
 
     REPLAY_TIMEOUT = 2.0
+    SYNC_GRACE = 5.0  # seconds a starting router waits for the engines' snapshots at most
 
     def __init__(self, index: KVIndex, *, endpoints: dict[str, tuple[str, str | None]] | None
                  = None, metrics: Any = None, on_block_size: Any = None) -> None:
@@ -106,10 +108,25 @@ class KVEventFollower:
         self.tasks: dict[str, asyncio.Task] = {}
         self.last_seq: dict[str, int] = {}
         self.resyncs: dict[str, list[str]] = {}  # url -> how it resynced, in order
+        self.synced: set[str] = set()  # backends whose first snapshot is in the index
+        self.started: float | None = None  # when track() was first called
+        self._ready = False
+
+    def ready(self) -> bool:
+        """True once every backend followed from the start has its first snapshot in the
+        index (or SYNC_GRACE seconds have passed: an engine without events must not keep
+        the router out of service), then for good. Until then a starting router, or one
+        that restarted, would place its first requests as new prefixes, by the ring."""
+        if not self._ready and self.started is not None:
+            self._ready = (self.tasks.keys() <= self.synced
+                           or time.monotonic() - self.started > self.SYNC_GRACE)
+        return self._ready
 
     def track(self, urls: Iterable[str]) -> None:
         """Follow exactly these backends: new ones start, gone ones leave the index now."""
         wanted = set(urls)
+        if self.started is None:
+            self.started = time.monotonic()
         for url in list(self.tasks):
             if url not in wanted:
                 self.tasks.pop(url).cancel()
@@ -162,6 +179,7 @@ class KVEventFollower:
                     replay.connect(replay_ep)
                 self.last_seq[url] = -1
                 await self._snapshot(url, replay)  # a router that starts late starts here
+                self.synced.add(url)
                 while True:
                     _, seq_bytes, payload = await sub.recv_multipart()
                     await self._on_batch(url, int.from_bytes(seq_bytes, "big"), payload, replay)

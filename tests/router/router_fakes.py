@@ -6,7 +6,8 @@ it is in every reply, and counts what happened: requests, in-flight and the most
 at once, streams the client abandoned, the connections requests came on. `fail_next(n,
 status)` makes the next n generation requests fail with that status before any byte is
 sent (status 0: the connection is dropped without an answer); `health_status` is what
-`/health` answers. `/metrics` shows vLLM's load gauges.
+`/health` answers. `/metrics` shows vLLM's load gauges; `/kv_events` advertises a KV event
+publisher's endpoints when given one (`kv_events_info`, answered after `kv_events_delay`).
 """
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ class FakeBackend:
         self.health_status = 200
         self.probes = 0  # /health requests seen
         self.kv_cache_usage = self.waiting = 0.0
+        # GET /kv_events: what to advertise (a publisher's info()), after how long; 404 if None
+        self.kv_events_info: dict[str, Any] | None = None
+        self.kv_events_delay = 0.0
         self._fail: list[int] = []
         self._unhealthy_after_fail = False
         self._loop = asyncio.new_event_loop()
@@ -61,6 +65,7 @@ class FakeBackend:
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/kv_events", self._kv_events)
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_post("/v1/chat/completions", self._generate)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5, handler_cancellation=True)
@@ -79,6 +84,12 @@ class FakeBackend:
             f'vllm:kv_cache_usage_perc{{model_name="fake"}} {self.kv_cache_usage}\n'
             "# TYPE vllm:num_requests_waiting gauge\n"
             f'vllm:num_requests_waiting{{model_name="fake"}} {self.waiting}\n'))
+
+    async def _kv_events(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(self.kv_events_delay)
+        if self.kv_events_info is None:
+            return web.json_response({"error": {"message": "KV events are off"}}, status=404)
+        return web.json_response(self.kv_events_info)
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake", "owner": self.url}]})
