@@ -45,6 +45,12 @@ class EngineConfig:
     speculative_config: dict | None = _d("speculative_config")
     # KV cache events over ZeroMQ (vLLM's dict; None: off), engine/kv_events.py
     kv_events_config: dict | None = _d("kv_events_config")
+    # KV tiers under the device pool (engine/kv_offload/): host memory in GiB, and a disk
+    # directory (shared by engines on a node) bounded by kv_disk_size GiB; None: off
+    kv_offloading_size: float | None = _d("kv_offloading_size")
+    kv_offloading_backend: str = _d("kv_offloading_backend")
+    kv_disk_dir: str | None = _d("kv_disk_dir")
+    kv_disk_size: float | None = _d("kv_disk_size")
 
     def __post_init__(self) -> None:
         """Each field against its row of the settings table, then the cross-setting rules

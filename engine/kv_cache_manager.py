@@ -6,11 +6,14 @@ exactly one of three states:
   cached     ref_count == 0, holds a full block registered under its prefix hash; reusable
              by a later request until evicted (least recently freed first)
   free       ref_count == 0, no hash
+With KV tiers (engine/kv_offload/) an evicted cached block is copied below the pool, and a
+prefix run goes on into those tiers: such a hit gets a fresh block whose KV the model
+runner loads before the step's forward ("loading": used, no hash until loaded).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.block_hash import hash_block  # shared with the router (engine/block_hash.py)
@@ -18,6 +21,7 @@ from engine.sequence import Sequence
 
 if TYPE_CHECKING:
     from engine.kv_events import KVEventRecorder
+    from engine.kv_offload import OffloadTiers, TierHit
 
 __all__ = ["Block", "KVCacheManager", "KVCacheStats", "hash_block"]
 
@@ -36,9 +40,11 @@ class KVCacheStats:
     num_cached: int
     num_used: int
     prefix_queries: int  # prompt tokens looked up
-    prefix_hits: int  # of which found in the cache
+    prefix_hits: int  # of which found in the cache (any tier)
     evictions: int
     cow_copies: int
+    # prefix_hits by tier (GPU, CPU, Disk); left out of ==
+    hits_by_medium: dict[str, int] | None = field(default=None, compare=False)
 
     @property
     def usage(self) -> float:
@@ -61,6 +67,14 @@ class KVCacheManager:
         self.cow_copies = 0
         # KV events (engine/kv_events.py): told when blocks enter or leave the prefix cache
         self.events: KVEventRecorder | None = None
+        # KV tiers under the pool (engine/kv_offload/); None: evicted blocks are gone
+        self.offload: OffloadTiers | None = None
+        self._loading: dict[int, TierHit] = {}  # block id -> the hit loaded into it
+        self.hits_by_medium = {"GPU": 0}
+
+    def attach_offload(self, tiers: OffloadTiers) -> None:
+        self.offload, tiers.kv = tiers, self
+        self.hits_by_medium.update({"CPU": 0, "Disk": 0})
 
     # ---- accounting -------------------------------------------------------------------
     @property
@@ -72,7 +86,8 @@ class KVCacheManager:
         num_free = len(self._free)
         return KVCacheStats(self.num_blocks, num_free, num_cached,
                             self.num_blocks - num_free - num_cached, self.prefix_queries,
-                            self.prefix_hits, self.evictions, self.cow_copies)
+                            self.prefix_hits, self.evictions, self.cow_copies,
+                            dict(self.hits_by_medium))
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -85,6 +100,8 @@ class KVCacheManager:
         else:
             block_id, _ = self._evictable.popitem(last=False)
             block = self.blocks[block_id]
+            if self.offload is not None:
+                self.offload.evicted(block_id, block.block_hash)
             if self.events is not None:
                 self.events.removed(block.block_hash)
             del self._hash_to_block[block.block_hash]
@@ -104,6 +121,7 @@ class KVCacheManager:
         assert block.ref_count > 0, f"double free of block {block_id}"
         block.ref_count -= 1
         if block.ref_count == 0:
+            self._loading.pop(block_id, None)  # its request is gone: the load is not wanted
             if block.block_hash is not None:
                 self._evictable[block_id] = None
             else:
@@ -120,19 +138,22 @@ class KVCacheManager:
                 hash_block(parent, seq.token_ids[i * bs:(i + 1) * bs], seq.cache_salt))
         return seq.block_hashes[:num_blocks]
 
-    def lookup_prefix(self, seq: Sequence) -> list[int]:
-        """Longest run of cached blocks for a sequence not yet holding blocks.
+    def lookup_prefix(self, seq: Sequence) -> list[int | TierHit]:
+        """Longest run of cached blocks for a sequence not yet holding blocks: device block
+        ids, and TierHits for blocks found in the tiers below the pool.
 
         The last token is never served from the cache: its logits are needed.
         """
         if not self.enable_prefix_caching or seq.wants_prompt_logits:
             return []
-        hits: list[int] = []
+        hits: list[int | TierHit] = []
         for h in self._full_block_hashes(seq, (seq.num_tokens - 1) // self.block_size):
-            block_id = self._hash_to_block.get(h)
-            if block_id is None:
+            hit = self._hash_to_block.get(h)
+            if hit is None and self.offload is not None:
+                hit = self.offload.find(h)
+            if hit is None:
                 break
-            hits.append(block_id)
+            hits.append(hit)
         return hits
 
     def cache_full_blocks(self, seq: Sequence, num_new_tokens: int) -> None:
@@ -154,9 +175,10 @@ class KVCacheManager:
                                        seq.token_ids[i * bs:(i + 1) * bs])
 
     # ---- check/act pairs ------------------------------------------------------------------
-    def can_admit(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> bool:
-        needed = self.blocks_for(len(hits) * self.block_size + num_new_tokens) - len(hits)
-        reclaimed = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+    def can_admit(self, seq: Sequence, hits: list[int | TierHit], num_new_tokens: int) -> bool:
+        on_device = [b for b in hits if isinstance(b, int)]
+        needed = self.blocks_for(len(hits) * self.block_size + num_new_tokens) - len(on_device)
+        reclaimed = sum(1 for b in on_device if self.blocks[b].ref_count == 0)
         return needed <= self.num_available - reclaimed
 
     def admit(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> int:
@@ -164,16 +186,47 @@ class KVCacheManager:
         Returns the number of tokens the cache already holds (the caller's computed count)."""
         assert not seq.block_table and seq.num_computed_tokens == 0
         assert self.can_admit(seq, hits, num_new_tokens)
-        for block_id in hits:
-            self._share(self.blocks[block_id])
-        seq.block_table = list(hits)
+        for hit in hits:  # device hits first: a fresh block must not be taken from them
+            if isinstance(hit, int):
+                self._share(self.blocks[hit])
+        seq.block_table = [hit if isinstance(hit, int) else self._load_into_new_block(hit)
+                           for hit in hits]
         num_cached = len(hits) * self.block_size
         if self.enable_prefix_caching:
             self.prefix_queries += seq.num_tokens
             self.prefix_hits += num_cached
+            for hit in hits:
+                medium = "GPU" if isinstance(hit, int) else hit.medium
+                self.hits_by_medium[medium] += self.block_size
         needed = self.blocks_for(num_cached + num_new_tokens) - len(hits)
         seq.block_table.extend(self._take().block_id for _ in range(needed))
         return num_cached
+
+    # ---- loads from the tiers below (engine/kv_offload/tiers.py) ----------------------------
+    def _load_into_new_block(self, hit: TierHit) -> int:
+        block = self._take()
+        self._loading[block.block_id] = hit
+        return block.block_id
+
+    def planned_loads(self) -> list[tuple[TierHit, int]]:
+        """(hit, device block) of every load not yet done, for the step's batch."""
+        return [(hit, block_id) for block_id, hit in self._loading.items()]
+
+    def take_stores(self) -> list[tuple[int, bytes]]:
+        """(device block, hash) evicted this step, for the tiers to copy before reuse."""
+        return self.offload.take_stores() if self.offload is not None else []
+
+    def is_loading(self, block_id: int, hit: TierHit) -> bool:
+        return self._loading.get(block_id) is hit
+
+    def finish_load(self, block_id: int) -> None:
+        """The block now holds its hit's KV: register it in the prefix cache."""
+        h = self._loading.pop(block_id).block_hash
+        block = self.blocks[block_id]
+        if h not in self._hash_to_block:
+            block.block_hash, self._hash_to_block[h] = h, block_id
+            if self.events is not None:
+                self.events.copied(h, "GPU")
 
     def _needs_cow(self, seq: Sequence) -> bool:
         """Will the next write land in a partially filled block that another sequence shares?"""
@@ -247,3 +300,7 @@ class KVCacheManager:
             if block.block_hash is not None:
                 assert self._hash_to_block[block.block_hash] == block.block_id
         assert len(self._hash_to_block) == sum(b.block_hash is not None for b in self.blocks)
+        for block_id in self._loading:  # held by the request it loads for, not yet cached
+            assert self.blocks[block_id].ref_count > 0 and self.blocks[block_id].block_hash is None
+        if self.offload is not None:
+            self.offload.check_invariants(self)

@@ -10,7 +10,9 @@ written for vLLM reads ours:
   `["BlockRemoved", block_hashes, medium]`, `["AllBlocksCleared"]`. A BlockStored run
   chains: `block_hashes[i]`'s parent is `block_hashes[i-1]`, the first's is
   `parent_block_hash`; `token_ids` are the blocks' tokens concatenated. Hashes are
-  `engine.block_hash.external_hash` (unsigned 64-bit); `medium` is "GPU" (the device pool).
+  `engine.block_hash.external_hash` (unsigned 64-bit); `medium` is vLLM's name of the tier:
+  "GPU" (the device pool), "CPU" (the host tier), "Disk" (the disk tier: stores only, since
+  the engines sharing its directory remove each other's files unseen).
 - ROUTER socket (`replay_endpoint`): a request `(b"", start_seq)` is answered with
   `(b"", seq, payload)` for every buffered batch with seq >= start_seq (the last
   `buffer_steps`), then `(b"", -1, b"")`. Ours also answers the request `(b"",
@@ -120,41 +122,66 @@ def snapshot_events(cached: dict[int, tuple[int | None, Sequence[int]]],
 
 class KVEventRecorder:
     """The engine thread's side: collects one step's events (the KV cache manager calls
-    `stored` and `removed`), merging chained stores and consecutive removals, and keeps
-    {hash: (parent, tokens)} of what is cached, for a rebase after a dropped batch."""
+    `stored` and `removed`; the KV tiers `copied` and `removed` with their medium), merging
+    chained stores and consecutive removals of one medium, and keeps {hash: (parent,
+    tokens)} of what each medium holds, for a rebase after a dropped batch."""
 
     def __init__(self, block_size: int, medium: str = MEDIUM_GPU) -> None:
         self.block_size, self.medium = block_size, medium
         self.pending: list[Event] = []
-        self.cached: dict[int, tuple[int | None, tuple[int, ...]]] = {}
+        self.cached: dict[int, tuple[int | None, tuple[int, ...]]] = {}  # `medium`'s
+        self.tiers: dict[str, dict[int, tuple[int | None, tuple[int, ...]]]] = {}  # others'
+        self._gone: dict[int, tuple[int | None, tuple[int, ...]]] = {}  # removed this step
 
-    def stored(self, block_hash: bytes, parent: bytes | None, token_ids: Sequence[int]) -> None:
+    def _held(self, medium: str | None) -> dict[int, tuple[int | None, tuple[int, ...]]]:
+        return self.cached if medium in (None, self.medium) else self.tiers.setdefault(medium, {})
+
+    def stored(self, block_hash: bytes, parent: bytes | None, token_ids: Sequence[int],
+               medium: str | None = None) -> None:
         h, p = external_hash(block_hash), None if parent is None else external_hash(parent)
-        tokens = tuple(token_ids)
-        self.cached[h] = (p, tokens)
+        self._stored(h, p, tuple(token_ids), medium or self.medium)
+
+    def _stored(self, h: int, p: int | None, tokens: tuple[int, ...], medium: str) -> None:
+        self._held(medium)[h] = (p, tokens)
         last = self.pending[-1] if self.pending else None
-        if last is not None and last[0] == "BlockStored" and last[1][-1] == p:
+        if last is not None and last[0] == "BlockStored" and last[1][-1] == p \
+                and last[6] == medium:
             last[1].append(h)
             last[3].extend(tokens)
         else:
-            self.pending.append(block_stored([h], p, list(tokens), self.block_size, self.medium))
+            self.pending.append(block_stored([h], p, list(tokens), self.block_size, medium))
 
-    def removed(self, block_hash: bytes) -> None:
+    def copied(self, block_hash: bytes, medium: str) -> None:
+        """The block (known to some medium, or removed this step) is now in `medium` too."""
         h = external_hash(block_hash)
-        self.cached.pop(h, None)
+        info = self.cached.get(h) or self._gone.get(h) or next(
+            (held[h] for held in self.tiers.values() if h in held), None)
+        if info is not None:
+            self._stored(h, info[0], info[1], medium)
+
+    def removed(self, block_hash: bytes, medium: str | None = None) -> None:
+        medium = medium or self.medium
+        h = external_hash(block_hash)
+        info = self._held(medium).pop(h, None)
+        if info is not None:
+            self._gone[h] = info
         last = self.pending[-1] if self.pending else None
-        if last is not None and last[0] == "BlockRemoved":
+        if last is not None and last[0] == "BlockRemoved" and last[2] == medium:
             last[1].append(h)
         else:
-            self.pending.append(block_removed([h], self.medium))
+            self.pending.append(block_removed([h], medium))
 
     def take(self) -> list[Event]:
         events, self.pending = self.pending, []
+        self._gone = {}
         return events
 
     def rebase(self) -> list[Event]:
-        self.pending = []
-        return snapshot_events(self.cached, self.block_size, self.medium)
+        self.pending, self._gone = [], {}
+        events = snapshot_events(self.cached, self.block_size, self.medium)
+        for medium, held in self.tiers.items():
+            events += snapshot_events(held, self.block_size, medium)[1:]
+        return events
 
 
 def _bind(sock: Any, endpoint: str, label: str) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from engine.config import EngineConfig, RuntimeInfo
 from engine.kv_cache_manager import KVCacheManager
 from engine.kv_events import make_publisher
+from engine.kv_offload import make_offload
 from engine.output_processor import OutputProcessor, RequestState
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
@@ -100,6 +101,8 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         # KV cache events over ZeroMQ (engine/kv_events.py); None when kv_events_config is off
         self.kv_events = make_publisher(config.kv_events_config, self.kv)
+        # KV tiers under the pool (engine/kv_offload/); None when they are off
+        self.offload = make_offload(config, self.runner, self.kv, str(path))
         spec = config.speculative_config
         self.scheduler = Scheduler(self.kv, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
@@ -196,6 +199,8 @@ class LLMEngine:
         faults (the accelerator itself is broken) still raise.
         """
         batch = self.scheduler.schedule()
+        if self.offload is not None:  # evicted blocks copied out, then tier hits loaded in
+            self.offload.transfer(batch)
         self.last_step_shape = (len(batch.seqs), batch.num_tokens)  # (sequences, tokens)
         if not batch.seqs:
             return []

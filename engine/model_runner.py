@@ -150,6 +150,7 @@ class ModelRunner:
         pool = torch.zeros(2, self.num_layers, num_blocks, self.block_size, self.num_kv_heads,
                            self.head_dim, dtype=self.dtype, device=self.device)
         self.kv_caches = [(pool[0, i], pool[1, i]) for i in range(self.num_layers)]
+        self.kv_pool = pool  # whole blocks, for the KV tiers' copies (engine/kv_offload/)
 
     @staticmethod
     def is_device_fault(exc: BaseException) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.kv_cache_manager import KVCacheManager
 from engine.sequence import Sequence, SequenceStatus
@@ -30,6 +31,10 @@ class ScheduledBatch:
     # per sequence, the draft tokens its row verifies after its last token ([]: none);
     # they are included in num_new_tokens
     draft_token_ids: list[list[int]] = field(default_factory=list)
+    # KV tiers (engine/kv_offload/): (block, hash) the pool evicted, to copy below it before
+    # this step writes them, and (tier hit, block) to load before the forward
+    blocks_to_store: list[tuple[int, bytes]] = field(default_factory=list)
+    blocks_to_load: list[tuple[Any, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -177,4 +182,7 @@ class Scheduler:
             batch.num_new_tokens.append(num_new)
             batch.draft_token_ids.append([])
             budget -= num_new
+        if self.kv.offload is not None:
+            batch.blocks_to_store = self.kv.take_stores()
+            batch.blocks_to_load = self.kv.planned_loads()
         return batch

@@ -171,6 +171,19 @@ TABLE: tuple[Setting, ...] = (
                         "thread before new ones are dropped", minimum=1),
                 Setting("topic", str, "", "ZeroMQ topic of every message"),
             )),
+    # KV tiers under the device pool (engine/kv_offload/), vLLM's flag names
+    Setting("kv_offloading_size", float, None, "GiB of host memory for a KV tier under the "
+            "device pool: blocks the pool evicts are kept there and loaded back instead of "
+            "recomputed (default: off)", flag="--kv-offloading-size", optional=True, minimum=0),
+    Setting("kv_offloading_backend", str, "native", "how the host tier moves blocks (only "
+            "native: the engine's own copies)", flag="--kv-offloading-backend",
+            choices=("native",)),
+    Setting("kv_disk_dir", str, None, "directory of a disk KV tier under the host tier, "
+            "shareable by engines on one node (needs kv_disk_size)", flag="--kv-disk-dir",
+            optional=True),
+    Setting("kv_disk_size", float, None, "GiB the disk tier's directory may hold, with every "
+            "engine writing to it (needs kv_disk_dir)", flag="--kv-disk-size", optional=True,
+            minimum=0),
 )
 SETTINGS: dict[str, Setting] = {s.name: s for s in TABLE}
 # The settings PagedInferenceService's spec.engine holds (and the tuner may vary).
@@ -179,6 +192,8 @@ RULES: tuple[AtLeast, ...] = (
     AtLeast("max_num_batched_tokens", "max_num_seqs",
             "every running sequence needs at least one token per step"),
 )
+# Settings that are given together or not at all.
+TOGETHER: tuple[tuple[str, str], ...] = (("kv_disk_dir", "kv_disk_size"),)
 
 def check(setting: Setting | str, value: Any, label: str | None = None, *,
           by_field: bool = False) -> Any:
@@ -283,6 +298,11 @@ def check_rules(values: Mapping[str, Any], label: Callable[[Setting], str] | Non
                   for s in (a, b))
         if va < vb:
             raise ValueError(f"{name_of(a)} ({va}) must be >= {name_of(b)} ({vb}): {rule.why}")
+    for one, other in TOGETHER:
+        a, b = SETTINGS[one], SETTINGS[other]
+        if (values.get(one) is None) != (values.get(other) is None):
+            given, missing = (a, b) if values.get(one) is not None else (b, a)
+            raise ValueError(f"{name_of(given)} needs {name_of(missing)}: set both or neither")
 
 
 def env_value(setting: Setting | str) -> Any:

@@ -1,0 +1,38 @@
+"""KV tiers under the device pool: host memory (`kv_offloading_size`) and a disk directory
+shared by the engines of a node (`kv_disk_dir`, `kv_disk_size`). tiers.py says how blocks
+move; host.py, disk.py and transfer.py are the parts."""
+from __future__ import annotations
+
+from typing import Any
+
+from engine.kv_offload.host import HostEntry, HostTier
+from engine.kv_offload.tiers import (MEDIUM_CPU, MEDIUM_DISK, MEDIUM_GPU, OffloadTiers, TierHit,
+                                     TierStats)
+
+__all__ = ["HostEntry", "HostTier", "MEDIUM_CPU", "MEDIUM_DISK", "MEDIUM_GPU", "OffloadTiers",
+           "TierHit", "TierStats", "make_offload"]
+
+GIB = 2**30
+
+
+def make_offload(config: Any, runner: Any, kv: Any, model_path: str) -> OffloadTiers | None:
+    """The tiers the config asks for, attached to the KV cache manager `kv` and reading and
+    writing the runner's pool; None when both are off (or prefix caching is)."""
+    host_gib = config.kv_offloading_size or 0.0
+    if not config.enable_prefix_caching or (host_gib == 0 and config.kv_disk_dir is None):
+        return None
+    from engine.kv_offload.disk import DiskTier, namespace_digest
+    from engine.kv_offload.transfer import TransferWorker, make_transfer
+
+    transfer = make_transfer(runner.kv_pool)
+    disk = None
+    if config.kv_disk_dir is not None:
+        dtype = str(runner.dtype).removeprefix("torch.")
+        disk = DiskTier(config.kv_disk_dir, int(config.kv_disk_size * GIB),
+                        namespace=namespace_digest(model_path=model_path, dtype=dtype,
+                                                   block_shape=transfer.block_shape),
+                        block_shape=transfer.block_shape, dtype=runner.dtype)
+    tiers = OffloadTiers(HostTier(int(host_gib * GIB), transfer.block_bytes), transfer,
+                         TransferWorker(), disk)
+    kv.attach_offload(tiers)
+    return tiers

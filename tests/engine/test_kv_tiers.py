@@ -1,0 +1,245 @@
+"""The host tier under the device pool (engine/kv_offload/): blocks the pool evicts are
+copied to host memory and loaded back instead of recomputed, with greedy output equal to
+the engine without tiers (itself equal to transformers: test_greedy_parity.py)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from test_prefix_and_cow import _finish_step  # the second half of a step the test scheduled
+
+from engine import LLM, LLMEngine, SamplingParams
+from engine.config import EngineConfig
+from engine.kv_offload import MEDIUM_CPU, MEDIUM_DISK, MEDIUM_GPU
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+def block_gib(block_size: int, blocks: int) -> float:
+    """GiB of `blocks` blocks of the tiny checkpoints (2 layers, 2 KV heads of 16, fp32)."""
+    return blocks * 2 * 2 * block_size * 2 * 16 * 4 / 2**30
+
+
+def prompts(seed: int, count: int, prefix_len: int, tail: int = 5) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"prompt_token_ids": [rng.randrange(3, 250) for _ in range(prefix_len + tail)]}
+            for _ in range(count)]
+
+
+def with_tail(prompt: dict, seed: int) -> dict:
+    """The same prefix (all but the last 5 tokens) with another tail."""
+    rng = random.Random(seed)
+    return {"prompt_token_ids": prompt["prompt_token_ids"][:-5] +
+            [rng.randrange(3, 250) for _ in range(5)]}
+
+
+def tokens(outputs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def run_phases(llm: LLM, phases: list[list[dict]]) -> list[list[int]]:
+    """Each phase one generate call; the tiers' copies finish between phases."""
+    out = []
+    for phase in phases:
+        out += tokens(llm.generate(phase, GREEDY))
+        if llm.llm_engine.offload is not None:
+            llm.llm_engine.offload.drain()
+        llm.llm_engine.check_no_leaks()
+    return out
+
+
+@pytest.fixture(scope="module")
+def oracle(tiny_checkpoints):
+    """Greedy continuations with no prefix caching at all (the plain recompute)."""
+    llm = LLM(model=tiny_checkpoints["llama"], block_size=16, num_gpu_blocks_override=64,
+              max_model_len=128, enable_prefix_caching=False)
+    return lambda phases: run_phases(llm, phases)
+
+
+def tiered(path: str, block_size: int, pool_blocks: int, host_blocks: int, **kw) -> LLM:
+    args = dict(model=path, block_size=block_size, num_gpu_blocks_override=pool_blocks,
+                max_model_len=128, kv_offloading_size=block_gib(block_size, host_blocks))
+    args.update(kw)
+    return LLM(**args)
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_evicted_prefixes_load_from_host_with_identical_greedy_output(
+        tiny_checkpoints, oracle, block_size):
+    # 6 prefixes of 48 tokens; the pool holds about two requests, the host tier the rest
+    first = prompts(seed=block_size, count=6, prefix_len=48)
+    again = [with_tail(p, i) for i, p in enumerate(first)]
+    phases = [[p] for p in first] + [again[:3], again[3:]]
+    pool = 128 // block_size + 2
+    llm = tiered(tiny_checkpoints["llama"], block_size, pool, host_blocks=6 * 48 // block_size)
+    assert run_phases(llm, phases) == oracle(phases)
+    kv = llm.llm_engine.kv.stats()
+    stats = llm.llm_engine.offload.stats
+    assert stats.blocks_stored[MEDIUM_CPU] > 0 and stats.blocks_loaded[MEDIUM_CPU] > 0
+    assert kv.hits_by_medium[MEDIUM_CPU] >= 3 * 48 // block_size * block_size, \
+        "the first prefixes were evicted from the pool and must come back from the host tier"
+    assert kv.prefix_hits == sum(kv.hits_by_medium.values())
+
+
+def test_without_the_host_tier_the_same_run_recomputes(tiny_checkpoints):
+    """The counterpart: the pool alone has lost those prefixes (so the hits above are the
+    host tier's doing)."""
+    first = prompts(seed=16, count=6, prefix_len=48)
+    llm = LLM(model=tiny_checkpoints["llama"], block_size=16, num_gpu_blocks_override=10,
+              max_model_len=128)
+    run_phases(llm, [[p] for p in first] + [[with_tail(p, i) for i, p in enumerate(first[:3])]])
+    assert llm.llm_engine.kv.stats().prefix_hits == 0
+
+
+def test_preemption_and_a_mixed_batch_match_the_oracle(tiny_checkpoints, oracle):
+    """Many concurrent requests on a small pool: preemption, and admissions whose prefixes
+    come from the pool, the host tier and nowhere, in one generate call."""
+    first = prompts(seed=3, count=8, prefix_len=42)  # 47 tokens: the 8 new ones cross a block
+    # the most recent prefixes first: they are still in the pool
+    mixed = [with_tail(p, 10 + i) for i, p in enumerate(first[::-1])] + prompts(seed=4, count=4,
+                                                                         prefix_len=42)
+    phases = [first[:4], first[4:], mixed]
+    llm = tiered(tiny_checkpoints["llama"], 16, pool_blocks=12, host_blocks=40,
+                 max_num_seqs=6, max_num_batched_tokens=64)
+    assert run_phases(llm, phases) == oracle(phases)
+    engine = llm.llm_engine
+    assert engine.scheduler.num_preemptions > 0, "the small pool should have forced preemption"
+    hits = engine.kv.stats().hits_by_medium
+    assert hits[MEDIUM_CPU] > 0 and hits[MEDIUM_GPU] > 0
+
+
+def test_abort_while_blocks_load_frees_everything(tiny_checkpoints, oracle):
+    path = tiny_checkpoints["llama"]
+    engine = LLMEngine.from_args(model=path, block_size=16, num_gpu_blocks_override=10,
+                                 max_model_len=128, kv_offloading_size=block_gib(16, 20))
+    first = prompts(seed=5, count=3, prefix_len=64)
+    for i, p in enumerate(first):  # each evicts the one before into the host tier
+        engine.add_request(f"warm{i}", p["prompt_token_ids"], GREEDY)
+        while engine.has_unfinished_requests():
+            engine.step()
+        engine.offload.drain()
+    again = with_tail(first[0], 99)["prompt_token_ids"]
+    engine.add_request("again", again, GREEDY)
+    batch = engine.scheduler.schedule()
+    num_loads = len(batch.blocks_to_load)
+    assert num_loads >= 2, "the prefix's evicted blocks should load from the host tier"
+    loading = [b for _, b in batch.blocks_to_load]
+    engine.abort_request("again")
+    engine.check_no_leaks()
+    assert all(engine.kv.blocks[b].ref_count == 0 and engine.kv.blocks[b].block_hash is None
+               for b in loading), "an aborted request's loading blocks go back unregistered"
+    assert engine.kv.planned_loads() == []
+    engine.offload.transfer(batch)  # what the step would have done: the stale loads are skipped
+    assert engine.offload.stats.loads_cancelled == num_loads
+    engine.check_no_leaks()
+    assert engine.get_stats().num_used_blocks == 0
+    # the prefix still loads correctly afterwards
+    engine.add_request("after", again, GREEDY)
+    final = None
+    while engine.has_unfinished_requests():
+        final = next((o for o in engine.step() if o.finished), final)
+    assert final.num_cached_tokens == 64
+    assert final.outputs[0].token_ids == oracle([[{"prompt_token_ids": again}]])[0]
+
+
+def test_a_request_scheduled_with_loads_runs_them_before_its_forward(tiny_checkpoints, oracle):
+    """The loads are part of the step that admits the request (a step never reads a block
+    that is still to be loaded)."""
+    engine = LLMEngine.from_args(model=tiny_checkpoints["qwen2"], block_size=16,
+                                 num_gpu_blocks_override=10, max_model_len=128,
+                                 kv_offloading_size=block_gib(16, 20))
+    ref = LLM(model=tiny_checkpoints["qwen2"], block_size=16, num_gpu_blocks_override=64,
+              max_model_len=128, enable_prefix_caching=False)
+    first = prompts(seed=6, count=3, prefix_len=64)
+    for i, p in enumerate(first):
+        engine.add_request(f"w{i}", p["prompt_token_ids"], GREEDY)
+        while engine.has_unfinished_requests():
+            engine.step()
+        engine.offload.drain()
+    again = with_tail(first[0], 7)
+    engine.add_request("again", again["prompt_token_ids"], GREEDY)
+    batch = engine.scheduler.schedule()
+    assert batch.blocks_to_load and batch.num_tokens == 5  # only the tail is computed
+    out = _finish_step(engine, batch)
+    while engine.has_unfinished_requests():
+        out = next((o for o in engine.step() if o.finished), out)
+    assert out.outputs[0].token_ids == tokens(ref.generate([again], GREEDY))[0]
+
+
+def test_invariants_hold_across_tiers_after_every_step(tiny_checkpoints):
+    engine = LLMEngine.from_args(model=tiny_checkpoints["mistral"], block_size=1,
+                                 num_gpu_blocks_override=140, max_model_len=128,
+                                 kv_offloading_size=block_gib(1, 1000), max_num_seqs=4,
+                                 max_num_batched_tokens=32)
+    for i, p in enumerate(prompts(seed=8, count=16, prefix_len=40) * 2):
+        engine.add_request(str(i), p["prompt_token_ids"], GREEDY)
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.check_no_leaks()
+        assert engine.offload.host.used_bytes <= engine.offload.host.capacity_bytes
+    assert engine.offload.stats.blocks_loaded[MEDIUM_CPU] > 0
+
+
+def test_events_name_each_tier_with_vllms_medium(tiny_checkpoints):
+    from engine.kv_events import KVEventRecorder
+
+    engine = LLMEngine.from_args(model=tiny_checkpoints["llama"], block_size=16,
+                                 num_gpu_blocks_override=10, max_model_len=128,
+                                 kv_offloading_size=block_gib(16, 4))
+    recorder = KVEventRecorder(16)
+    engine.kv.events = recorder
+    events = []
+    for i, p in enumerate(prompts(seed=9, count=4, prefix_len=64)):
+        engine.add_request(str(i), p["prompt_token_ids"], GREEDY)
+        while engine.has_unfinished_requests():
+            engine.step()
+            events += recorder.take()
+        engine.offload.drain()
+    by = {(e[0], e[-1]) for e in events}
+    assert {("BlockStored", "GPU"), ("BlockRemoved", "GPU"), ("BlockStored", "CPU"),
+            ("BlockRemoved", "CPU")} <= by
+    cpu = {h for e in events if e[0] == "BlockStored" and e[-1] == "CPU" for h in e[1]}
+    gpu_removed = {h for e in events if e[0] == "BlockRemoved" and e[-1] == "GPU" for h in e[1]}
+    assert cpu <= gpu_removed, "the host tier stores only what the pool evicted"
+    assert (MEDIUM_CPU, MEDIUM_DISK) == ("CPU", "Disk")  # vllm/v1/kv_offload/mediums.py
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(kv_offloading_size=-1), "kv_offloading_size must be a number >= 0"),
+    (dict(kv_offloading_backend="lmcache"), "kv_offloading_backend must be one of native"),
+    (dict(kv_disk_dir="/tmp/kv"), "kv_disk_dir needs kv_disk_size"),
+    (dict(kv_disk_size=1.0), "kv_disk_size needs kv_disk_dir"),
+])
+def test_bad_tier_settings_name_the_setting(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**kwargs)
+
+
+def test_bad_tier_flags_name_the_flag(capsys):
+    from engine.entrypoints.cli import build_parser, engine_kwargs
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--kv-offloading-size", "lots"])
+    assert "argument --kv-offloading-size: must be a number >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--kv-disk-dir needs --kv-disk-size"):
+        engine_kwargs(build_parser().parse_args(["serve", "--kv-disk-dir", "/tmp/kv"]))
+    help_text = build_parser().format_help() + _serve_help()
+    for flag in ("--kv-offloading-size", "--kv-offloading-backend", "--kv-disk-dir",
+                 "--kv-disk-size"):
+        assert flag in help_text
+
+
+def _serve_help() -> str:
+    from engine.entrypoints.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    return sub.choices["serve"].format_help()
+
+
+def test_a_disk_dir_that_cannot_be_written_is_refused(tiny_checkpoints, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ValueError, match="kv_disk_dir .* is not a writable directory"):
+        LLM(model=tiny_checkpoints["llama"], num_gpu_blocks_override=16, max_model_len=128,
+            kv_disk_dir=str(blocker / "kv"), kv_disk_size=0.01)
