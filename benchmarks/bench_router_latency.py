@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "loadtests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import bench_routing  # noqa: E402
+import routing_phases  # noqa: E402
 from fake_openai_server import FakeOpenAIServer  # noqa: E402
 
 
@@ -35,7 +35,7 @@ def main() -> int:
     added = []
     with FakeOpenAIServer(ttft=0.0, itl=0.0) as fake, tempfile.TemporaryDirectory() as logs:
         for r in range(args.rounds):  # a fresh router each round
-            res = bench_routing.added_latency(fake.url, args.requests, Path(logs))
+            res = routing_phases.added_latency(fake.url, args.requests, Path(logs))
             added.append(res["added_p50_ms"])
             print(f"round {r + 1}: direct p50 {res['direct_p50_ms']:.2f} ms, via router "
                   f"{res['routed_p50_ms']:.2f} ms, added {res['added_p50_ms']:.2f} ms; "

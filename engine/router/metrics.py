@@ -38,7 +38,8 @@ class RouterMetrics:
                               "prefix_chunks_hit / prefix_chunks_queried so far.", registry=r)
         self.overhead = Histogram(
             "paged_router_added_latency_seconds", "Time the router itself adds before the "
-            "first response byte (parsing, routing, connecting; the backend's time excluded).",
+            "first response byte (parsing, hashing, routing, connecting; the backend's time "
+            "excluded).",
             buckets=LATENCY_BUCKETS, registry=r)
         self.kv_events = Counter(
             "paged_router_kv_events", "KV events applied to the index (precise policy).",

@@ -145,8 +145,8 @@ class Forwarder:
         return RouteRequest(hashes=hashes, session=str(session) if session else None)
 
     async def forward(self, request: Request, method: str, path: str, body: bytes,
-                      route: RouteRequest) -> Response:
-        start = time.perf_counter()
+                      route: RouteRequest, start: float | None = None) -> Response:
+        start = time.perf_counter() if start is None else start
         backends = self.pool.available()
         if not backends:
             self.metrics.failures.labels(reason="no_backend").inc()
