@@ -150,6 +150,7 @@ def restart(name: str, start_router, old: "Proc", engine_urls: list[str], args,
     steady phase's, and how many the router placed as prefix hits."""
     want = published(engine_urls)
     old.stop()
+    spawned = time.perf_counter()
     new = start_router()  # returns once it listens
     t0 = time.perf_counter()
     ready = synced = None
@@ -170,7 +171,7 @@ def restart(name: str, start_router, old: "Proc", engine_urls: list[str], args,
     res = asyncio.run(run_load(new.url, prompts, order, 1, args.max_tokens, seed))
     h1, q1 = prefix_counters(engine_urls)
     decisions = router_counters([new.url])
-    row = {"restart_ready_s": ready, "restart_synced_s": synced,
+    row = {"restart_listen_s": t0 - spawned, "restart_ready_s": ready, "restart_synced_s": synced,
            "restart_requests": len(order), "restart_wall_s": res["wall"],
            "restart_hit_rate": (h1 - h0) / max(q1 - q0, 1.0),
            "restart_prefix_hits": decisions.get("decision:prefix_hit", 0.0)}
