@@ -130,6 +130,9 @@ def _load(state: ServerState, engine_factory: Callable[[], Any]) -> None:
     metrics.observe_stats(engine.get_stats())  # baseline: warm-up is not counted
     if getattr(engine, "kv_events", None) is not None:
         metrics.registry.register(engine.kv_events.collector())
+    if getattr(engine, "offload", None) is not None:  # KV tiers (engine/kv_offload/)
+        from engine.kv_offload.metrics import collector
+        metrics.registry.register(collector(engine.offload, engine.model_name))
     if state.settings.request_log:
         metrics.request_log = RequestLog(state.settings.request_log,
                                          prefix_tokens=state.settings.request_log_prefix_tokens)

@@ -66,10 +66,12 @@ def test_another_engines_block_under_our_name_is_a_miss(tmp_path):
 def test_a_failed_write_leaves_no_file_and_is_counted_and_logged_once(tmp_path, monkeypatch,
                                                                        caplog):
     disk = tier(tmp_path)
+    finals, seen = [disk.path_for(b"a" * 16), disk.path_for(b"b" * 16)], []
 
     def half_then_full(path, data):  # a disk that fills up in the middle of the write
         with open(path, "wb") as f:
             f.write(data[:len(data) // 2])
+        seen.append(any(p.exists() for p in finals))  # what a reader would find meanwhile
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(DiskTier, "_write_file", staticmethod(half_then_full))
@@ -77,6 +79,7 @@ def test_a_failed_write_leaves_no_file_and_is_counted_and_logged_once(tmp_path, 
         assert not disk.write(b"a" * 16, block(1))
         assert not disk.write(b"b" * 16, block(2))
     assert disk.write_failures == 2
+    assert seen == [False, False], "a block's file must appear whole or not at all"
     assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
     assert "No space left" in caplog.records[0].message
     assert os.listdir(tmp_path) == [], "no partial or temporary file may stay"
