@@ -40,6 +40,7 @@ class Setting:
     managed: bool = False            # the operator sets the flag; extraArgs may not
     crd_default: bool = False        # the CRD declares the default (always passed on)
     tune: str | None = None          # the tuner's default range (tuner/search/space.py's grammar)
+    tune_off: Any = None             # a dict key's tuner value that leaves the object unset
     keys: tuple["Setting", ...] = ()  # type dict: its keys, each checked like a setting
     key_rules: tuple["AtMost", ...] = ()  # type dict: rules between its keys
 
@@ -145,7 +146,7 @@ TABLE: tuple[Setting, ...] = (
                         choices=("ngram",)),
                 Setting("num_speculative_tokens", int, None, "draft tokens verified per "
                         "step and sequence", field="numSpeculativeTokens", minimum=1,
-                        maximum=16),
+                        maximum=16, tune="0,2,4,8", tune_off=0),
                 Setting("prompt_lookup_max", int, None, "longest n-gram matched (default: "
                         "prompt_lookup_min, or 5)", field="promptLookupMax", optional=True,
                         minimum=1, maximum=64),

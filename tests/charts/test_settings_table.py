@@ -73,8 +73,9 @@ def test_every_consumer_covers_exactly_the_tables_settings(monkeypatch):
     assert set(MANAGED_FLAGS) == reserved | set(settings_k8s.OPERATOR_SERVER_FLAGS)
     assert set(ENGINE_SCHEMA["properties"]) == {s.field for s in SPEC} | {"extraArgs"}
     # The tuner: what it may vary is what spec.engine holds; its default space, the table's.
-    assert space.SETTINGS == {s.name: s for s in SPEC}
-    assert space.DEFAULT_SPACE == {s.name: s.tune for s in SPEC if s.tune}
+    keys = {k.name: k for s in SPEC for k in s.keys if k.tune}   # num_speculative_tokens
+    assert space.SETTINGS == {s.name: s for s in SPEC} | keys
+    assert space.DEFAULT_SPACE == {s.name: s.tune for s in [*SPEC, *keys.values()] if s.tune}
 
 
 def _valid_other_value(s: settings.Setting):
@@ -114,7 +115,8 @@ def test_a_spec_engine_value_reaches_the_engine_through_operator_and_cli():
     flags = launched.command[launched.command.index("--port") + 2:]
     tuner_kwargs = engine_kwargs(build_parser().parse_args(["serve", *flags]))
     assert {n: tuner_kwargs[n] for n in values} == values
-    assert space.from_engine_spec(engine) == values
+    # the baseline's values, and its key dimensions beside them (to compare with trials)
+    assert space.from_engine_spec(engine) == {**values, "num_speculative_tokens": 3}
 
 
 def _bad_values(s: settings.Setting):

@@ -86,7 +86,8 @@ def test_the_operator_image_file_set_parses_specs_without_torch(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.splitlines() == [
         "['--block-size', '32']",
-        "rag ['block_size', 'gpu_memory_utilization', 'max_num_batched_tokens', 'max_num_seqs']",
+        "rag ['block_size', 'gpu_memory_utilization', 'max_num_batched_tokens', 'max_num_seqs', "
+        "'num_speculative_tokens']",
         "spec.workload: 'nope' is not one of chat, summarize, code, rag, mixed"]
 
 

@@ -95,7 +95,8 @@ def test_an_unset_search_space_is_the_settings_tables_default_ranges() -> None:
     from tuner.search.space import parse_param
 
     spec = parse_tuning({"targetRef": {"name": "svc"}})
-    tuned = {s.name: s.tune for s in SPEC_SETTINGS if s.tune}
+    tuned = {s.name: s.tune for s in SPEC_SETTINGS if s.tune} | {
+        k.name: k.tune for s in SPEC_SETTINGS for k in s.keys if k.tune}  # num_speculative_tokens
     assert {"block_size", "gpu_memory_utilization", "max_num_seqs",
             "max_num_batched_tokens"} <= set(tuned)
     assert spec.space == tuple(parse_param(name, text) for name, text in tuned.items())

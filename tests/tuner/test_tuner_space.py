@@ -8,10 +8,10 @@ from tuner.measure.local import EngineLaunch
 from tuner.search.space import SpaceError, build_space, parse_param, to_engine_spec
 
 
-def test_default_space_has_the_four_settings_and_block_sizes_are_powers_of_two():
+def test_default_space_has_the_five_settings_and_block_sizes_are_powers_of_two():
     space = {p.name: p for p in build_space()}
     assert set(space) == {"block_size", "gpu_memory_utilization", "max_num_seqs",
-                          "max_num_batched_tokens"}
+                          "max_num_batched_tokens", "num_speculative_tokens"}
     assert space["block_size"].choices == (8, 16, 32, 64, 128)
     wide = {p.name: p for p in build_space(wide_block_sizes=True)}
     assert wide["block_size"].choices == (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -52,7 +52,8 @@ def test_overrides_removal_and_empty_space(tmp_path):
     assert names["max_num_seqs"].choices == (4, 8) and "max_num_batched_tokens" not in names
     with pytest.raises(SpaceError, match="empty"):
         build_space(params=[f"{n}=none" for n in ("block_size", "gpu_memory_utilization",
-                                                  "max_num_seqs", "max_num_batched_tokens")])
+                                                  "max_num_seqs", "max_num_batched_tokens",
+                                                  "num_speculative_tokens")])
     empty = tmp_path / "empty.yaml"
     empty.write_text("{}\n")
     with pytest.raises(SpaceError, match="empty"):

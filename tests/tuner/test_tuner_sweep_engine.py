@@ -18,7 +18,7 @@ def _sweep(tmp_path, *extra):
          "--remeasure", "0", "--no-progress", "--users", "2", "--length-scale", "0.1",
          "--param", "block_size=16,32", "--param", "max_num_seqs=2..8",
          "--param", "max_num_batched_tokens=512", "--param", "gpu_memory_utilization=0.9",
-         *extra], capture_output=True, text=True, timeout=300)
+         "--param", "num_speculative_tokens=4", *extra], capture_output=True, text=True, timeout=300)
 
 
 def test_two_trial_sweep_writes_storage_and_a_valid_patch_and_resumes(tmp_path):
@@ -36,11 +36,14 @@ def test_two_trial_sweep_writes_storage_and_a_valid_patch_and_resumes(tmp_path):
         assert trial.user_attrs["server_requests"] > 0  # server side, from /metrics
         assert "ttft_p99" in trial.user_attrs and "server_ttft_p99" in trial.user_attrs
         assert 0.0 <= trial.user_attrs["prefix_cache_hit_rate"] <= 1.0
+        # speculation on (--speculative-config from the trial): its counters were read
+        assert trial.user_attrs["spec_draft_tokens"] >= trial.user_attrs["spec_accepted_tokens"]
 
     patch = yaml.safe_load((tmp_path / "out" / "best.yaml").read_text())
     engine = patch["spec"]["engine"]
     assert engine["blockSize"] in (16, 32) and 2 <= engine["maxNumSeqs"] <= 8
     assert engine["maxNumBatchedTokens"] == 512 and engine["gpuMemoryUtilization"] == 0.9
+    assert engine["speculative"] == {"method": "ngram", "numSpeculativeTokens": 4}
     assert validate_patch(patch) is (engine_schema() is not None)
 
 

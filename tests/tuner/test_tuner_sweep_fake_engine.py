@@ -24,6 +24,7 @@ def test_infeasible_trials_are_recorded_and_the_sweep_continues_then_resumes(tmp
     # block_size 8 "runs out of memory" in the fake engine; 16 serves.
     args = ["--param", "block_size=8,16", "--param", "max_num_seqs=1,8",
             "--param", "gpu_memory_utilization=none", "--param", "max_num_batched_tokens=none",
+            "--param", "num_speculative_tokens=none",
             "--remeasure", "0", "--set", "max_model_len=512"]
     for trial_params in ({"block_size": 8, "max_num_seqs": 1}, {"block_size": 16, "max_num_seqs": 1}):
         study = optuna.create_study(study_name="chat-goodput-default",
@@ -68,7 +69,8 @@ def test_infeasible_trials_are_recorded_and_the_sweep_continues_then_resumes(tmp
 def test_pareto_objective_records_two_values(tmp_path):
     assert _sweep(tmp_path, 2, "--objective", "pareto", "--param", "block_size=16",
                   "--param", "max_num_seqs=1,16", "--param", "gpu_memory_utilization=none",
-                  "--param", "max_num_batched_tokens=none", "--remeasure", "0") == 0
+                  "--param", "max_num_batched_tokens=none",
+                  "--param", "num_speculative_tokens=none", "--remeasure", "0") == 0
     study = optuna.load_study(study_name="chat-pareto-default", storage=f"sqlite:///{tmp_path}/s.db")
     assert all(len(t.values) == 2 for t in study.trials)
     assert (tmp_path / "out" / "pareto.png").exists()

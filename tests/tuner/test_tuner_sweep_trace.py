@@ -26,7 +26,8 @@ def test_sweep_replays_a_trace_with_two_load_workers_and_reports_capacity(tmp_pa
                  "--out-dir", str(out), "--no-progress", "--startup-timeout", "30",
                  "--param", "block_size=16", "--param", "max_num_seqs=2",
                  "--param", "gpu_memory_utilization=none",
-                 "--param", "max_num_batched_tokens=none", "--remeasure", "0",
+                 "--param", "max_num_batched_tokens=none",
+                 "--param", "num_speculative_tokens=none", "--remeasure", "0",
                  "--load-workers", "2", "--capacity", "2", "--slo", "ttft=1.0"])
     printed = capsys.readouterr().out
     assert code == 0

@@ -34,6 +34,20 @@ def service_name(tuning: str, request_name: str) -> str:
     raise ValueError(f"no trial service name for request {request_name!r}")
 
 
+def merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """RFC 7386, as `kubectl patch --type merge` applies the result: objects merge key by
+    key, None removes (a trial with numSpeculativeTokens 0 drops the target's speculative)."""
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_patch(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 @dataclass
 class ServiceRunner:
     """Measures each trial on a fresh trial PagedInferenceService (see the module's doc)."""
@@ -55,7 +69,7 @@ class ServiceRunner:
 
     def run(self, request: TrialRequest) -> dict[str, float]:
         name = service_name(self.tuning, request.name)
-        engine = {**self.target_engine, **to_engine_spec(request.settings)}
+        engine = merge_patch(self.target_engine, to_engine_spec(request.settings))
         self.cluster.create_trial(name, self.target, engine, self.owner)
         stopping = self.cluster.stopping
 

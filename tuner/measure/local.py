@@ -19,6 +19,7 @@ from tuner.measure.loadgen import LoadSpec
 from tuner.measure.promql import PrometheusReader, write_target
 from tuner.measure.runner import Infeasible, TrialRequest
 from tuner.measure.trial import engine_device, measure
+from tuner.search.space import engine_values
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,8 @@ class EngineLaunch:
     prometheus_targets_dir: Path | None = None  # file_sd folder a Prometheus watches
 
     def process(self, settings: dict[str, Any], log_path: Path) -> EngineProcess:
-        return EngineProcess(flags=[*flags_for(settings), *self.extra_flags], model=self.model,
+        flags = flags_for(engine_values(settings))  # num_speculative_tokens: 4 -> --speculative-config
+        return EngineProcess(flags=[*flags, *self.extra_flags], model=self.model,
                              log_path=log_path, engine_cmd=self.engine_cmd, env=dict(self.env))
 
 

@@ -29,7 +29,8 @@ from urllib.parse import urlsplit
 import httpx
 
 from tuner.measure.loadgen import LoadError
-from tuner.measure.server_metrics import E2E, GAUGES, ITL, QUEUE, TTFT
+from tuner.measure.server_metrics import (E2E, GAUGES, ITL, QUEUE, SPEC_ACCEPTED_TOKENS,
+                                          SPEC_DRAFT_TOKENS, TTFT, spec_decode_figures)
 
 
 class PrometheusError(LoadError):
@@ -106,7 +107,8 @@ class PrometheusReader:
         counters = {"requests": "vllm:request_success", "preemptions": "vllm:num_preemptions",
                     "prompt_tokens": "vllm:prompt_tokens",
                     "generation_tokens": "vllm:generation_tokens",
-                    "queries": "vllm:prefix_cache_queries", "hits": "vllm:prefix_cache_hits"}
+                    "queries": "vllm:prefix_cache_queries", "hits": "vllm:prefix_cache_hits",
+                    "draft": SPEC_DRAFT_TOKENS, "accepted": SPEC_ACCEPTED_TOKENS}
         seen = {}
         for label, name in counters.items():
             value = self.scalar(f"sum(increase({name}_total{sel}{window}))", at=end)
@@ -117,6 +119,7 @@ class PrometheusReader:
                 out[f"server_{label}"] = seen[label]
         if seen.get("queries") and "hits" in seen:
             out["prefix_cache_hit_rate"] = seen["hits"] / seen["queries"]
+        out |= spec_decode_figures(seen.get("draft"), seen.get("accepted"))
         for name in GAUGES:
             short = name.split(":", 1)[1]
             for stat in ("avg", "max"):

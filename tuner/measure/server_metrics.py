@@ -21,6 +21,8 @@ ITL = "vllm:inter_token_latency_seconds"
 E2E = "vllm:e2e_request_latency_seconds"
 QUEUE = "vllm:request_queue_time_seconds"
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+SPEC_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,19 @@ def server_figures(before: Snapshot, after: Snapshot) -> dict[str, float]:
     hits = counter_delta(before, after, "vllm:prefix_cache_hits")
     if queries and hits is not None:
         out["prefix_cache_hit_rate"] = hits / queries
+    out |= spec_decode_figures(counter_delta(before, after, SPEC_DRAFT_TOKENS),
+                               counter_delta(before, after, SPEC_ACCEPTED_TOKENS))
+    return out
+
+
+def spec_decode_figures(draft: float | None, accepted: float | None) -> dict[str, float]:
+    """Draft and accepted token counts of the window and their ratio, the acceptance rate
+    (only when drafts were made: with speculation off there is no rate)."""
+    if draft is None or accepted is None:
+        return {}
+    out = {"spec_draft_tokens": draft, "spec_accepted_tokens": accepted}
+    if draft > 0:
+        out["spec_acceptance_rate"] = accepted / draft
     return out
 
 

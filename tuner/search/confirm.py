@@ -21,10 +21,9 @@ from typing import Callable
 import optuna
 import yaml
 
-from engine.settings import SETTINGS, SPEC_SETTINGS
 from tuner.measure.runner import Infeasible, TrialRequest, TrialRunner
 from tuner.search import study as st
-from tuner.search.space import from_engine_spec
+from tuner.search.space import SETTINGS, default_value, from_engine_spec
 from tuner.search.stats import decide, paired_gain
 
 BASELINE = "baseline"
@@ -43,7 +42,7 @@ class Baseline:
 def engine_defaults(names) -> dict:
     """The engine's own defaults (the settings table's) for these settings; unset ones
     left out."""
-    return {n: SETTINGS[n].default for n in names if SETTINGS[n].default is not None}
+    return {n: default_value(n) for n in names if default_value(n) is not None}
 
 
 def load_baseline(path: str | None, *, fixed: dict, searched: list[str]) -> Baseline:
@@ -73,8 +72,7 @@ def candidates(study: optuna.Study, k: int, baseline: Baseline) -> list[dict]:
     """The best k settings of the search (Pareto-optimal first in pareto mode), minus
     any that equal the baseline."""
     groups = st.ranked_groups(study)
-    spec_names = {s.name for s in SPEC_SETTINGS}
-    same = {n: v for n, v in baseline.params.items() if n in spec_names}
+    same = {n: v for n, v in baseline.params.items() if n in SETTINGS}
     return [g for g in groups if {**same, **g["params"]} != same][:k]
 
 

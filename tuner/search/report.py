@@ -21,7 +21,9 @@ from tuner.search.space import to_engine_spec
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO_ROOT / "charts" / "paged-inference-operator" / "crds" / "pagedinferenceservices.yaml"
 
-_COLUMNS = (("goodput", "goodput/s", 2), ("throughput", "req/s", 2), ("ttft_p99", "ttft p99", 3),
+# spec_acceptance_rate: accepted / draft tokens of speculative decoding ("-": no drafts)
+_COLUMNS = (("goodput", "goodput/s", 2), ("spec_acceptance_rate", "accept", 2),
+            ("throughput", "req/s", 2), ("ttft_p99", "ttft p99", 3),
             ("tpot_p99", "tpot p99", 3), ("e2e_p99", "e2e p99", 2),
             ("prefix_cache_hit_rate", "hit rate", 2), ("kv_cache_usage_perc_max", "kv max", 2),
             ("server_preemptions", "preempt", 0))
@@ -88,7 +90,7 @@ def confirmation_table(study: optuna.Study) -> str | None:
         return None
     gains = record["gains"]
     header = ["arm", "search trials", "settings", "rounds", "goodput/s (mean±sd)",
-              "gain [95% CI]", "ttft p99", "e2e p99", "failed"]
+              "gain [95% CI]", "accept", "ttft p99", "e2e p99", "failed"]
     rows = []
     for a in record["arms"]:
         g, fig = gains.get(a["label"]), mean_figures(a)
@@ -99,6 +101,7 @@ def confirmation_table(study: optuna.Study) -> str | None:
         rows.append([a["label"], ",".join(map(str, a["trials"])) or a["source"],
                      " ".join(f"{k}={v}" for k, v in a["params"].items()), str(len(values)),
                      f"{statistics.fmean(values):.2f}±{sd:.2f}", gain,
+                     _fmt(fig.get("spec_acceptance_rate"), 2),
                      _fmt(fig.get("ttft_p99"), 3), _fmt(fig.get("e2e_p99"), 2),
                      str(sum(1 for f in a["failed"] if f))])
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
@@ -188,7 +191,7 @@ def validate_patch(patch: dict, *, crd_path: Path = CRD_PATH) -> bool:
     schema = engine_schema(crd_path)
     if schema is None:
         return False
-    engine = patch["spec"]["engine"]
+    engine = {k: v for k, v in patch["spec"]["engine"].items() if v is not None}  # null: remove
     # Kubernetes structural schemas are OpenAPI v3.0: draft-4 semantics (boolean
     # exclusiveMinimum); x-kubernetes-* keys are ignored by jsonschema.
     error = jsonschema.exceptions.best_match(jsonschema.Draft4Validator(schema).iter_errors(engine))

@@ -10,6 +10,10 @@ or YAML lists/mappings):
   0.5..0.95:step=0.05  ... on a grid of that step
   none               leave the setting out (the engine's default applies)
 
+A key of an object setting with a `tune` range is a dimension of its own, named by the key:
+num_speculative_tokens=0,2,4,8 searches speculative_config {"method": "ngram",
+"num_speculative_tokens": k}, 0 (the key's `tune_off`) leaving speculation off.
+
 YAML file (`--space-file`): a mapping NAME -> SPEC string, list of choices, or
 {low, high, step, log}. It replaces the default space; `--param` then overrides entries.
 """
@@ -26,12 +30,15 @@ from engine import settings as engine_settings
 from engine import settings_k8s
 
 # The settings a sweep may vary are the spec.engine ones of the settings table
-# (engine/settings.py), since a result is applied to spec.engine; the default space is each
-# one's `tune` range.
+# (engine/settings.py), since a result is applied to spec.engine, and the keys of its object
+# settings that declare a `tune` range; the default space is each one's `tune` range.
+PARENT: dict[str, engine_settings.Setting] = {
+    k.name: s for s in engine_settings.SPEC_SETTINGS for k in s.keys if k.tune}
 SETTINGS: dict[str, engine_settings.Setting] = {
-    s.name: s for s in engine_settings.SPEC_SETTINGS}
+    s.name: s for s in engine_settings.SPEC_SETTINGS} | {
+    k.name: k for s in engine_settings.SPEC_SETTINGS for k in s.keys if k.tune}
 
-DEFAULT_SPACE = {s.name: s.tune for s in engine_settings.SPEC_SETTINGS if s.tune}
+DEFAULT_SPACE = {s.name: s.tune for s in SETTINGS.values() if s.tune}
 _BLOCK = engine_settings.SETTINGS["block_size"]
 WIDE_BLOCK_SIZES = f"pow2:{int(_BLOCK.minimum)}..{int(_BLOCK.maximum)}"
 
@@ -96,6 +103,10 @@ def parse_param(name: str, spec: Any) -> Param | None:
     """One setting's spec (string, list or mapping) -> Param; None for `none`."""
     if name not in SETTINGS:
         raise SpaceError(f"unknown setting {name!r}; known: {', '.join(SETTINGS)}")
+    if SETTINGS[name].type is dict:
+        keys = [k for k, parent in PARENT.items() if parent.name == name]
+        raise SpaceError(f"{name} is searched by its keys, not as a whole: "
+                         f"{', '.join(keys) or 'none of its keys has a range'}")
     if isinstance(spec, (list, tuple)):
         if not spec:
             raise SpaceError(f"{name}: empty list of choices")
@@ -134,12 +145,15 @@ def parse_param(name: str, spec: Any) -> Param | None:
 
 def _allowed(name: str, values: Any) -> tuple:
     """Values the engine accepts (the settings table's rule), else SpaceError naming it."""
-    out = tuple(values)
+    out, s = tuple(values), SETTINGS[name]
     for value in out:
+        if name in PARENT and value == s.tune_off:
+            continue
         try:
-            engine_settings.check(name, value)
+            engine_settings.check(s, value, name)
         except ValueError as exc:
-            raise SpaceError(str(exc)) from None
+            off = f" (or {s.tune_off}: {PARENT[name].name} off)" if name in PARENT else ""
+            raise SpaceError(f"{exc}{off}") from None
     return out
 
 
@@ -153,7 +167,7 @@ def _bounds(name: str, text: str) -> tuple[float, float]:
 def _range(name: str, low: Any, high: Any, step: Any, log: bool) -> Param:
     if SETTINGS[name].type is bool:
         raise SpaceError(f"{name}: a boolean takes choices (true,false), not a range")
-    if engine_settings.SETTINGS[name].power_of_two:
+    if SETTINGS[name].power_of_two:
         raise SpaceError(f"{name}: must be a power of two; give choices or pow2:LO..HI, "
                          f"not a range")
     low, high = _allowed(name, (_convert(name, low), _convert(name, high)))
@@ -192,12 +206,41 @@ def build_space(*, params: list[str] = (), space_file: str | None = None,
     return space
 
 
+def default_value(name: str) -> Any:
+    """The engine's default of a dimension (a key dimension's parent unset: its tune_off)."""
+    if name in PARENT:
+        return SETTINGS[name].tune_off if PARENT[name].default is None else \
+            PARENT[name].default.get(name)
+    return SETTINGS[name].default
+
+
+def engine_values(values: dict[str, Any]) -> dict[str, Any]:
+    """A trial's values by dimension -> the engine's settings by name (the table's): a key
+    dimension goes into its object setting (with the keys' defaults; at its tune_off the
+    object is None, unset)."""
+    out = {n: v for n, v in values.items() if n not in PARENT}
+    for name, value in values.items():
+        if name not in PARENT:
+            continue
+        parent = PARENT[name]
+        if value == SETTINGS[name].tune_off:
+            out[parent.name] = None
+        else:
+            base = out.get(parent.name) or {k.name: k.default for k in parent.keys
+                                            if k.default is not None}
+            out[parent.name] = {**base, name: value}
+    return out
+
+
 def to_engine_spec(settings: dict[str, Any]) -> dict[str, Any]:
-    """snake_case settings -> the camelCase keys of PagedInferenceService.spec.engine."""
+    """snake_case settings (dimensions) -> the camelCase keys of PagedInferenceService's
+    spec.engine; an object setting a dimension turns off is None (a merge patch's null)."""
     out: dict[str, Any] = {}
-    for name, value in settings.items():
+    for name, value in engine_values(settings).items():
         s = SETTINGS[name]
-        if s.type is dict:
+        if value is None:
+            out[s.field] = None
+        elif s.type is dict:
             out |= settings_k8s.to_spec({name: value})
         else:
             out[s.field] = round(float(value), 4) if s.type is float else s.type(value)
@@ -208,7 +251,7 @@ def from_engine_spec(spec: dict[str, Any], *, where: str = "spec.engine") -> dic
     """spec.engine's camelCase keys -> snake_case settings; SpaceError naming a key the
     tuner does not know (keys it does not set, such as cpuThreads, are refused too: a
     baseline the tuner cannot start its engine with would not be the baseline)."""
-    by_key = {s.field: name for name, s in SETTINGS.items()}
+    by_key = {s.field: s.name for s in engine_settings.SPEC_SETTINGS}
     out: dict[str, Any] = {}
     for key, value in spec.items():
         if key not in by_key:
@@ -220,6 +263,9 @@ def from_engine_spec(spec: dict[str, Any], *, where: str = "spec.engine") -> dic
                 out[s.name] = engine_settings.check(s, value, f"{where}.{key}", by_field=True)
             except ValueError as exc:
                 raise SpaceError(str(exc)) from None
+            # ... and its key dimensions, so the baseline compares with searched settings
+            out |= {k: SETTINGS[k].tune_off if out[s.name] is None else out[s.name][k]
+                    for k, parent in PARENT.items() if parent is s}
         else:
             out[s.name] = _convert(s.name, value)
     return out
