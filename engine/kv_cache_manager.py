@@ -212,10 +212,6 @@ class KVCacheManager:
         """(hit, device block) of every load not yet done, for the step's batch."""
         return [(hit, block_id) for block_id, hit in self._loading.items()]
 
-    def take_stores(self) -> list[tuple[int, bytes]]:
-        """(device block, hash) evicted this step, for the tiers to copy before reuse."""
-        return self.offload.take_stores() if self.offload is not None else []
-
     def is_loading(self, block_id: int, hit: TierHit) -> bool:
         return self._loading.get(block_id) is hit
 

@@ -183,6 +183,6 @@ class Scheduler:
             batch.draft_token_ids.append([])
             budget -= num_new
         if self.kv.offload is not None:
-            batch.blocks_to_store = self.kv.take_stores()
+            batch.blocks_to_store = self.kv.offload.take_stores()
             batch.blocks_to_load = self.kv.planned_loads()
         return batch

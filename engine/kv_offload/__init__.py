@@ -3,6 +3,7 @@ shared by the engines of a node (`kv_disk_dir`, `kv_disk_size`). tiers.py says h
 move; host.py, disk.py and transfer.py are the parts."""
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from engine.kv_offload.host import HostEntry, HostTier
@@ -19,7 +20,11 @@ def make_offload(config: Any, runner: Any, kv: Any, model_path: str) -> OffloadT
     """The tiers the config asks for, attached to the KV cache manager `kv` and reading and
     writing the runner's pool; None when both are off (or prefix caching is)."""
     host_gib = config.kv_offloading_size or 0.0
-    if not config.enable_prefix_caching or (host_gib == 0 and config.kv_disk_dir is None):
+    if host_gib == 0 and config.kv_disk_dir is None:
+        return None
+    if not config.enable_prefix_caching:
+        logging.getLogger("engine.kv_offload").warning(
+            "the KV tiers (kv_offloading_size, kv_disk_dir) are off: they need prefix caching")
         return None
     from engine.kv_offload.disk import DiskTier, namespace_digest
     from engine.kv_offload.transfer import TransferWorker, make_transfer

@@ -204,6 +204,24 @@ def test_events_name_each_tier_with_vllms_medium(tiny_checkpoints):
     assert (MEDIUM_CPU, MEDIUM_DISK) == ("CPU", "Disk")  # vllm/v1/kv_offload/mediums.py
 
 
+def test_the_cpu_transfer_round_trips_blocks_and_the_cuda_one_fills_the_interface():
+    import torch
+
+    from engine.kv_offload.transfer import CPUTransfer, CUDATransfer, KVTransfer, make_transfer
+
+    pool = torch.randn(2, 3, 6, 4, 2, 8)  # [2, layers, blocks, block_size, kv_heads, head_dim]
+    io = make_transfer(pool)
+    assert isinstance(io, CPUTransfer) and io.block_bytes == 2 * 3 * 4 * 2 * 8 * 4
+    before = pool.clone()
+    copies = io.split(io.gather([4, 1]))
+    pool[:, :, [4, 1]] = 0  # the step reuses the blocks after the snapshot
+    assert torch.equal(copies[0], before[:, :, 4]) and torch.equal(copies[1], before[:, :, 1])
+    io.load(copies, [0, 5])
+    assert torch.equal(pool[:, :, 0], before[:, :, 4])
+    assert torch.equal(pool[:, :, 5], before[:, :, 1])
+    assert issubclass(CUDATransfer, KVTransfer) and not CUDATransfer.__abstractmethods__
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(kv_offloading_size=-1), "kv_offloading_size must be a number >= 0"),
     (dict(kv_offloading_backend="lmcache"), "kv_offloading_backend must be one of native"),

@@ -98,7 +98,8 @@ WRITER = textwrap.dedent("""
     disk = DiskTier(root, capacity, namespace=b"n" * 32, block_shape=(2, 2, 4, 2, 8),
                     dtype=torch.float32)
     for i in range(60):
-        assert disk.write(f"{who}{i:04d}".encode().ljust(16, b"."), torch.full((2, 2, 4, 2, 8), float(i)))
+        block = torch.full((2, 2, 4, 2, 8), float(i))
+        assert disk.write(f"{who}{i:04d}".encode().ljust(16, b"."), block)
 """)
 
 
