@@ -4,7 +4,7 @@
     python benchmarks/sim_routing.py [--seeds 30] [--users 8] [--requests 128]
 
 The router's real policy objects (engine.router.policies) place requests on N modelled
-replicas; each replica is a FIFO server with an LRU block cache of --blocks blocks (16
+replicas (`precise` with its index fed by the modelled caches, as KV events without delay); each replica is a FIFO server with an LRU block cache of --blocks blocks (16
 tokens each), a prefill cost per uncached token and a decode cost per output token.
 The workload is benchmarks/bench_routing.py's: T tenants with 1,000-1,600-token system
 prompts, Zipf-chosen, closed-loop users. It prints, per variant, the medians over seeds
@@ -21,11 +21,15 @@ import statistics
 from collections import OrderedDict
 
 from engine.router.hashing import ring_point
-from engine.router.policies import PrefixPolicy, RouteRequest, make_policy
+from engine.router.policies import PrecisePolicy, PrefixPolicy, RouteRequest, make_policy
 from engine.router.pool import Backend
 
 BLOCK = 16
 CHUNK_TOKENS = 32  # the router's 128-character chunks, about 32 tokens of this text
+
+
+def block_hash(seed: int, tenant: int, k: int) -> int:
+    return ring_point(f"{seed}-{tenant}-{k}")
 
 
 def simulate(policy, *, replicas: int, blocks: int, tenants: int, zipf: float, users: int,
@@ -49,7 +53,9 @@ def simulate(policy, *, replicas: int, blocks: int, tenants: int, zipf: float, u
             return
         i, tenant = nxt, order[nxt]
         nxt += 1
-        hashes = [ring_point(f"{seed}-{tenant}-{k}") for k in range(sizes[tenant] // CHUNK_TOKENS)]
+        precise = isinstance(policy, PrecisePolicy)  # hashes blocks, as the engines do
+        chunk = BLOCK if precise else CHUNK_TOKENS
+        hashes = [block_hash(seed, tenant, k) for k in range(sizes[tenant] // chunk)]
         request = RouteRequest(hashes=hashes + [ring_point(f"{seed}-question-{i}")])
         backend = policy.choose(request, backends).order[0]
         policy.record(request, backend)
@@ -63,8 +69,12 @@ def simulate(policy, *, replicas: int, blocks: int, tenants: int, zipf: float, u
             held += 1
         for k in range(held, sizes[tenant] // BLOCK):
             cache[(tenant, k)] = None
+        if precise:  # the KV events, without delay
+            policy.index.store(backend.url, hashes[held:])
         while len(cache) > blocks - 2 * backend.in_flight:  # running requests hold blocks too
-            cache.popitem(last=False)
+            t, k = cache.popitem(last=False)[0]
+            if precise:
+                policy.index.remove(backend.url, [block_hash(seed, t, k)])
         if i >= warmup:
             hits, queried = hits + held * BLOCK, queried + sizes[tenant]
         start = max(now, free_at[r])
@@ -93,6 +103,8 @@ VARIANTS = {
     "prefix, one tight bound": lambda: PrefixPolicy(hit_load_factor=0.25),
     "prefix, one tight bound, ring only": lambda: PrefixPolicy(hit_load_factor=0.25,
                                                                 cache_balance=None),
+    "precise (defaults; index = the modelled caches)": lambda: PrecisePolicy(),
+    "precise, hit factor 2.0": lambda: PrecisePolicy(hit_load_factor=2.0),
     "least-load": lambda: make_policy("least-load"),
     "round-robin": lambda: make_policy("round-robin"),
 }
