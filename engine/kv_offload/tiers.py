@@ -87,7 +87,7 @@ class OffloadTiers:
         if data is None:
             return None
         entry = HostEntry(block_hash, data, on_disk=True)
-        self._insert(entry)  # promoted: the next lookup finds it in host memory
+        self._spill(self._insert(entry))  # promoted: the next lookup finds it in host memory
         return TierHit(block_hash, entry, MEDIUM_DISK)
 
     # ---- the step's transfers (engine, before the forward) -------------------------------------
@@ -115,8 +115,7 @@ class OffloadTiers:
         if not self.worker.submit(lambda: self._fill(snapshot, entries)):
             self.stats.stores_dropped += len(entries)
             return
-        for entry in entries:
-            self._insert(entry)
+        self._spill([old for entry in entries for old in self._insert(entry)])
 
     def _fill(self, snapshot: Any, entries: list[HostEntry]) -> None:
         """Worker thread: the snapshot's blocks into their entries, then ready."""
@@ -126,30 +125,36 @@ class OffloadTiers:
         if self.host.max_entries:  # else they only pass through, to disk
             self.stats.blocks_stored[MEDIUM_CPU] += len(entries)
 
-    def _insert(self, entry: HostEntry) -> None:
+    def _insert(self, entry: HostEntry) -> list[HostEntry]:
+        """Into the host tier; returns what it evicted (entry itself when it holds none)."""
         events = self.kv.events if self.kv is not None else None
         evicted = self.host.insert(entry)
-        if events is not None and entry not in evicted:
-            events.copied(entry.block_hash, MEDIUM_CPU)
-        for old in evicted:
-            if events is not None and old is not entry:
-                events.removed(old.block_hash, MEDIUM_CPU)
-            self._spill(old)
+        if events is not None:
+            if entry not in evicted:
+                events.copied(entry.block_hash, MEDIUM_CPU)
+            for old in evicted:
+                if old is not entry:
+                    events.removed(old.block_hash, MEDIUM_CPU)
+        return evicted
 
-    def _spill(self, entry: HostEntry) -> None:
-        """A host eviction goes to disk, after the job that fills it (the worker's order)."""
-        if self.disk is None or (entry.on_disk and self.disk.path_for(entry.block_hash).exists()):
+    def _spill(self, entries: list[HostEntry]) -> None:
+        """Host evictions go to disk: one worker job, after the ones filling them."""
+        if self.disk is not None:
+            entries = [e for e in entries
+                       if not (e.on_disk and self.disk.path_for(e.block_hash).exists())]
+        if self.disk is None or not entries:
             return
-        if self.worker.submit(lambda: self._write(entry)):
-            if self.kv is not None and self.kv.events is not None:
+        if not self.worker.submit(lambda: self._write(entries)):
+            self.stats.stores_dropped += len(entries)
+        elif self.kv is not None and self.kv.events is not None:
+            for entry in entries:
                 self.kv.events.copied(entry.block_hash, MEDIUM_DISK)
-        else:
-            self.stats.stores_dropped += 1
 
-    def _write(self, entry: HostEntry) -> None:
-        if entry.data is not None and self.disk.write(entry.block_hash, entry.data):
-            entry.on_disk = True
-            self.stats.blocks_stored[MEDIUM_DISK] += 1
+    def _write(self, entries: list[HostEntry]) -> None:
+        for entry in entries:
+            if entry.data is not None and self.disk.write(entry.block_hash, entry.data):
+                entry.on_disk = True
+                self.stats.blocks_stored[MEDIUM_DISK] += 1
 
     # ---- upkeep --------------------------------------------------------------------------------
     def drain(self) -> None:

@@ -107,7 +107,7 @@ def make_transfer(pool: torch.Tensor) -> KVTransfer:
 class TransferWorker:
     """One thread running jobs in submission order; the queue holds `max_jobs` at most."""
 
-    def __init__(self, max_jobs: int = 64) -> None:
+    def __init__(self, max_jobs: int = 256) -> None:
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=max_jobs)
         self.failures = 0
         self._thread = threading.Thread(target=self._run, daemon=True, name="kv-offload")

@@ -235,3 +235,20 @@ def test_two_engine_processes_share_one_directory(tiny_checkpoints, recompute, t
         assert r["bad"] == {"truncated": 0, "corrupt": 0, "foreign": 0}, \
             "a reader saw a partial file"
     assert rc["hits"][MEDIUM_DISK] >= 4 * 64
+
+
+def test_a_step_evicting_many_blocks_spills_them_all(tiny_checkpoints, recompute, tmp_path):
+    """Block size 1: one admission evicts over a hundred blocks at once, and every one of
+    them reaches the disk (one copy job per step, not one per block)."""
+    first = prompts(seed=21, count=4, prefix_len=112)  # the last two evict the first two
+    llm = disk_llm(tiny_checkpoints["llama"], tmp_path, block_size=1, kv_offloading_size=0,
+                   num_gpu_blocks_override=130)
+    run_phases(llm, [[p] for p in first])
+    tiers = llm.llm_engine.offload
+    assert tiers.stats.stores_dropped == 0
+    assert tiers.stats.blocks_stored[MEDIUM_DISK] >= 2 * 112
+    again = [[with_tail(p, 70 + i)] for i, p in enumerate(first[:2])]
+    restarted = disk_llm(tiny_checkpoints["llama"], tmp_path, block_size=1,
+                         num_gpu_blocks_override=130)
+    assert run_phases(restarted, again) == recompute(again)
+    assert restarted.llm_engine.kv.stats().hits_by_medium[MEDIUM_DISK] >= 2 * 112
