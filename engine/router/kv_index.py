@@ -113,12 +113,13 @@ class KVEventFollower:
         self._ready = False
 
     def ready(self) -> bool:
-        """True once every backend followed from the start has its first snapshot in the
-        index (or SYNC_GRACE seconds have passed: an engine without events must not keep
-        the router out of service), then for good. Until then a starting router, or one
-        that restarted, would place its first requests as new prefixes, by the ring."""
+        """True once the backends followed so far (at least one) have their first snapshot
+        in the index, or SYNC_GRACE seconds after the first track() (an engine without
+        events must not keep the router out of service); then for good. Until then a
+        starting router, or one that restarted, would place its first requests as new
+        prefixes, by the ring. (Discovery may offer no backend at first: not ready yet.)"""
         if not self._ready and self.started is not None:
-            self._ready = (self.tasks.keys() <= self.synced
+            self._ready = (bool(self.tasks) and self.tasks.keys() <= self.synced
                            or time.monotonic() - self.started > self.SYNC_GRACE)
         return self._ready
 

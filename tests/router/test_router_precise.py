@@ -270,3 +270,14 @@ def test_a_follower_with_given_endpoints_starts_from_a_snapshot_then_follows_liv
         assert gone == []
     finally:
         publisher.close()
+
+
+def test_a_follower_is_not_ready_before_it_follows_a_backend_unless_the_grace_ran_out():
+    follower = KVEventFollower(KVIndex())
+    assert not follower.ready()           # nothing tracked yet
+    follower.track([])                    # discovery has offered no backend yet
+    assert not follower.ready()
+    follower.SYNC_GRACE = 0.0             # an engine without events: ready after the grace
+    assert follower.ready()
+    follower.SYNC_GRACE = 1e9
+    assert follower.ready()               # and then for good
