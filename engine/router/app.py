@@ -105,8 +105,11 @@ def build_app(config: RouterConfig) -> Starlette:
         if config.discover:
             from engine.router.discovery import EndpointSliceWatcher
 
-            watcher = EndpointSliceWatcher(config.discover, pool, namespace=config.namespace,
-                                           port_name=config.port_name)
+            # precise: the slices' kv-events / kv-replay ports are each engine's event
+            # endpoints, kept in the follower's own table (GET /kv_events otherwise)
+            watcher = EndpointSliceWatcher(
+                config.discover, pool, namespace=config.namespace, port_name=config.port_name,
+                kv_events_endpoints=None if follower is None else follower.static)
             await watcher.start()
         await pool.start()
         if follower is not None:

@@ -89,3 +89,50 @@ async def _scenario(tmp_path, monkeypatch, port, a, b, c) -> None:
             assert r.json()["served_by"] == b.url
         finally:
             await asyncio.to_thread(router.__exit__)
+
+
+@pytest.mark.asyncio
+async def test_precise_follows_the_event_ports_the_endpoint_slices_name(tmp_path, monkeypatch):
+    """The engine's /kv_events answers 404 here: only the slice's kv-events / kv-replay
+    ports (as the operator publishes them) can lead the router to its events."""
+    from engine.kv_events import KVEventRecorder, ZmqKVEventPublisher, block_stored
+    from engine.model_loader import resolve_model_path
+
+    publisher = ZmqKVEventPublisher({"endpoint": "tcp://127.0.0.2:*",
+                                     "replay_endpoint": "tcp://127.0.0.2:*"},
+                                    KVEventRecorder(block_size=16))
+    try:
+        with FakeBackend("127.0.0.2") as a:
+            port = int(a.url.rsplit(":", 1)[1])
+            ports = [{"name": "http", "port": port, "protocol": "TCP"},
+                     {"name": "kv-events", "protocol": "TCP",
+                      "port": int(publisher.endpoint.rsplit(":", 1)[1])},
+                     {"name": "kv-replay", "protocol": "TCP",
+                      "port": int(publisher.replay_endpoint.rsplit(":", 1)[1])}]
+            async with kmock.KubernetesEmulator() as emulator, \
+                    kmock.Server(emulator) as server:
+                emulator.resources[SLICES] = kmock.ResourceInfo(
+                    kind="EndpointSlice", namespaced=True, verbs={"get", "list", "watch"})
+                kubeconfig = tmp_path / "kubeconfig"
+                kubeconfig.write_text(
+                    "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
+                    f"clusters: [{{name: t, cluster: {{server: '{server.url}'}}}}]\n"
+                    "users: [{name: t, user: {token: t}}]\n"
+                    "contexts: [{name: t, context: {cluster: t, user: t}}]\n")
+                monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+                body = endpoint_slice("engine-abc", "engine", [("127.0.0.2", True)], port)
+                body["ports"] = ports
+                await server.client.post(
+                    f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices", json=body)
+                router = RouterThread(discover="engine", namespace=NS, port_name="http",
+                                      policy="precise",
+                                      tokenizer=str(resolve_model_path(None)))
+                await asyncio.to_thread(router.__enter__)
+                try:
+                    publisher.recorder.pending.append(block_stored([7, 8], None, [], 16))
+                    publisher.flush()
+                    await until(lambda: router.policy.index.size(a.url) == 2)
+                finally:
+                    await asyncio.to_thread(router.__exit__)
+    finally:
+        publisher.close()
