@@ -89,6 +89,12 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration")
     settings.scanning.disabled = True        # no CRD/namespace watching: less RBAC
+    # After its own PATCH (the handled-configuration annotation) kopf waits this long for
+    # the patched version in the watch before it acts on an event again; past it, an
+    # event older than that PATCH (the create handler's own status write) looks unhandled
+    # and the create handler runs a second time. Its default, 5 s, is shorter than the
+    # watch's lag when 1,000 resources arrive at once on 2 cores (883 of 1,000 ran twice).
+    settings.persistence.consistency_timeout = 30.0
     settings.posting.level = logging.WARNING  # k8s Events only for problems
     # A resource deleted while its resync timer runs keeps its finalizer until kopf sees
     # the run end: look every second, not every 60 s (kopf's default).
@@ -137,22 +143,28 @@ async def _write_status(api: KubeApi, body: Mapping[str, Any], new: dict[str, An
     await api.patch(PIS, meta["namespace"], meta["name"], {"status": new}, subresource="status")
 
 
-async def reconcile_object(body: Mapping[str, Any], memo: Any, logger: Any) -> None:
+async def reconcile_object(body: Mapping[str, Any], memo: Any, logger: Any, *,
+                           first_try: bool = False, periodic: bool = False) -> None:
     """One reconcile. An API call that fails outside the children loop (discovery, the
     status write, reading pods: a 5xx, a timeout) is a TemporaryError too, as inside it:
     the handler (or the resync timer) retries soon, not after kopf's 60 s backoff for an
-    unknown error."""
+    unknown error. `first_try`: kopf's first try of the create handler; `periodic`: the
+    resync timer's pass (reconcile.py's docstring says what each leaves out)."""
     try:
-        await _reconcile_object(body, memo, logger)
+        await _reconcile_object(body, memo, logger, first_try=first_try, periodic=periodic)
     except ApiError as exc:
         raise kopf.TemporaryError(str(exc), delay=10) from exc
 
 
-async def _reconcile_object(body: Mapping[str, Any], memo: Any, logger: Any) -> None:
+async def _reconcile_object(body: Mapping[str, Any], memo: Any, logger: Any, *,
+                            first_try: bool, periodic: bool) -> None:
     api, discovery, config = _shared(memo)
     meta = body["metadata"]
     generation = meta.get("generation")
     previous = body.get("status") or {}
+    # Never reconciled (no status, kopf's first try): write first, read on conflict, and
+    # no pods can exist yet under a Deployment this pass creates (reconcile.py's docstring).
+    fresh = first_try and not previous.get("conditions")
     # Handlers and the timer of one object never reconcile at the same time.
     async with _lock(memo, meta["namespace"], meta["name"]):
         try:
@@ -163,22 +175,17 @@ async def _reconcile_object(body: Mapping[str, Any], memo: Any, logger: Any) -> 
                 str(exc), reason="InvalidSpec", generation=generation, previous=previous))
             raise kopf.PermanentError(f"invalid spec: {exc}") from exc
         try:
-            deployment = await reconcile_children(api, discovery, spec, owner=body,
-                                                  logger=logger)
+            live = await reconcile_children(api, discovery, spec, owner=body, logger=logger,
+                                            fresh=fresh, periodic=periodic)
         except ChildError as exc:
             await _write_status(api, body, status.degraded(
                 str(exc), reason="ChildRejected", generation=generation, previous=previous))
             raise kopf.TemporaryError(str(exc), delay=60) from exc
+        router = live.get(("Deployment", f"{spec.name}-router"))
         await _write_status(api, body, status.from_deployment(
-            spec, deployment, generation=generation, previous=previous,
-            pods=await engine_pods(api, spec.namespace, spec.name),
-            router=await router_deployment(api, spec)))
-
-
-async def router_deployment(api: KubeApi, spec: Any) -> dict[str, Any] | None:
-    if not spec.router.enabled:
-        return None
-    return await api.get(KINDS["Deployment"], spec.namespace, f"{spec.name}-router")
+            spec, live.get(("Deployment", spec.name)) or {}, generation=generation,
+            previous=previous, router=router if spec.router.enabled else None,
+            pods=[] if fresh else await engine_pods(api, spec.namespace, spec.name)))
 
 
 async def engine_pods(api: KubeApi, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -189,8 +196,10 @@ async def engine_pods(api: KubeApi, namespace: str, name: str) -> list[dict[str,
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
-async def reconcile(body: kopf.Body, memo: Any, logger: kopf.Logger, **_: Any) -> None:
-    await reconcile_object(body, memo, logger)
+async def reconcile(body: kopf.Body, memo: Any, logger: kopf.Logger, reason: str,
+                    retry: int, **_: Any) -> None:
+    await reconcile_object(body, memo, logger,
+                           first_try=reason == kopf.Reason.CREATE and retry == 0)
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
@@ -204,7 +213,7 @@ async def resync(body: kopf.Body, memo: Any, logger: kopf.Logger, **_: Any) -> N
     if api.closed or body.get("metadata", {}).get("deletionTimestamp"):
         return  # the operator is exiting, or the resource going away
     try:
-        await reconcile_object(body, memo, logger)  # body is kopf's live view
+        await reconcile_object(body, memo, logger, periodic=True)  # body: kopf's live view
     except (kopf.PermanentError, kopf.TemporaryError) as exc:
         logger.warning(f"Resync did not complete: {exc}")
 
@@ -216,10 +225,17 @@ def _owner(body: Mapping[str, Any]) -> str | None:
     return None
 
 
-async def _status_from_event(owner_name: str, namespace: str, memo: Any) -> None:
+async def _status_from_event(owner_name: str, namespace: str, memo: Any,
+                             seen: Mapping[str, Any] | None = None) -> None:
     """Recompute the owner's status from fresh reads of its engine Deployment and pods
-    (the event only says that something changed; no child is written here)."""
+    (the event only says that something changed; no child is written here). `seen`: the
+    Deployment whose watch event this is, as the watch has it now (not read again)."""
     api, _, config = _shared(memo)
+
+    async def deployment_named(name: str) -> dict[str, Any] | None:
+        if seen is not None and seen["metadata"]["name"] == name:
+            return dict(seen)
+        return await api.get(KINDS["Deployment"], namespace, name)
     async with _lock(memo, namespace, owner_name):
         owner = await api.get(PIS, namespace, owner_name)
         if owner is None or owner["metadata"].get("deletionTimestamp"):
@@ -229,14 +245,15 @@ async def _status_from_event(owner_name: str, namespace: str, memo: Any) -> None
                               default_image=config.engine_image)
         except InvalidSpecError:
             return  # the owner's own reconcile reports this
-        deployment = await api.get(KINDS["Deployment"], namespace, owner_name)
+        deployment = await deployment_named(owner_name)
         if deployment is None:
             return  # the reconcile (re)creates it
         pods = await engine_pods(api, namespace, owner_name)
+        router = await deployment_named(f"{owner_name}-router") if spec.router.enabled \
+            else None
         await _write_status(api, owner, status.from_deployment(
             spec, deployment, generation=owner["metadata"].get("generation"),
-            previous=owner.get("status") or {}, pods=pods,
-            router=await router_deployment(api, spec)))
+            previous=owner.get("status") or {}, pods=pods, router=router))
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
@@ -248,7 +265,7 @@ async def deployment_event(type: str | None, body: kopf.Body, memo: Any,
     namespace = body["metadata"]["namespace"]
     if body["metadata"]["name"] == f"{owner_name}-router":
         if type != "DELETED":  # the router's readiness is part of the owner's Ready
-            await _status_from_event(owner_name, namespace, memo)
+            await _status_from_event(owner_name, namespace, memo, seen=body)
         return
     if body["metadata"]["name"] != owner_name:
         return
@@ -258,7 +275,7 @@ async def deployment_event(type: str | None, body: kopf.Body, memo: Any,
         if owner is not None and not owner["metadata"].get("deletionTimestamp"):
             await reconcile_object(owner, memo, logger)  # deleted by hand: put it back now
         return
-    await _status_from_event(owner_name, namespace, memo)
+    await _status_from_event(owner_name, namespace, memo, seen=body)
 
 
 @kopf.on.event("", "v1", "pods", labels={**MANAGED, "app.kubernetes.io/component": "engine"})
