@@ -74,6 +74,7 @@ class CUDATransfer(KVTransfer):
         idx = torch.tensor(block_ids, dtype=torch.int64, device=self.pool.device)
         with torch.cuda.stream(self.stream):
             self.stream.wait_stream(compute)  # the pool as the steps so far left it
+            idx.record_stream(self.stream)  # made on the compute stream, read on this one
             # [n, 2, L, bs, H, D]: each block contiguous, on the device
             staged = self.pool.index_select(2, idx).permute(2, 0, 1, 3, 4, 5).contiguous()
             gathered = torch.cuda.Event()
