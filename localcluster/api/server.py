@@ -18,7 +18,7 @@ import aiohttp.web
 import kmock
 import multidict
 
-from . import protobuf, selectors, tables, writes
+from . import dry_run, protobuf, selectors, tables, writes
 from .kinds import Catalog, Kind, kinds_of_crd
 from .store import Event, Gone, Store
 from .writes import ApiError
@@ -144,6 +144,8 @@ class ApiServer(kmock.KubernetesEmulator):
         elif "protobuf" in (raw.content_type or "") or "cbor" in (raw.content_type or ""):
             raise ApiError(415, "UnsupportedMediaType", f"the body's content type "
                            f"{raw.content_type} is not supported for {method}: send JSON")
+        if method in ("POST", "PUT", "PATCH", "DELETE"):   # dryRun=All: admitted, not stored
+            store = dry_run.store_for(store, query, data if method == "DELETE" else None)
         warnings: list[str] = []
         validation = query.get("fieldValidation") or "Warn"
 

@@ -90,8 +90,9 @@ class Store:
             if (g, p) == kind.key and (namespace is None or ns == namespace):
                 yield obj
 
-    # ---- writes ----
-    def create(self, kind: Kind, namespace: str | None, obj: dict[str, Any]) -> dict[str, Any]:
+    # ---- writes (prepare_*: the object as it would be stored, nothing changed) ----
+    def prepare_create(self, kind: Kind, namespace: str | None,
+                       obj: dict[str, Any]) -> tuple[Key, dict[str, Any]]:
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         if kind.namespaced:
@@ -110,6 +111,11 @@ class Store:
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1)
         for drop in ("deletionTimestamp", "resourceVersion", "managedFields"):
             meta.pop(drop, None)
+        return key, obj
+
+    def create(self, kind: Kind, namespace: str | None, obj: dict[str, Any]) -> dict[str, Any]:
+        key, obj = self.prepare_create(kind, namespace, obj)
+        meta = obj["metadata"]
         self._bump(obj)
         self._put(key, obj)
         self.kinds[kind.key] = kind
@@ -119,8 +125,9 @@ class Store:
             return self.delete(kind, namespace, meta["name"])   # its owners are gone already
         return obj
 
-    def update(self, kind: Kind, new: dict[str, Any]) -> dict[str, Any]:
-        """Store `new` (a whole object) over the current one; spec changes bump generation."""
+    def prepare_update(self, kind: Kind, new: dict[str, Any],
+                       ) -> tuple[Key, dict[str, Any], dict[str, Any]]:
+        """(key, `new` with the fields the server keeps or sets, the current object)."""
         meta = new["metadata"]
         key = (kind.group, kind.plural, meta.get("namespace", ""), meta["name"])
         old = self.objects[key]
@@ -134,6 +141,12 @@ class Store:
             {k: v for k, v in new.items() if k not in ("metadata", "status")}
             != {k: v for k, v in old.items() if k not in ("metadata", "status")})
         new["apiVersion"], new["kind"] = kind.api_version, kind.kind
+        return key, new, old
+
+    def update(self, kind: Kind, new: dict[str, Any]) -> dict[str, Any]:
+        """Store `new` (a whole object) over the current one; spec changes bump generation."""
+        key, new, old = self.prepare_update(kind, new)
+        meta = new["metadata"]
         if new == old:
             return old   # a no-op write changes nothing, as in etcd
         self._bump(new)
