@@ -3,7 +3,8 @@
 # with CUDA, torch and triton already installed (nothing is installed here):
 #   1. the kernel parity suite, compiled on CUDA instead of interpreted, and the engine's
 #      greedy parity with transformers running on the GPU through the Triton backend;
-#   2. python -m kernels.bench over the full grid, with a time budget.
+#   2. the KV host tier's CUDA transfer (tests/engine/test_kv_tiers.py -k cuda);
+#   3. python -m kernels.bench over the full grid, with a time budget.
 # Results land in $OUT (default ./gpu-check): env.txt, tests.log, bench.md, bench.log.
 # Usage: bash scripts/gpu_check.sh      (from the repository root)
 set -uo pipefail
@@ -24,6 +25,11 @@ PY=${PYTHON:-python3}
 timeout 240 "$PY" -m pytest -q -p no:cacheprovider -n 8 -k "not transformers_probe" \
   tests/kernels tests/engine/test_greedy_parity.py 2>&1 | tee "$OUT/tests.log" | tail -25
 echo "tests: exit ${PIPESTATUS[0]}"
+
+# The KV host tier's CUDA transfer (side stream, pinned memory): engine/kv_offload/transfer.py.
+timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/engine/test_kv_tiers.py -k cuda \
+  2>&1 | tee "$OUT/kv_tiers.log" | tail -5
+echo "kv tiers: exit ${PIPESTATUS[0]}"
 
 timeout 300 "$PY" -m kernels.bench --budget-s 220 --out "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log"
 echo "bench: exit ${PIPESTATUS[0]}"

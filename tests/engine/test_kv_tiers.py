@@ -222,6 +222,30 @@ def test_the_cpu_transfer_round_trips_blocks_and_the_cuda_one_fills_the_interfac
     assert issubclass(CUDATransfer, KVTransfer) and not CUDATransfer.__abstractmethods__
 
 
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_the_cuda_transfer_round_trips_blocks_through_pinned_memory():
+    """scripts/gpu_check.sh runs this: snapshot on the side stream, the pool overwritten by
+    the compute stream right after, the worker's copies intact, loads in compute order."""
+    import torch
+
+    from engine.kv_offload.transfer import CUDATransfer, TransferWorker, make_transfer
+
+    pool = torch.randn(2, 3, 64, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
+    io = make_transfer(pool)
+    assert isinstance(io, CUDATransfer)
+    before = pool.clone()
+    snapshot = io.gather([40, 3, 17])
+    pool[:, :, [40, 3, 17]] = 0  # the step's writes, queued after the gather
+    worker, copies = TransferWorker(), []
+    worker.submit(lambda: copies.extend(io.split(snapshot)))
+    worker.drain()
+    assert all(c.is_pinned() for c in copies)
+    io.load(copies, [0, 1, 2])
+    torch.cuda.synchronize()
+    for dst, src in zip([0, 1, 2], [40, 3, 17]):
+        assert torch.equal(pool[:, :, dst], before[:, :, src])
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(kv_offloading_size=-1), "kv_offloading_size must be a number >= 0"),
     (dict(kv_offloading_backend="lmcache"), "kv_offloading_backend must be one of native"),
