@@ -89,7 +89,8 @@ def hit_bound(backends: Sequence[Backend], load_factor: float, hit_load_factor: 
     a hot prefix's second concurrent request away from its holder, onto a replica that
     must prefill it and evict another tenant to keep it: the routing benchmark's decision
     log showed every prefix hit the precise policy lost at 2 req/s lost that way. The +1
-    changes nothing at higher loads, where ceil((1+eps_h) * mean) is the larger."""
+    changes nothing at higher loads, where ceil((1+eps_h) * mean) is the larger (with the
+    defaults, always from a mean of 8/3 up)."""
     return max(load_bound(backends, hit_load_factor), load_bound(backends, load_factor) + 1)
 
 
