@@ -74,9 +74,6 @@ class OffloadTiers:
         stores, self._stores = self._stores, []
         return stores
 
-    def pending_stores(self) -> list[tuple[int, bytes]]:
-        return list(self._stores)
-
     def find(self, block_hash: bytes) -> TierHit | None:
         entry = self.host.get(block_hash)
         if entry is not None:
