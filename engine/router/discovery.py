@@ -43,7 +43,11 @@ def slice_backends(eps: Any, service: str, port_name: str | None,
     the slice's `kv-events` / `kv-replay` ports (None when the slice has no `kv-events`)."""
     if (eps.metadata.labels or {}).get(SERVICE_LABEL) != service:
         return {}
-    ports = [p for p in eps.ports or [] if p.port and (port_name is None or p.name == port_name)]
+    # without a name, the first port that is not an event port (a slice lists its ports
+    # in no promised order, and an engine's may carry kv-events / kv-replay beside http)
+    ports = [p for p in eps.ports or [] if p.port and (
+        p.name == port_name if port_name is not None
+        else p.name not in (KV_EVENTS_PORT_NAME, KV_REPLAY_PORT_NAME))]
     if not ports:
         return {}
     port = ports[0].port

@@ -112,6 +112,7 @@ def router_args(spec: ServiceSpec) -> list[str]:
     return ["--discover", engine_service_name(spec), "--policy", spec.router.policy,
             *kv_events.router_args(spec, manifests.model_arg(spec)),
             *(["--hit-load-factor", format(hit, "g")] if hit is not None else []),
+            "--port-name", "http",  # the slices also carry the engines' event ports
             "--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
 
 

@@ -132,6 +132,11 @@ def test_engine_and_router_parse_what_the_operator_writes():
         "template"]["spec"]["containers"][0]["args"])
     assert (router.policy, router.tokenizer, router.discover) == \
         ("precise", "Qwen/Qwen2.5-0.5B-Instruct", "svc-engine")
+    # the router serves the engine Service's port that reaches the engines' HTTP port (its
+    # slices also carry the event ports, in no promised order)
+    service_ports = manifests_access.engine_service(spec)["spec"]["ports"]
+    http = [p["name"] for p in service_ports if p["targetPort"] == "http"]
+    assert router.port_name is not None and [router.port_name] == http
     # the router's discovery reads the ports under the names the operator gives them
     assert (KV_EVENTS_PORT_NAME, KV_REPLAY_PORT_NAME) == \
         (kv_events.PUB_PORT_NAME, kv_events.REPLAY_PORT_NAME)

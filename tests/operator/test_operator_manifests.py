@@ -161,7 +161,8 @@ def test_router_children_point_the_service_at_the_router_and_read_endpointslices
     assert router["replicas"] == 2
     assert router["template"]["spec"]["serviceAccountName"] == "svc-router"
     assert router["template"]["spec"]["containers"][0]["args"] == [
-        "--discover", "svc-engine", "--policy", "prefix", "--host", "0.0.0.0", "--port", "8000"]
+        "--discover", "svc-engine", "--policy", "prefix", "--port-name", "http",
+        "--host", "0.0.0.0", "--port", "8000"]
     front = manifests.service(spec)["spec"]["selector"]
     assert front == router["selector"]["matchLabels"]
     assert front.items() <= router["template"]["metadata"]["labels"].items()

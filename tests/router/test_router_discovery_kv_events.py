@@ -52,6 +52,16 @@ def test_named_ports_give_each_ready_endpoint_its_event_endpoints():
     assert slice_backends(eps, "other", "http") == {}
 
 
+def test_without_a_port_name_the_backend_port_is_never_an_event_port():
+    # a slice lists its ports in no promised order: the event ports may come first
+    eps = as_model(endpoint_slice("e", [("10.0.0.5", True)], [PUB, REPLAY, HTTP]))
+    assert slice_backends(eps, "engine", None) == {
+        "http://10.0.0.5:8000": ("tcp://10.0.0.5:5557", "tcp://10.0.0.5:5558")}
+    # and a slice with event ports only serves no backend
+    assert slice_backends(as_model(endpoint_slice("e", [("10.0.0.5", True)], [PUB, REPLAY])),
+                          "engine", None) == {}
+
+
 async def until(predicate, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
