@@ -277,7 +277,9 @@ class LLMEngine:
             verified = {s.seq_id: v for s, v in zip(spec_seqs, results)}
         if not sample_seqs:
             return [], prompt_lps, verified
-        r = self.sampler(logits[sample_rows], sample_seqs)
+        if sample_rows != list(range(logits.shape[0])):  # not every row once, in order
+            logits = logits[sample_rows]
+        r = self.sampler(logits, sample_seqs)
         return [(s, parent, token) for s, parent, token in zip(
             sample_seqs, parents, zip(r.token_ids, r.logprobs, r.top_logprobs))], prompt_lps, \
             verified

@@ -239,7 +239,10 @@ class ModelRunner:
             m = np.asarray(num_kept, dtype=np.int64)
             last = last + np.arange(len(last)) - np.repeat(np.cumsum(m) - 1, m)
         keep_idx = [last] + [np.arange(cu[i], cu[i] + m) for i, m in prompt_rows]
-        keep = torch.from_numpy(np.concatenate(keep_idx).astype(np.int64)).to(dev)
+        keep_rows = np.concatenate(keep_idx).astype(np.int64)
+        # every token's logits, in order (a pure decode step): 0 keeps all, no gather
+        keep = 0 if np.array_equal(keep_rows, np.arange(cu[-1])) else \
+            torch.from_numpy(keep_rows).to(dev)
         out = self.model(input_ids=torch.from_numpy(flat_ids).to(dev)[None],
                          position_ids=torch.from_numpy(positions).to(dev)[None],
                          logits_to_keep=keep, paged_metadata=meta, use_cache=False)

@@ -93,11 +93,14 @@ class Sampler:
         return SampleResult(chosen.tolist(), chosen_lp.tolist(), top)
 
     def process(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """The processed logits of each row (a copy): logit_bias, penalties, the grammar's
-        mask for structured rows, then min_tokens (unless the grammar allows nothing but a
-        stop token, which then wins); temperature and truncation come after
-        (`distribution`). A speculative verifier reads its target rows through this too."""
-        logits = logits.clone()
+        """The processed logits of each row (a copy, if any row has a processor): logit_bias,
+        penalties, the grammar's mask for structured rows, then min_tokens (unless the
+        grammar allows nothing but a stop token, which then wins); temperature and truncation
+        come after (`distribution`). A speculative verifier reads its target rows through
+        this too. When no row has one, nothing writes and `logits` itself comes back."""
+        if any(s.params.logit_bias or s.params.needs_penalties or s.params.structured_outputs
+               is not None or s.num_output_tokens < s.params.min_tokens for s in seqs):
+            logits = logits.clone()
         self._apply_logit_bias(logits, seqs)
         self._apply_penalties(logits, seqs)
         if self.structured is not None:

@@ -62,11 +62,11 @@ class AttentionBackend:
 
 
 class TorchBackend(AttentionBackend):
-    """The CPU backend: paged attention as bucketed SDPA calls (kernels.sdpa); cache write and
-    block copy are the twins' (already one vectorised op per call)."""
+    """The CPU backend: paged attention as bucketed SDPA calls and the cache write as one
+    index_copy_ per cache (kernels.sdpa); block copy is the twin's (one op per layer)."""
 
     name = "torch"
-    _reshape_and_cache = staticmethod(reference.reshape_and_cache_ref)
+    _reshape_and_cache = staticmethod(sdpa.reshape_and_cache_slots)
     _paged_attention = staticmethod(sdpa.paged_attention_sdpa)
     _copy_blocks = staticmethod(reference.copy_blocks_ref)
 
@@ -76,6 +76,7 @@ class TorchReferenceBackend(TorchBackend):
     the fast path out when an answer looks wrong."""
 
     name = "torch-reference"
+    _reshape_and_cache = staticmethod(reference.reshape_and_cache_ref)
     _paged_attention = staticmethod(reference.paged_attention_ref)
 
 

@@ -48,6 +48,24 @@ def test_logit_bias_is_added_before_everything_else():
                         abs_tol=1e-5)
 
 
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0, logit_bias={4: 50.0}), SamplingParams(temperature=0,
+                                                                       repetition_penalty=3.0),
+    SamplingParams(temperature=0, min_tokens=2), SamplingParams(temperature=0)])
+def test_the_callers_logits_are_never_written(params):
+    """Processors work on a copy (made only when some row has one): the runner's logits stay
+    as the model gave them, whichever processor a batch uses."""
+    torch.manual_seed(1)
+    logits = torch.randn(2, 20)
+    before = logits.clone()
+    sampler = Sampler(eos_token_ids=frozenset({4}), seed=0, device=torch.device("cpu"))
+    r = sampler(logits, [_seq(params, prompt=(1, 4, 5)), _seq(SamplingParams(temperature=0))])
+    assert torch.equal(logits, before)
+    assert r.token_ids[1] == int(before[1].argmax())
+    if params.logit_bias:
+        assert r.token_ids[0] == 4
+
+
 def test_logit_bias_shifts_sampled_frequencies():
     """Sampling (temperature 1) with a bias b on token t: its probability is
     softmax(logits + b)[t]; 4000 draws land within 5 standard errors."""

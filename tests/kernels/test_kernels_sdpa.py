@@ -133,3 +133,27 @@ def test_one_plan_per_step_serves_every_layer_and_a_new_step_gets_its_own():
     # a sliding window shapes the masks: the same tensors with a window get their own plan
     check(layer0, sliding_window=3)
     check(layer0)
+
+
+def _write(slots, caches, gen):
+    key, value = (torch.randn(slots.shape[0], 2, 8, generator=gen) for _ in range(2))
+    expected = [c.clone() for c in caches]
+    reference.reshape_and_cache_ref(key, value, *expected, slots)
+    get_backend("torch").reshape_and_cache(key, value, *caches, slots)
+    assert torch.equal(caches[0], expected[0]) and torch.equal(caches[1], expected[1])
+
+
+def test_the_cache_write_plans_once_per_slot_tensor_and_sees_in_place_changes():
+    """Every layer of a step writes through the same slot_mapping: its plan (rows, slots) is
+    reused by every layer and redone for a new tensor, or after the tensor changed in place."""
+    gen = torch.Generator().manual_seed(5)
+    layers = [[torch.zeros(4, 4, 2, 8) for _ in range(2)] for _ in range(2)]
+    slots = torch.tensor([3, 15, 0, 9])            # no negative slot: no row is dropped
+    for caches in layers:                           # two layers, one step
+        _write(slots, caches, gen)
+    assert sdpa._writes.last[2][0] is None          # all rows kept, the tensor's slots
+    slots[1] = -1                                   # changed in place: a new plan
+    _write(slots, layers[0], gen)
+    assert sdpa._writes.last[2][0].tolist() == [0, 2, 3]
+    _write(torch.tensor([1, -1, 2, 7]), layers[1], gen)   # a new step's tensor
+    assert sdpa._writes.last[2][1].tolist() == [1, 2, 7]
