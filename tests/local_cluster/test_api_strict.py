@@ -11,6 +11,8 @@ import os
 import re
 import signal
 import subprocess
+import time
+import urllib.request
 from typing import Any
 
 import pytest
@@ -346,10 +348,17 @@ def test_killing_the_active_operator_hands_over_without_duplicates(local_cluster
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(
         {"apiVersion": "v1", "kind": "List", "items": [_service(i) for i in range(SERVICES)]}))
 
-    def deployments() -> list[dict[str, Any]]:
-        return cluster.json("get", "deploy", "-n", HA_NS, "-l",
-                            "app.kubernetes.io/name=paged-inference-engine")["items"]
-    cluster.wait_for(lambda: len(deployments()) >= 3, 90, "the active operator at work")
+    # The kill must come while the active replica is at work: a new service costs it about
+    # 11 requests, so all 20 were done before kubectl had counted three Deployments. Ask
+    # the API itself, and kill at the first one.
+    def deployments() -> int:
+        url = (f"{cluster.info['api']}/apis/apps/v1/namespaces/{HA_NS}/deployments"
+               "?labelSelector=app.kubernetes.io%2Fname%3Dpaged-inference-engine")
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return len(json.load(response)["items"])
+    deadline = time.monotonic() + 90
+    while deployments() < 1:   # the active operator at work
+        assert time.monotonic() < deadline, "no Deployment from the active operator in 90 s"
     assert "Handler '" not in _log(cluster, standby)   # the paused one wrote nothing
     pid = int(_operator_pods(cluster)[active]["status"]["containerStatuses"][0][
         "containerID"].removeprefix("local://"))
@@ -385,6 +394,8 @@ def test_killing_the_active_operator_hands_over_without_duplicates(local_cluster
                                "app.kubernetes.io/name=paged-inference-engine")["items"]
     assert len(replicasets) == SERVICES
     # the killed replica came back (restartPolicy Always) with a lower priority: it waits
-    cluster.wait_for(lambda: _peers(cluster)[active]["priority"] < _peers(cluster)[standby][
-        "priority"], 60, "the restarted replica to record itself")
+    def recorded_again() -> bool:   # absent between its old record's expiry and the new one
+        peers = _peers(cluster)
+        return active in peers and peers[active]["priority"] < peers[standby]["priority"]
+    cluster.wait_for(recorded_again, 60, "the restarted replica to record itself")
     helm(cluster, "uninstall", "ha", "-n", HA_NS)
