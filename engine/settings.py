@@ -175,16 +175,17 @@ TABLE: tuple[Setting, ...] = (
     # KV tiers under the device pool (engine/kv_offload/), vLLM's flag names
     Setting("kv_offloading_size", float, None, "GiB of host memory for a KV tier under the "
             "device pool: blocks the pool evicts are kept there and loaded back instead of "
-            "recomputed (default: off)", flag="--kv-offloading-size", optional=True, minimum=0),
+            "recomputed (default: off)", flag="--kv-offloading-size", optional=True, minimum=0,
+            managed=True),  # the operator sets the tiers' flags from spec.kvCache
     Setting("kv_offloading_backend", str, "native", "how the host tier moves blocks (only "
             "native: the engine's own copies)", flag="--kv-offloading-backend",
             choices=("native",)),
     Setting("kv_disk_dir", str, None, "directory of a disk KV tier under the host tier, "
             "shareable by engines on one node (needs kv_disk_size)", flag="--kv-disk-dir",
-            optional=True),
+            optional=True, managed=True),
     Setting("kv_disk_size", float, None, "GiB the disk tier's directory may hold, with every "
             "engine writing to it (needs kv_disk_dir)", flag="--kv-disk-size", optional=True,
-            minimum=0),
+            minimum=0, managed=True),
 )
 SETTINGS: dict[str, Setting] = {s.name: s for s in TABLE}
 # The settings PagedInferenceService's spec.engine holds (and the tuner may vary).

@@ -6,6 +6,7 @@ Errors name spec.engine.<field> in the table's one format (`... must be <rule>, 
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -119,7 +120,7 @@ def crd_engine_schema() -> dict[str, Any]:
             "rule": f"self.all(a, !a.startsWith('--') || ![{flags}].exists(f, "
                     "f.startsWith(a.find('^[^=]*'))))",
             "message": "extraArgs must not set (or abbreviate) flags the operator sets from "
-                       "spec.engine, spec.model or spec.apiKeySecretRef"}]}
+                       "spec.engine, spec.model, spec.kvCache or spec.apiKeySecretRef"}]}
     rules = []
     for rule in RULES:
         a, b = SETTINGS[rule.name], SETTINGS[rule.other]
@@ -131,3 +132,47 @@ def crd_engine_schema() -> dict[str, Any]:
             "description": "Engine settings under vLLM's flag names in camelCase (generated "
                            "from engine/settings.py).",
             "x-kubernetes-validations": rules, "properties": props}
+
+
+# spec.kvCache: the KV tiers under the device pool (engine/kv_offload/). Its numbers are these
+# rows'; the disk tier's directory is the volume the operator mounts (kv_disk_dir). A disk
+# tier of 0 GiB would store nothing, so spec.kvCache.disk.sizeGiB asks more than the engine.
+KV_HOST = SETTINGS["kv_offloading_size"]
+KV_DISK_SIZE = dataclasses.replace(SETTINGS["kv_disk_size"], optional=False,
+                                   exclusive_minimum=True)
+# The claim name's pattern: a DNS subdomain, as Kubernetes names objects.
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+def crd_kv_cache_schema() -> dict[str, Any]:
+    """The CRD's spec.kvCache OpenAPI v3 schema (scripts/gen_crd_engine.py writes it)."""
+    host = _value_schema(KV_HOST, f"{KV_HOST.help}. Flag {KV_HOST.flag}; {KV_HOST.rule}; 0: "
+                         "off. Added to the engine container's memory request and limit.")
+    size = _value_schema(KV_DISK_SIZE, f"{KV_DISK_SIZE.help}. Flag {KV_DISK_SIZE.flag} (and "
+                         f"{SETTINGS['kv_disk_dir'].flag} at the volume's mount); "
+                         f"{KV_DISK_SIZE.rule}.")
+    claim = {"type": "object", "required": ["claimName"],
+             "description": "An existing claim, shared by the replicas on a node (or by all "
+                            "of them with ReadWriteMany): engines of one model find each "
+                            "other's blocks.",
+             "properties": {"claimName": {"type": "string", "minLength": 1, "maxLength": 253,
+                                          "pattern": DNS_SUBDOMAIN}}}
+    volume = {"type": "object",
+              "description": "Where the disk tier lives: exactly one of emptyDir (the pod's "
+                             "own, kept across its container's restarts; sizeLimit from "
+                             "sizeGiB) or persistentVolumeClaim.",
+              "x-kubernetes-validations": [{
+                  "rule": "has(self.emptyDir) != has(self.persistentVolumeClaim)",
+                  "message": "volume must set exactly one of emptyDir or "
+                             "persistentVolumeClaim"}],
+              "properties": {"emptyDir": {"type": "object"}, "persistentVolumeClaim": claim}}
+    disk = {"type": "object", "required": ["sizeGiB", "volume"],
+            "description": "A disk KV tier under the host tier (blocks as files keyed by "
+                           "content hash and model).",
+            "properties": {"sizeGiB": size, "volume": volume}}
+    return {"type": "object",
+            "description": "KV cache tiers under the device pool: blocks the pool evicts go "
+                           "to host memory, then disk, and are loaded back instead of "
+                           "recomputed; they need engine.enablePrefixCaching (generated from "
+                           "engine/settings.py).",
+            "properties": {"offloadGiB": host, "disk": disk}}

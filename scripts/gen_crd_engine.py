@@ -1,12 +1,13 @@
 #!/usr/bin/env python
-"""Write the CRD's spec.engine schema from the engine's settings table (engine/settings.py,
-engine/settings_k8s.py).
+"""Write the CRD's spec.engine and spec.kvCache schemas from the engine's settings table
+(engine/settings.py, engine/settings_k8s.py).
 
-    python scripts/gen_crd_engine.py          # rewrite the block in the chart's CRD
+    python scripts/gen_crd_engine.py          # rewrite the blocks in the chart's CRD
     python scripts/gen_crd_engine.py --check  # exit 1 if the CRD differs from the table
 
-Only the `engine:` block under spec.properties is replaced; the rest of the file, comments
-included, stays as written. tests/charts/test_settings_table.py runs the check.
+Only the `engine:` and `kvCache:` blocks under spec.properties are replaced (kvCache is
+added after engine when missing); the rest of the file, comments included, stays as
+written. tests/charts/test_settings_table.py runs the check.
 """
 from __future__ import annotations
 
@@ -19,12 +20,16 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from engine.settings_k8s import crd_engine_schema  # noqa: E402
+from engine.settings_k8s import crd_engine_schema, crd_kv_cache_schema  # noqa: E402
 
 CRD = ROOT / "charts" / "paged-inference-operator" / "crds" / "pagedinferenceservices.yaml"
 INDENT = " " * 16  # spec.properties.<name> in the CRD
-NOTE = (f"{INDENT}# spec.engine is generated from engine/settings.py: "
-        "python scripts/gen_crd_engine.py\n")
+BLOCKS = {"engine": crd_engine_schema, "kvCache": crd_kv_cache_schema}
+
+
+def _note(name: str) -> str:
+    return (f"{INDENT}# spec.{name} is generated from engine/settings.py: "
+            "python scripts/gen_crd_engine.py\n")
 
 
 class _Dumper(yaml.SafeDumper):
@@ -42,20 +47,34 @@ def _list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
 _Dumper.add_representer(list, _list)
 
 
-def engine_block() -> str:
-    text = yaml.dump({"engine": crd_engine_schema()}, Dumper=_Dumper, sort_keys=False,
+def block(name: str) -> str:
+    text = yaml.dump({name: BLOCKS[name]()}, Dumper=_Dumper, sort_keys=False,
                      width=4096, default_flow_style=False)
-    return NOTE + "".join(INDENT + line + "\n" for line in text.splitlines())
+    return _note(name) + "".join(INDENT + line + "\n" for line in text.splitlines())
+
+
+def _span(crd_text: str, name: str) -> tuple[int, int] | None:
+    """Where the block `name` (with the note above it) is, if it is there."""
+    start = re.search(rf"^(?:{re.escape(_note(name))})?{INDENT}{name}:\n", crd_text, re.M)
+    if start is None:
+        return None
+    end = re.compile(rf"^ {{0,{len(INDENT)}}}\S", re.M).search(crd_text, start.end())
+    assert end is not None, f"spec.{name} is the last property: expected siblings after it"
+    return start.start(), end.start()
 
 
 def render(crd_text: str) -> str:
-    """`crd_text` with its spec.engine block (and the note above it) replaced."""
-    start = re.search(rf"^(?:{re.escape(NOTE)})?{INDENT}engine:\n", crd_text, re.M)
-    if start is None:
-        raise SystemExit(f"{CRD}: no `engine:` under spec.properties at indent {len(INDENT)}")
-    end = re.compile(rf"^ {{0,{len(INDENT)}}}\S", re.M).search(crd_text, start.end())
-    assert end is not None, "spec.engine is the last property: expected siblings after it"
-    return crd_text[:start.start()] + engine_block() + crd_text[end.start():]
+    """`crd_text` with its generated blocks (and the notes above them) replaced."""
+    after = None
+    for name in BLOCKS:
+        span = _span(crd_text, name)
+        if span is None and after is None:
+            raise SystemExit(f"{CRD}: no `{name}:` under spec.properties at indent "
+                             f"{len(INDENT)}")
+        start, end = span or (after, after)
+        crd_text = crd_text[:start] + block(name) + crd_text[end:]
+        after = start + len(block(name))
+    return crd_text
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any
 
-from . import kv_events
+from . import kv_cache, kv_events
 from .contract import MANAGED_BY
 from .fields import quantity_value
 from .spec import AUTOSCALING_METRICS, ENGINE_PORT, ServiceSpec
@@ -70,7 +70,8 @@ def engine_args(spec: ServiceSpec) -> list[str]:
     key = ["--api-key-file", API_KEY_FILE] if spec.api_key else []
     return [model_arg(spec), "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
             "--served-model-name", spec.model.served_name, *key,
-            *kv_events.engine_args(spec), *spec.engine.flags()]
+            *kv_events.engine_args(spec), *kv_cache.engine_args(spec.kv_cache),
+            *spec.engine.flags()]
 
 
 def config_map(spec: ServiceSpec) -> dict[str, Any]:
@@ -94,8 +95,9 @@ def _resources(spec: ServiceSpec) -> dict[str, Any]:
     limits: dict[str, Any] = {}
     if spec.cpu:
         requests["cpu"] = spec.cpu
-    if spec.memory:
-        requests["memory"] = limits["memory"] = spec.memory
+    request, limit = kv_cache.memory(spec.memory, spec.kv_cache)  # + the host tier
+    requests |= {"memory": request} if request else {}
+    limits |= {"memory": limit} if limit else {}
     if spec.gpus:
         # Extended resources cannot be overcommitted: requests must equal limits.
         requests[spec.gpu_resource_name] = limits[spec.gpu_resource_name] = str(spec.gpus)
@@ -137,6 +139,8 @@ def _volumes(spec: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, An
             "secretName": spec.api_key.name, "defaultMode": 0o440,
             "items": [{"key": spec.api_key.key, "path": "api-key"}]}})
         mounts.append({"name": "api-key", "mountPath": SECRET_DIR, "readOnly": True})
+    kv_volumes, kv_mounts = kv_cache.volumes(spec.kv_cache)  # the disk tier's
+    volumes, mounts = volumes + kv_volumes, mounts + kv_mounts
     if spec.model.kind == "pvc":
         volumes.append({"name": "model", "persistentVolumeClaim": {
             "claimName": spec.model.claim_name, "readOnly": True}})

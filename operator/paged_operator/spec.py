@@ -19,6 +19,7 @@ from .fields import (DNS_LABEL, DNS_SUBDOMAIN, PERCENT_OR_INT, InvalidSpecError,
                      get_field, positive, quantity, quantity_value)
 from .access import (NetworkPolicy, Router, SecretKeyRef, parse_api_key, parse_network_policy,
                      parse_router)
+from .kv_cache import KvCache, parse_kv_cache
 from .model_source import ModelSource, parse_model
 
 DEFAULT_IMAGE = "pagedinference/engine:0.1.0"
@@ -112,6 +113,7 @@ class ServiceSpec:
     api_key: SecretKeyRef | None = None
     network_policy: NetworkPolicy = NetworkPolicy()
     router: Router = Router()
+    kv_cache: KvCache | None = None
 
 
 def managed_flag(arg: str) -> str | None:
@@ -136,7 +138,7 @@ def parse_engine(engine: Mapping[str, Any]) -> EngineSettings:
         if (managed := managed_flag(arg)) is not None:
             raise InvalidSpecError(f"spec.engine.extraArgs must not set {arg.split('=')[0]} "
                                    f"({managed}): the operator sets it from spec.engine, "
-                                   "spec.model or spec.apiKeySecretRef")
+                                   "spec.model, spec.kvCache or spec.apiKeySecretRef")
     return EngineSettings(**values, extra_args=tuple(extra))
 
 
@@ -229,6 +231,7 @@ def parse_spec(spec: Mapping[str, Any], *, name: str, namespace: str,
     node_selector = get_field(spec, "nodeSelector", "", dict, {})
     if not all(isinstance(v, str) for v in node_selector.values()):
         raise InvalidSpecError("spec.nodeSelector values must be strings")
+    engine = parse_engine(get_field(spec, "engine", "", dict, {}))
     return ServiceSpec(
         name=name, namespace=namespace,
         model=parse_model(model, default_name=name),
@@ -240,7 +243,7 @@ def parse_spec(spec: Mapping[str, Any], *, name: str, namespace: str,
         memory=quantity(res.get("memory"), "resources.memory"),
         shared_memory=quantity(res.get("sharedMemory", "2Gi"), "resources.sharedMemory")
         or "2Gi",
-        engine=parse_engine(get_field(spec, "engine", "", dict, {})),
+        engine=engine,
         autoscaling=parse_autoscaling(get_field(spec, "autoscaling", "", dict)),
         rollout=parse_rollout(get_field(spec, "rollout", "", dict, {})),
         model_cache=parse_model_cache(get_field(spec, "modelCache", "", dict)),
@@ -251,4 +254,6 @@ def parse_spec(spec: Mapping[str, Any], *, name: str, namespace: str,
         api_key=parse_api_key(get_field(spec, "apiKeySecretRef", "", dict)),
         network_policy=parse_network_policy(get_field(spec, "networkPolicy", "", dict, {})),
         router=parse_router(get_field(spec, "router", "", dict, {})),
+        kv_cache=parse_kv_cache(get_field(spec, "kvCache", "", dict),
+                                prefix_caching=engine.enable_prefix_caching),
     )

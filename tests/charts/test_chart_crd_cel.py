@@ -32,6 +32,12 @@ VALID = [
     {"engine__speculative": {"numSpeculativeTokens": 4, "promptLookupMin": 9}},  # max: 9 too
     {"engine__speculative": {"method": "ngram", "numSpeculativeTokens": 4, "promptLookupMax": 3,
                              "promptLookupMin": 3}},
+    {"kvCache": {"offloadGiB": 4, "disk": {"sizeGiB": 20, "volume": {"emptyDir": {}}}}},
+    {"kvCache": {"disk": {"sizeGiB": 1.5, "volume": {"persistentVolumeClaim": {
+        "claimName": "kv-blocks"}}}}},
+    # tiers off: no prefix caching needed
+    {"kvCache": {"offloadGiB": 0}, "engine__enablePrefixCaching": False},
+    {"kvCache": {"offloadGiB": 2.5}, "engine__enablePrefixCaching": True},
 ]
 # (changes, where the broken rule is declared)
 INVALID = [
@@ -60,6 +66,16 @@ INVALID = [
     ({"engine__speculative": {"numSpeculativeTokens": 2, "promptLookupMin": 4,
                               "promptLookupMax": 3}}, "spec.engine.speculative"),
     ({"engine__extraArgs": ["--speculative-config", "{}"]}, "spec.engine.extraArgs"),
+    ({"engine__extraArgs": ["--kv-offloading-size=4"]}, "spec.engine.extraArgs"),
+    ({"engine__extraArgs": ["--kv-disk-d", "/x"]}, "spec.engine.extraArgs"),
+    ({"kvCache": {"disk": {"sizeGiB": 2, "volume": {}}}}, "spec.kvCache.disk.volume"),
+    ({"kvCache": {"disk": {"sizeGiB": 2, "volume": {
+        "emptyDir": {}, "persistentVolumeClaim": {"claimName": "c"}}}}},
+     "spec.kvCache.disk.volume"),
+    # the one rule across sections (at spec): the tiers hold prefix-cache blocks
+    ({"kvCache": {"offloadGiB": 0.5}, "engine__enablePrefixCaching": False}, "spec"),
+    ({"kvCache": {"disk": {"sizeGiB": 2, "volume": {"emptyDir": {}}}},
+      "engine__enablePrefixCaching": False}, "spec"),
 ]
 
 
@@ -90,7 +106,7 @@ def test_invalid_resources_break_the_rule_and_the_operator_rejects_them(changes,
     body = with_spec(**changes)
     broken = violations(SCHEMA, body)
     assert [r.path for r in broken] == [path], broken
-    field = path.removeprefix("spec.").split(".")[0]
+    field = "kvCache" if path == "spec" else path.removeprefix("spec.").split(".")[0]
     with pytest.raises(InvalidSpecError, match=f"spec.{field}"):
         parse_spec(body["spec"], name="svc", namespace="default")
 

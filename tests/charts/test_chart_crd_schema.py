@@ -72,6 +72,11 @@ def test_builtin_model_examples_validate_and_run_on_cpu(example, model):
       "networkPolicy": {"allowFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}}, 6),
     # the router's precise policy adds a NetworkPolicy for the engines' event ports
     ({"model__uri": "pvc://weights/qwen", "router": {"enabled": True, "policy": "precise"}}, 7),
+    # the KV tiers add a volume (emptyDir or the user's claim), no child: 1 is the NetworkPolicy
+    ({"kvCache": {"offloadGiB": 2, "disk": {"sizeGiB": 5, "volume": {"emptyDir": {}}}},
+      "resources__memory": "8Gi"}, 1),
+    ({"kvCache": {"disk": {"sizeGiB": 5, "volume": {"persistentVolumeClaim": {
+        "claimName": "kv"}}}}}, 1),
 ])
 def test_operator_children_validate_against_kubernetes_schemas(extra, optional):
     body = with_spec(**extra)
@@ -106,6 +111,8 @@ VALID = [
         "kubernetes.io/metadata.name": "monitoring"}}}]}},
     {"router": {"enabled": True, "policy": "least-load", "replicas": 2}},
     {"router": {"enabled": True, "policy": "precise"}},
+    {"kvCache": {"offloadGiB": 0}}, {"kvCache": {"offloadGiB": 0.25}},
+    {"kvCache": {"disk": {"sizeGiB": 0.1, "volume": {"emptyDir": {}}}}},
 ]
 INVALID = [  # rejected by the OpenAPI schema, and by the operator should it slip past
     ("engine__blockSize", 48), ("engine__blockSize", 0), ("engine__blockSize", 512),
@@ -131,6 +138,16 @@ INVALID = [  # rejected by the OpenAPI schema, and by the operator should it sli
     ("engine__speculative", {"numSpeculativeTokens": "2"}),
     ("engine__speculative", {"promptLookupMax": 3}),       # numSpeculativeTokens is required
     ("engine__speculative", "ngram"),
+    ("kvCache", {"offloadGiB": -1}), ("kvCache", {"offloadGiB": "4Gi"}),
+    ("kvCache", {"disk": {"volume": {"emptyDir": {}}}}),            # sizeGiB is required
+    ("kvCache", {"disk": {"sizeGiB": 2}}),                          # volume is required
+    ("kvCache", {"disk": {"sizeGiB": 0, "volume": {"emptyDir": {}}}}),
+    ("kvCache", {"disk": {"sizeGiB": -1, "volume": {"emptyDir": {}}}}),
+    ("kvCache", {"disk": {"sizeGiB": 2, "volume": {"persistentVolumeClaim": {}}}}),
+    ("kvCache", {"disk": {"sizeGiB": 2, "volume": {"persistentVolumeClaim": {
+        "claimName": "Bad_Name"}}}}),
+    ("kvCache", {"disk": {"sizeGiB": 2, "volume": {"emptyDir": "yes"}}}),
+    ("kvCache", "on"),
 ]
 @pytest.mark.parametrize("changes", VALID)
 def test_valid_specs_pass_schema_and_operator(changes):

@@ -121,7 +121,8 @@ def test_a_model_cache_of_a_given_size_gets_the_default_access_mode():
 
 
 QUANTITY = "must be a Kubernetes quantity like '4', '500m' or '16Gi', got"
-FLAG_OWNERS = "the operator sets it from spec.engine, spec.model or spec.apiKeySecretRef"
+FLAG_OWNERS = ("the operator sets it from spec.engine, spec.model, spec.kvCache or "
+               "spec.apiKeySecretRef")
 INVALID = [
     # top level
     ({"model": None}, "spec.model is required (spec.model.uri names the model)"),
