@@ -1,0 +1,147 @@
+"""TTFT of a request whose long prefix the device pool has evicted: loaded from the host
+tier, from the disk tier, or recomputed; the prefix still in the pool as the floor.
+
+For each model, the configurations take turns in every round (the order alternates, so a
+shared machine slows them alike). A round, per configuration: one request caches a
+`--prefix`-token prefix, a filler request of the same length evicts it from a pool that
+holds about one such request (into the host tier, or through it to disk), the tiers'
+copies finish, then the timed request (same prefix, another tail, one output token)
+runs alone: its wall time is its TTFT. Greedy, so every configuration must produce the
+same token (checked). The table gives medians over rounds and ratios against recompute.
+
+On CPU the device pool and the host tier are both DRAM: the host tier stands for what a
+GPU gets from host memory.
+
+    python benchmarks/bench_kv_tiers.py --models bench,builtin://smollm2-135m-instruct \
+        --prefix 2032 --rounds 3 --threads 1
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+CONFIGS = ("device", "host", "disk", "recompute")
+TAIL = 8
+
+
+def _model(name: str) -> str:
+    if name != "bench":
+        return name
+    from benchmarks.bench_offline import build_bench_model
+    from engine.builtin_models import model_cache_root
+
+    return str(build_bench_model(model_cache_root()))
+
+
+def _engine(model: str, config: str, prefix: int, block_size: int, disk_root: Path):
+    from engine import LLMEngine
+
+    max_len = prefix + TAIL + 1
+    blocks = -(-max_len // block_size)
+    kw = dict(model=model, block_size=block_size, max_model_len=max_len,
+              max_num_batched_tokens=max(2048, max_len), dtype="float32",
+              # "device": room for every prefix; otherwise about one request's worth
+              num_gpu_blocks_override=blocks * (8 if config == "device" else 1) + 2)
+    if config == "host":
+        kw.update(kv_offloading_size=4.0)
+    elif config == "disk":
+        kw.update(kv_offloading_size=0, kv_disk_dir=str(disk_root / model.replace("/", "_")),
+                  kv_disk_size=8.0)
+    return LLMEngine.from_args(**kw)
+
+
+def _run(engine, request_id: str, ids: list[int]) -> tuple[float, list[int], int]:
+    from engine import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    start = time.perf_counter()
+    engine.add_request(request_id, ids, params)
+    out = None
+    while engine.has_unfinished_requests():
+        out = next((o for o in engine.step() if o.finished), out)
+    return time.perf_counter() - start, out.outputs[0].token_ids, out.num_cached_tokens
+
+
+def bench_model(name: str, args: argparse.Namespace, disk_root: Path) -> list[str]:
+    model = _model(name)
+    engines = {c: _engine(model, c, args.prefix, args.block_size, disk_root) for c in CONFIGS}
+    vocab = min(e.info.vocab_size for e in engines.values())
+    rng = random.Random(args.seed)
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(10, vocab) for _ in range(n)]
+
+    times: dict[str, list[float]] = {c: [] for c in CONFIGS}
+    cached: dict[str, list[int]] = {c: [] for c in CONFIGS}
+    for r in range(args.rounds + 1):  # round 0 warms up, uncounted
+        prefix, filler = tokens(args.prefix), tokens(args.prefix + TAIL)
+        first, timed = prefix + tokens(TAIL), prefix + tokens(TAIL)
+        answers = set()
+        order = CONFIGS if r % 2 == 0 else CONFIGS[::-1]
+        for c in order:
+            engine = engines[c]
+            _run(engine, f"p{r}", first)
+            if c != "device":
+                _run(engine, f"f{r}", filler)
+            if engine.offload is not None:
+                engine.offload.drain()
+            seconds, answer, num_cached = _run(engine, f"t{r}", timed)
+            answers.add(tuple(answer))
+            if r:
+                times[c].append(seconds)
+                cached[c].append(num_cached)
+        assert len(answers) == 1, f"configurations disagree: {answers}"
+    for engine in engines.values():
+        if engine.offload is not None:
+            engine.offload.close()
+    med = {c: statistics.median(times[c]) for c in CONFIGS}
+    rows = []
+    for c in CONFIGS:
+        rows.append(f"| {name} | {args.prefix} | {c} | {statistics.median(cached[c]):.0f} | "
+                    f"{med[c] * 1000:.1f} ({min(times[c]) * 1000:.1f}-{max(times[c]) * 1000:.1f}) "
+                    f"| {med['recompute'] / med[c]:.1f}x |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="bench,builtin://smollm2-135m-instruct",
+                   help="comma-separated: bench (the ~23M random-weight bench model of "
+                        "bench_offline.py) and/or checkpoint dirs or builtin://NAME")
+    p.add_argument("--prefix", type=int, default=2032, help="prefix tokens (a block multiple)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--disk-dir", default=None, help="the disk tier's directory (default: a "
+                   "temporary one)")
+    args = p.parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, CPU, "
+          f"block size {args.block_size}, {args.rounds} rounds (+1 warm-up)")
+    print("| model | prefix tokens | TTFT of the prefix from | tokens cached | TTFT ms, median "
+          "(min-max) | recompute / this |")
+    print("|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.disk_dir) if args.disk_dir else Path(tmp)
+        for name in args.models.split(","):
+            for row in bench_model(name.strip(), args, root):
+                print(row, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
