@@ -40,7 +40,8 @@ class Setting:
     managed: bool = False            # the operator sets the flag; extraArgs may not
     crd_default: bool = False        # the CRD declares the default (always passed on)
     tune: str | None = None          # the tuner's default range (tuner/search/space.py's grammar)
-    tune_off: Any = None             # a dict key's tuner value that leaves the object unset
+    tune_off: Any = None             # the tuner's value that leaves the setting (or a dict
+                                     # key's object) unset
     keys: tuple["Setting", ...] = ()  # type dict: its keys, each checked like a setting
     key_rules: tuple["AtMost", ...] = ()  # type dict: rules between its keys
 
@@ -176,7 +177,8 @@ TABLE: tuple[Setting, ...] = (
     Setting("kv_offloading_size", float, None, "GiB of host memory for a KV tier under the "
             "device pool: blocks the pool evicts are kept there and loaded back instead of "
             "recomputed (default: off)", flag="--kv-offloading-size", optional=True, minimum=0,
-            managed=True),  # the operator sets the tiers' flags from spec.kvCache
+            managed=True,  # the operator sets the tiers' flags from spec.kvCache
+            tune="0,0.5,1,2,4", tune_off=0),  # only for workloads that revisit prefixes
     Setting("kv_offloading_backend", str, "native", "how the host tier moves blocks (only "
             "native: the engine's own copies)", flag="--kv-offloading-backend",
             choices=("native",)),

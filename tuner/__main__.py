@@ -145,7 +145,7 @@ def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         profile_space = profile.get("space", []) if not args.space_file else []
         space = build_space(params=[*profile_space, *args.param], space_file=args.space_file,
-                            wide_block_sizes=args.wide_block_sizes)
+                            wide_block_sizes=args.wide_block_sizes, also=workload.tune_also)
         fixed = {}
         for item in args.set:
             name, sep, value = item.partition("=")

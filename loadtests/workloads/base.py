@@ -95,6 +95,9 @@ class WorkloadSpec:
     `slos` maps a request kind to its thresholds ({"chat": {"ttft": 1.0, "tpot": 0.1}});
     a mixed workload has several kinds. `primary_latency` names the latency the Pareto
     mode trades against throughput. `users` is the default closed-loop concurrency.
+    `tune_also` names engine settings (the settings table's) whose tuner ranges join the
+    default search space for this workload only (kv_offloading_size: requests come back to
+    long prefixes, which a host KV tier keeps after the device pool evicts them).
     """
 
     name: str
@@ -104,6 +107,7 @@ class WorkloadSpec:
     primary_latency: str = "e2e"
     users: int = 4
     extra: dict = field(default_factory=dict)
+    tune_also: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for kind, slo in self.slos.items():

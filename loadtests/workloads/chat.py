@@ -66,4 +66,5 @@ WORKLOAD = WorkloadSpec(
     slos={"chat": {"ttft": 1.0, "tpot": 0.1}},
     primary_latency="ttft",
     users=8,
+    tune_also=("kv_offloading_size",),  # revisits long prefixes (a host KV tier)
 )

@@ -47,4 +47,5 @@ WORKLOAD = WorkloadSpec(
     slos={"rag": {"ttft": 1.5, "e2e": 6.0}},
     primary_latency="ttft",
     users=6,
+    tune_also=("kv_offloading_size",),  # revisits long prefixes (a host KV tier)
 )

@@ -50,7 +50,7 @@ INDEX_ENV = "JOB_COMPLETION_INDEX"           # set by Kubernetes in an Indexed J
 
 MODES = ("Manual", "Auto")
 DEFAULT_WORKLOAD = "chat"       # when neither workload nor workloadFrom is given
-BY_KEY = {s.field: name for name, s in SETTINGS.items()}   # spec.engine key -> setting
+BY_KEY = {s.field: name for name, s in SETTINGS.items() if s.field}  # spec.engine key -> setting
 # PagedInferenceService names are at most 52 characters; trial names add "-r9-baseline"
 MAX_NAME = 38
 

@@ -74,7 +74,13 @@ def test_every_consumer_covers_exactly_the_tables_settings(monkeypatch):
     assert set(ENGINE_SCHEMA["properties"]) == {s.field for s in SPEC} | {"extraArgs"}
     # The tuner: what it may vary is what spec.engine holds; its default space, the table's.
     keys = {k.name: k for s in SPEC for k in s.keys if k.tune}   # num_speculative_tokens
-    assert space.SETTINGS == {s.name: s for s in SPEC} | keys
+    # ... and the settings it places elsewhere in the spec (the host KV tier at
+    # spec.kvCache.offloadGiB), searched only when a workload asks (not in the default space)
+    outside = {n: settings.SETTINGS[n] for n in space.OUTSIDE_ENGINE}
+    assert space.SETTINGS == {s.name: s for s in SPEC} | keys | outside
+    spec_props = SCHEMA["properties"]["spec"]["properties"]
+    for section, key in space.OUTSIDE_ENGINE.values():
+        assert key in spec_props[section]["properties"]
     assert space.DEFAULT_SPACE == {s.name: s.tune for s in [*SPEC, *keys.values()] if s.tune}
 
 

@@ -59,7 +59,8 @@ def _tuning_run(prometheus: str, targets: Path, out: Path, log) -> subprocess.Po
          "--startup-timeout", "60", "--remeasure", "0", "--param", "block_size=16",
          "--param", "max_num_seqs=4", "--param", "gpu_memory_utilization=none",
          "--param", "max_num_batched_tokens=none",
-         "--param", "num_speculative_tokens=none", "--prometheus", prometheus,
+         "--param", "num_speculative_tokens=none",
+         "--param", "kv_offloading_size=none", "--prometheus", prometheus,
          "--prometheus-targets-dir", str(targets)],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 

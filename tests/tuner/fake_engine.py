@@ -37,6 +37,7 @@ parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
 parser.add_argument("--cpu-memory-gib", type=float)
 parser.add_argument("--max-model-len", type=int)
 parser.add_argument("--speculative-config")   # accepted; drafts change nothing here
+parser.add_argument("--kv-offloading-size", type=float)  # accepted; no KV tier here
 args = parser.parse_args()
 if args.block_size == 8:
     print("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)

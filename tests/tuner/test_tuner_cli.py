@@ -19,7 +19,8 @@ def _exit(argv, capsys):
     (["sweep", "--workload", "chat", "--param", "block_size=none", "--param",
       "gpu_memory_utilization=none", "--param", "max_num_seqs=none", "--param",
       "max_num_batched_tokens=none",
-      "--param", "num_speculative_tokens=none"], "search space is empty"),
+      "--param", "num_speculative_tokens=none",
+      "--param", "kv_offloading_size=none"], "search space is empty"),  # chat's tune_also
     (["sweep", "--workload", "chat", "--param", "max_num_seqs=9..3"], "empty range 9..3"),
     (["sweep", "--workload", "chat", "--param", "page_size=16"], "unknown setting 'page_size'"),
     (["sweep", "--workload", "chat", "--space-file", "/nonexistent.yaml"], "no such file"),

@@ -13,7 +13,8 @@ from tuner.__main__ import main
 FAKE_ENGINE = f"{sys.executable} {Path(__file__).resolve().parent / 'fake_engine.py'}"
 SPACE = ["--param", "max_num_seqs=2,4", "--param", "block_size=none",
          "--param", "gpu_memory_utilization=none", "--param", "max_num_batched_tokens=none",
-         "--param", "num_speculative_tokens=none"]
+         "--param", "num_speculative_tokens=none",
+         "--param", "kv_offloading_size=none"]
 
 
 def _sweep(tmp_path, monkeypatch, *, itl: dict, noise: float, first: int, rounds: int,

@@ -53,7 +53,8 @@ def _sweep(tmp_path: Path, tag: str) -> subprocess.Popen:
                "--startup-timeout", "30", "--param", "block_size=16",
                "--param", "max_num_seqs=1,2,4,8", "--param", "gpu_memory_utilization=none",
                "--param", "max_num_batched_tokens=none",
-               "--param", "num_speculative_tokens=none", "--set", "max_model_len=512",
+               "--param", "num_speculative_tokens=none",
+               "--param", "kv_offloading_size=none", "--set", "max_model_len=512",
                "--remeasure", "0", "--seed", "3"]
     env = {**os.environ, "KILL_TEST_TAG": tag, st.STALE_GRACE_ENV: str(GRACE_S),
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH"))

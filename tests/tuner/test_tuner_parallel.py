@@ -30,7 +30,8 @@ def test_two_workers_share_one_study_without_repeating_a_trial(postgres, tmp_pat
                # a continuous setting: two proposals coincide only from the same random stream
                "--param", "gpu_memory_utilization=0.5..0.95", "--param", "max_num_seqs=1..16",
                "--param", "block_size=16,32", "--param", "max_num_batched_tokens=none",
-               "--param", "num_speculative_tokens=none"]
+               "--param", "num_speculative_tokens=none",
+               "--param", "kv_offloading_size=none"]
     workers = [subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outputs = [w.communicate(timeout=200) for w in workers]

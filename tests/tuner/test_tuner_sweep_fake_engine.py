@@ -25,6 +25,7 @@ def test_infeasible_trials_are_recorded_and_the_sweep_continues_then_resumes(tmp
     args = ["--param", "block_size=8,16", "--param", "max_num_seqs=1,8",
             "--param", "gpu_memory_utilization=none", "--param", "max_num_batched_tokens=none",
             "--param", "num_speculative_tokens=none",
+            "--param", "kv_offloading_size=none",
             "--remeasure", "0", "--set", "max_model_len=512"]
     for trial_params in ({"block_size": 8, "max_num_seqs": 1}, {"block_size": 16, "max_num_seqs": 1}):
         study = optuna.create_study(study_name="chat-goodput-default",
@@ -70,7 +71,8 @@ def test_pareto_objective_records_two_values(tmp_path):
     assert _sweep(tmp_path, 2, "--objective", "pareto", "--param", "block_size=16",
                   "--param", "max_num_seqs=1,16", "--param", "gpu_memory_utilization=none",
                   "--param", "max_num_batched_tokens=none",
-                  "--param", "num_speculative_tokens=none", "--remeasure", "0") == 0
+                  "--param", "num_speculative_tokens=none",
+                  "--param", "kv_offloading_size=none", "--remeasure", "0") == 0
     study = optuna.load_study(study_name="chat-pareto-default", storage=f"sqlite:///{tmp_path}/s.db")
     assert all(len(t.values) == 2 for t in study.trials)
     assert (tmp_path / "out" / "pareto.png").exists()

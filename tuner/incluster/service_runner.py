@@ -2,7 +2,9 @@
 
 Each request creates a PagedInferenceService owned by the tuning resource: the target's
 spec with one replica and `spec.engine` = the target's engine settings overlaid with the
-trial's (the only place the settings become CRD fields). It waits for Ready (Degraded is
+trial's (the only place the settings become CRD fields); a setting that lives outside
+spec.engine goes to its own place (kv_offloading_size: spec.kvCache.offloadGiB, beside the
+target's disk tier; off removes it). It waits for Ready (Degraded is
 infeasible, with the engine's own message), drives the load at the service's ready address,
 reads the figures (PromQL with spec.prometheus.url, else /metrics) and deletes the service.
 A request's name makes the service's: `<tuning>-t3` for search trial 3,
@@ -20,7 +22,7 @@ from tuner.measure.loadgen import LoadSpec
 from tuner.measure.promql import PrometheusReader
 from tuner.measure.runner import TrialRequest
 from tuner.measure.trial import measure
-from tuner.search.space import to_engine_spec
+from tuner.search.space import to_spec_patch
 
 
 def service_name(tuning: str, request_name: str) -> str:
@@ -41,8 +43,8 @@ def merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]
     for key, value in patch.items():
         if value is None:
             out.pop(key, None)
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge_patch(out[key], value)
+        elif isinstance(value, dict):  # onto {} when the target has none (nulls dropped)
+            out[key] = merge_patch(out[key] if isinstance(out.get(key), dict) else {}, value)
         else:
             out[key] = value
     return out
@@ -69,8 +71,10 @@ class ServiceRunner:
 
     def run(self, request: TrialRequest) -> dict[str, float]:
         name = service_name(self.tuning, request.name)
-        engine = merge_patch(self.target_engine, to_engine_spec(request.settings))
-        self.cluster.create_trial(name, self.target, engine, self.owner)
+        patch = to_spec_patch(request.settings)
+        engine = merge_patch(self.target_engine, patch.pop("engine"))
+        target = {**self.target, "spec": merge_patch(self.target["spec"], patch)}
+        self.cluster.create_trial(name, target, engine, self.owner)
         stopping = self.cluster.stopping
 
         def on_progress(elapsed: float, goodput: float) -> bool:

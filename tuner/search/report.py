@@ -16,7 +16,7 @@ import yaml
 
 from tuner.search import study as st
 from tuner.search.confirm import mean_figures
-from tuner.search.space import to_engine_spec
+from tuner.search.space import to_spec_patch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO_ROOT / "charts" / "paged-inference-operator" / "crds" / "pagedinferenceservices.yaml"
@@ -150,10 +150,11 @@ def result_line(study: optuna.Study) -> str:
 
 
 def engine_patch(study: optuna.Study) -> dict | None:
-    """{"spec": {"engine": {...}}}: the confirmed winner, else the baseline when nothing
-    beat it, else (unconfirmed) the search's best; None without a feasible trial."""
+    """{"spec": {"engine": {...}}} (and {"kvCache": {"offloadGiB": ...}} when the host tier
+    was searched): the confirmed winner, else the baseline when nothing beat it, else
+    (unconfirmed) the search's best; None without a feasible trial."""
     s = summary(study)
-    return None if s is None else {"spec": {"engine": to_engine_spec(s["params"])}}
+    return None if s is None else {"spec": to_spec_patch(s["params"])}
 
 
 def patch_yaml(study: optuna.Study) -> str | None:

@@ -30,15 +30,22 @@ from engine import settings as engine_settings
 from engine import settings_k8s
 
 # The settings a sweep may vary are the spec.engine ones of the settings table
-# (engine/settings.py), since a result is applied to spec.engine, and the keys of its object
-# settings that declare a `tune` range; the default space is each one's `tune` range.
+# (engine/settings.py), since a result is applied to spec.engine, the keys of its object
+# settings that declare a `tune` range, and the few settings that live elsewhere in
+# PagedInferenceService's spec (OUTSIDE_ENGINE: the path a result puts them at); the default
+# space is each one's `tune` range, but for OPT_IN ones: a workload asks for those
+# (WorkloadSpec.tune_also), since a host KV tier pays only when requests come back to
+# prefixes the device pool has evicted (multi-turn chat, RAG), and costs memory otherwise.
 PARENT: dict[str, engine_settings.Setting] = {
     k.name: s for s in engine_settings.SPEC_SETTINGS for k in s.keys if k.tune}
+OUTSIDE_ENGINE: dict[str, tuple[str, str]] = {"kv_offloading_size": ("kvCache", "offloadGiB")}
 SETTINGS: dict[str, engine_settings.Setting] = {
     s.name: s for s in engine_settings.SPEC_SETTINGS} | {
-    k.name: k for s in engine_settings.SPEC_SETTINGS for k in s.keys if k.tune}
+    k.name: k for s in engine_settings.SPEC_SETTINGS for k in s.keys if k.tune} | {
+    name: engine_settings.SETTINGS[name] for name in OUTSIDE_ENGINE}
+OPT_IN = frozenset({"kv_offloading_size"})
 
-DEFAULT_SPACE = {s.name: s.tune for s in SETTINGS.values() if s.tune}
+DEFAULT_SPACE = {s.name: s.tune for s in SETTINGS.values() if s.tune and s.name not in OPT_IN}
 _BLOCK = engine_settings.SETTINGS["block_size"]
 WIDE_BLOCK_SIZES = f"pow2:{int(_BLOCK.minimum)}..{int(_BLOCK.maximum)}"
 
@@ -181,9 +188,10 @@ def _range(name: str, low: Any, high: Any, step: Any, log: bool) -> Param:
 
 
 def build_space(*, params: list[str] = (), space_file: str | None = None,
-                wide_block_sizes: bool = False) -> list[Param]:
-    """Defaults (or the file), then `--param NAME=SPEC` overrides. SpaceError when empty."""
-    specs: dict[str, Any] = dict(DEFAULT_SPACE)
+                wide_block_sizes: bool = False, also: tuple[str, ...] = ()) -> list[Param]:
+    """Defaults with the `tune` ranges of `also` (a workload's tune_also; or the file), then
+    `--param NAME=SPEC` overrides. SpaceError when empty."""
+    specs: dict[str, Any] = dict(DEFAULT_SPACE) | {n: SETTINGS[n].tune for n in also}
     if wide_block_sizes:
         specs["block_size"] = WIDE_BLOCK_SIZES
     if space_file:
@@ -211,14 +219,16 @@ def default_value(name: str) -> Any:
     if name in PARENT:
         return SETTINGS[name].tune_off if PARENT[name].default is None else \
             PARENT[name].default.get(name)
-    return SETTINGS[name].default
+    s = SETTINGS[name]
+    return s.tune_off if s.default is None else s.default
 
 
 def engine_values(values: dict[str, Any]) -> dict[str, Any]:
     """A trial's values by dimension -> the engine's settings by name (the table's): a key
     dimension goes into its object setting (with the keys' defaults; at its tune_off the
-    object is None, unset)."""
-    out = {n: v for n, v in values.items() if n not in PARENT}
+    object is None, unset; a setting at its tune_off too)."""
+    out = {n: None if SETTINGS[n].tune_off is not None and v == SETTINGS[n].tune_off else v
+           for n, v in values.items() if n not in PARENT}
     for name, value in values.items():
         if name not in PARENT:
             continue
@@ -234,16 +244,31 @@ def engine_values(values: dict[str, Any]) -> dict[str, Any]:
 
 def to_engine_spec(settings: dict[str, Any]) -> dict[str, Any]:
     """snake_case settings (dimensions) -> the camelCase keys of PagedInferenceService's
-    spec.engine; an object setting a dimension turns off is None (a merge patch's null)."""
+    spec.engine; an object setting a dimension turns off is None (a merge patch's null).
+    OUTSIDE_ENGINE settings are left out: to_spec_patch places them."""
     out: dict[str, Any] = {}
     for name, value in engine_values(settings).items():
         s = SETTINGS[name]
+        if name in OUTSIDE_ENGINE:
+            continue
         if value is None:
             out[s.field] = None
         elif s.type is dict:
             out |= settings_k8s.to_spec({name: value})
         else:
             out[s.field] = round(float(value), 4) if s.type is float else s.type(value)
+    return out
+
+
+def to_spec_patch(settings: dict[str, Any]) -> dict[str, Any]:
+    """snake_case settings -> a merge patch of PagedInferenceService's spec: spec.engine's
+    keys, and each OUTSIDE_ENGINE setting at its path (kv_offloading_size 2 ->
+    kvCache.offloadGiB 2.0; off: None, which removes it)."""
+    out: dict[str, Any] = {"engine": to_engine_spec(settings)}
+    for name, value in engine_values(settings).items():
+        if name in OUTSIDE_ENGINE:
+            section, key = OUTSIDE_ENGINE[name]
+            out.setdefault(section, {})[key] = None if value is None else float(value)
     return out
 
 
