@@ -162,8 +162,8 @@ async def _reconcile_object(body: Mapping[str, Any], memo: Any, logger: Any, *,
     meta = body["metadata"]
     generation = meta.get("generation")
     previous = body.get("status") or {}
-    # Never reconciled (no status, kopf's first try): write first, read on conflict, and
-    # no pods can exist yet under a Deployment this pass creates (reconcile.py's docstring).
+    # Never reconciled (no status, kopf's first try): write first, read on conflict
+    # (reconcile.py's docstring).
     fresh = first_try and not previous.get("conditions")
     # Handlers and the timer of one object never reconcile at the same time.
     async with _lock(memo, meta["namespace"], meta["name"]):
@@ -181,11 +181,15 @@ async def _reconcile_object(body: Mapping[str, Any], memo: Any, logger: Any, *,
             await _write_status(api, body, status.degraded(
                 str(exc), reason="ChildRejected", generation=generation, previous=previous))
             raise kopf.TemporaryError(str(exc), delay=60) from exc
+        deployment = live.get(("Deployment", spec.name)) or {}
         router = live.get(("Deployment", f"{spec.name}-router"))
+        # A Deployment without any status (as this pass's POST answers it) has not been
+        # seen by its controller yet: no ReplicaSet, so no pods to list.
+        pods = await engine_pods(api, spec.namespace, spec.name) \
+            if deployment.get("status") else []
         await _write_status(api, body, status.from_deployment(
-            spec, live.get(("Deployment", spec.name)) or {}, generation=generation,
-            previous=previous, router=router if spec.router.enabled else None,
-            pods=[] if fresh else await engine_pods(api, spec.namespace, spec.name)))
+            spec, deployment, generation=generation, previous=previous, pods=pods,
+            router=router if spec.router.enabled else None))
 
 
 async def engine_pods(api: KubeApi, namespace: str, name: str) -> list[dict[str, Any]]:

@@ -26,9 +26,11 @@ SHARED = 2 / COUNT
 # Reading every child before writing it (the old pattern) adds CHILDREN GETs; looking for
 # the eight optional children the spec does not want adds 8 more: both land far above.
 CREATION_BOUND = CHILDREN + 3 + 2 + 1 + SHARED
-# A resync pass: GET each wanted child, LIST the pods, GET the one unwanted child whose
-# wanting depends on the cluster (the HPA; KEDA's API is not served here), and a status
-# PATCH should the pass find it changed. Looking for all eight unwanted children: +7.
+# A resync pass: GET each wanted child, LIST the pods (skipped here: no Deployment
+# controller runs, so no Deployment has a status, and pods come only after one has), GET
+# the one unwanted child whose wanting depends on the cluster (the HPA; KEDA's API is not
+# served here), and a status PATCH should the pass find it changed. Looking for all eight
+# unwanted children: +7.
 RESYNC_BOUND = CHILDREN + 1 + 1 + 1 + SHARED
 
 

@@ -33,7 +33,12 @@ def endpoint_slice(name: str, endpoints: list[tuple[str, bool]], ports: list[dic
 
 def as_model(body: dict) -> client.V1EndpointSlice:
     """The client's own model of the slice, as the watcher receives it."""
-    return client.ApiClient()._ApiClient__deserialize(body, "V1EndpointSlice")
+    return client.V1EndpointSlice(
+        metadata=client.V1ObjectMeta(**body["metadata"]), address_type=body["addressType"],
+        ports=[client.DiscoveryV1EndpointPort(**p) for p in body["ports"]],
+        endpoints=[client.V1Endpoint(addresses=e["addresses"], conditions=client.
+                                     V1EndpointConditions(**e["conditions"]))
+                   for e in body["endpoints"]])
 
 
 def test_named_ports_give_each_ready_endpoint_its_event_endpoints():
