@@ -149,3 +149,24 @@ def test_python_m_tuner_sweep_searches_the_workloads_extra_settings(monkeypatch,
     config = got.value.args[0]
     assert (NAME in names(config.space)) == searched
     assert config.baseline.params.get(NAME, 0) == 0      # the baseline runs without a tier
+
+
+def test_the_patch_with_a_host_tier_is_validated_against_the_crd():
+    from tuner.search.report import validate_patch
+    assert validate_patch({"spec": to_spec_patch({NAME: 2, "max_num_seqs": 8})}) is True
+    assert validate_patch({"spec": to_spec_patch({NAME: 0})}) is True    # null: removed
+    with pytest.raises(ValueError, match="^spec.kvCache.offloadGiB: -1"):
+        validate_patch({"spec": {"engine": {}, "kvCache": {"offloadGiB": -1}}})
+
+
+def test_a_baseline_file_with_spec_kv_cache_keeps_its_host_tier(tmp_path):
+    from tuner.search.confirm import load_baseline
+    path = tmp_path / "best.yaml"
+    path.write_text("spec:\n  engine: {maxNumSeqs: 8}\n  kvCache: {offloadGiB: 2}\n")
+    baseline = load_baseline(str(path), fixed={}, searched=[NAME, "max_num_seqs"])
+    assert baseline.params == {"max_num_seqs": 8, NAME: 2.0}
+    path.write_text("spec:\n  engine: {maxNumSeqs: 8}\n  kvCache: {offloadGiB: -2}\n")
+    with pytest.raises(ValueError, match="spec.kvCache.offloadGiB must be a number >= 0"):
+        load_baseline(str(path), fixed={}, searched=[NAME])
+    path.write_text("engine: {maxNumSeqs: 8}\n")               # no tier: the engine's default
+    assert load_baseline(str(path), fixed={}, searched=[NAME]).params == {"max_num_seqs": 8}

@@ -23,7 +23,7 @@ import yaml
 
 from tuner.measure.runner import Infeasible, TrialRequest, TrialRunner
 from tuner.search import study as st
-from tuner.search.space import SETTINGS, default_value, from_engine_spec
+from tuner.search.space import SETTINGS, default_value, from_engine_spec, from_outside_spec
 from tuner.search.stats import decide, paired_gain
 
 BASELINE = "baseline"
@@ -47,7 +47,8 @@ def engine_defaults(names) -> dict:
 
 def load_baseline(path: str | None, *, fixed: dict, searched: list[str]) -> Baseline:
     """The engine defaults (plus --set), or a YAML file holding a spec.engine fragment:
-    `spec: {engine: {...}}`, `engine: {...}` or the bare mapping. ValueError names the
+    `spec: {engine: {...}}`, `engine: {...}` or the bare mapping; a `spec.kvCache.offloadGiB`
+    beside it (a sweep's own patch) is the baseline's host KV tier. ValueError names the
     problem."""
     if path is None:
         return Baseline({**engine_defaults(searched), **fixed}, dict(fixed), "engine defaults")
@@ -57,14 +58,16 @@ def load_baseline(path: str | None, *, fixed: dict, searched: list[str]) -> Base
         raise ValueError(f"--baseline {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise ValueError(f"--baseline {path}: not YAML ({exc})") from None
+    outside: dict = {}
     if isinstance(doc, dict) and isinstance(doc.get("spec"), dict):
         doc = doc["spec"]
+        outside = from_outside_spec(doc, where=f"--baseline {path}: spec")
     if isinstance(doc, dict) and isinstance(doc.get("engine"), dict):
         doc = doc["engine"]
-    if not isinstance(doc, dict) or not doc:
+    if not isinstance(doc, dict) or not (doc or outside):
         raise ValueError(f"--baseline {path}: expected a spec.engine mapping such as "
                          "'spec: {engine: {maxNumSeqs: 16}}'")
-    params = {**fixed, **from_engine_spec(doc, where=f"--baseline {path}")}
+    params = {**fixed, **from_engine_spec(doc, where=f"--baseline {path}"), **outside}
     return Baseline(params, dict(params), str(path))
 
 

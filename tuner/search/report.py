@@ -177,28 +177,31 @@ def _wrap(text: str, width: int = 96) -> list[str]:
     return textwrap.wrap(text, width)
 
 
-def engine_schema(crd_path: Path = CRD_PATH) -> dict | None:
-    """spec.engine's openAPIV3Schema from the CRD, or None when the CRD is absent."""
+def engine_schema(crd_path: Path = CRD_PATH, section: str = "engine") -> dict | None:
+    """spec.<section>'s openAPIV3Schema from the CRD, or None when the CRD is absent."""
     if not crd_path.is_file():
         return None
     crd = next(d for d in yaml.safe_load_all(crd_path.read_text()) if d)
     return (crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-            ["properties"]["spec"]["properties"]["engine"])
+            ["properties"]["spec"]["properties"][section])
 
 
 def validate_patch(patch: dict, *, crd_path: Path = CRD_PATH) -> bool:
-    """Validate patch.spec.engine against the CRD; False when there is no CRD to check
-    against, ValueError naming the field when it does not fit."""
-    schema = engine_schema(crd_path)
-    if schema is None:
+    """Validate patch.spec's sections (engine; kvCache when the host tier was searched)
+    against the CRD; False when there is no CRD to check against, ValueError naming the
+    field when it does not fit."""
+    if engine_schema(crd_path) is None:
         return False
-    engine = {k: v for k, v in patch["spec"]["engine"].items() if v is not None}  # null: remove
-    # Kubernetes structural schemas are OpenAPI v3.0: draft-4 semantics (boolean
-    # exclusiveMinimum); x-kubernetes-* keys are ignored by jsonschema.
-    error = jsonschema.exceptions.best_match(jsonschema.Draft4Validator(schema).iter_errors(engine))
-    if error is not None:
-        where = ".".join(map(str, error.absolute_path)) or "engine"
-        raise ValueError(f"spec.engine.{where}: {error.message}")
+    for section, value in patch["spec"].items():
+        value = {k: v for k, v in value.items() if v is not None}  # null: remove
+        # Kubernetes structural schemas are OpenAPI v3.0: draft-4 semantics (boolean
+        # exclusiveMinimum); x-kubernetes-* keys are ignored by jsonschema.
+        error = jsonschema.exceptions.best_match(jsonschema.Draft4Validator(
+            engine_schema(crd_path, section)).iter_errors(value))
+        if error is not None:
+            where = ".".join(map(str, error.absolute_path)) or section
+            raise ValueError(f"spec.{section}.{where}: {error.message}")
+    engine = {k: v for k, v in patch["spec"]["engine"].items() if v is not None}
     # The CRD's CEL rule (x-kubernetes-validations), which jsonschema cannot run.
     if engine.get("maxNumBatchedTokens", 1 << 62) < engine.get("maxNumSeqs", 0):
         raise ValueError("spec.engine: maxNumBatchedTokens must be >= maxNumSeqs")

@@ -29,13 +29,11 @@ import yaml
 from engine import settings as engine_settings
 from engine import settings_k8s
 
-# The settings a sweep may vary are the spec.engine ones of the settings table
-# (engine/settings.py), since a result is applied to spec.engine, the keys of its object
-# settings that declare a `tune` range, and the few settings that live elsewhere in
-# PagedInferenceService's spec (OUTSIDE_ENGINE: the path a result puts them at); the default
-# space is each one's `tune` range, but for OPT_IN ones: a workload asks for those
-# (WorkloadSpec.tune_also), since a host KV tier pays only when requests come back to
-# prefixes the device pool has evicted (multi-turn chat, RAG), and costs memory otherwise.
+# The settings a sweep may vary: the settings table's spec.engine ones (a result is applied
+# there), the keys of its object settings with a `tune` range, and OUTSIDE_ENGINE ones (at
+# that path of the spec). The default space is each one's `tune` range but OPT_IN ones,
+# which a workload asks for (WorkloadSpec.tune_also): a host KV tier pays only when requests
+# come back to prefixes the device pool evicted (multi-turn chat, RAG), else costs memory.
 PARENT: dict[str, engine_settings.Setting] = {
     k.name: s for s in engine_settings.SPEC_SETTINGS for k in s.keys if k.tune}
 OUTSIDE_ENGINE: dict[str, tuple[str, str]] = {"kv_offloading_size": ("kvCache", "offloadGiB")}
@@ -270,6 +268,16 @@ def to_spec_patch(settings: dict[str, Any]) -> dict[str, Any]:
             section, key = OUTSIDE_ENGINE[name]
             out.setdefault(section, {})[key] = None if value is None else float(value)
     return out
+
+
+def from_outside_spec(spec: dict[str, Any], *, where: str = "spec") -> dict[str, Any]:
+    """The OUTSIDE_ENGINE settings a PagedInferenceService spec (or patch) sets, checked."""
+    found = {n: (spec.get(sec) or {}).get(key) for n, (sec, key) in OUTSIDE_ENGINE.items()}
+    try:
+        return {n: engine_settings.check(n, v, f"{where}.{'.'.join(OUTSIDE_ENGINE[n])}")
+                for n, v in found.items() if v is not None}
+    except ValueError as exc:
+        raise SpaceError(str(exc)) from None
 
 
 def from_engine_spec(spec: dict[str, Any], *, where: str = "spec.engine") -> dict[str, Any]:
