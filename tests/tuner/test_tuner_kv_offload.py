@@ -170,3 +170,21 @@ def test_a_baseline_file_with_spec_kv_cache_keeps_its_host_tier(tmp_path):
         load_baseline(str(path), fixed={}, searched=[NAME])
     path.write_text("engine: {maxNumSeqs: 8}\n")               # no tier: the engine's default
     assert load_baseline(str(path), fixed={}, searched=[NAME]).params == {"max_num_seqs": 8}
+
+
+def test_a_trial_gets_its_own_disk_tier_instead_of_the_targets_claim(tmp_path):
+    claim = {"sizeGiB": 50, "volume": {"persistentVolumeClaim": {"claimName": "kv-blocks"}}}
+    target = {"spec": {"model": {"uri": "builtin://default"}, "engine": {},
+                       "kvCache": {"offloadGiB": 4, "disk": claim}}}
+    cluster = RecordingCluster()
+    runner = ServiceRunner(cluster, "tune", {"uid": "u"}, target,
+                           LoadSpec(workload="chat", duration=1, users=1), {}, startup_timeout=1)
+    for settings in ({NAME: 1.0}, {"max_num_seqs": 8}):   # searched or not
+        with pytest.raises(Infeasible):
+            runner.run(TrialRequest(name="trial-0001", seed=0, workdir=tmp_path,
+                                    settings=settings))
+    assert [s["kvCache"]["disk"] for s in cluster.created] == \
+        [{"sizeGiB": 50, "volume": {"emptyDir": {}}}] * 2
+    assert [s["kvCache"]["offloadGiB"] for s in cluster.created] == [1.0, 4]
+    assert target["spec"]["kvCache"]["disk"] is claim and "persistentVolumeClaim" in \
+        claim["volume"]                                     # the target is untouched

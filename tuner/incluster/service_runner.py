@@ -4,7 +4,8 @@ Each request creates a PagedInferenceService owned by the tuning resource: the t
 spec with one replica and `spec.engine` = the target's engine settings overlaid with the
 trial's (the only place the settings become CRD fields); a setting that lives outside
 spec.engine goes to its own place (kv_offloading_size: spec.kvCache.offloadGiB, beside the
-target's disk tier; off removes it). It waits for Ready (Degraded is
+target's disk tier; off removes it). A disk tier on the target's claim becomes the trial's
+own emptyDir of the same size (private_disk_tier). It waits for Ready (Degraded is
 infeasible, with the engine's own message), drives the load at the service's ready address,
 reads the figures (PromQL with spec.prometheus.url, else /metrics) and deletes the service.
 A request's name makes the service's: `<tuning>-t3` for search trial 3,
@@ -50,6 +51,17 @@ def merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+def private_disk_tier(spec: dict[str, Any]) -> dict[str, Any]:
+    """`spec` with a disk KV tier on a claim moved to an emptyDir of the same size: the
+    claim may be ReadWriteOnce (attached where the live pods run), and a shared directory
+    would carry the live service's blocks, and each trial's, into the trials after it."""
+    kv = spec.get("kvCache")
+    disk = kv.get("disk") if isinstance(kv, dict) else None
+    if not isinstance(disk, dict) or "persistentVolumeClaim" not in (disk.get("volume") or {}):
+        return spec
+    return {**spec, "kvCache": {**kv, "disk": {**disk, "volume": {"emptyDir": {}}}}}
+
+
 @dataclass
 class ServiceRunner:
     """Measures each trial on a fresh trial PagedInferenceService (see the module's doc)."""
@@ -73,7 +85,8 @@ class ServiceRunner:
         name = service_name(self.tuning, request.name)
         patch = to_spec_patch(request.settings)
         engine = merge_patch(self.target_engine, patch.pop("engine"))
-        target = {**self.target, "spec": merge_patch(self.target["spec"], patch)}
+        target = {**self.target,
+                  "spec": private_disk_tier(merge_patch(self.target["spec"], patch))}
         self.cluster.create_trial(name, target, engine, self.owner)
         stopping = self.cluster.stopping
 
