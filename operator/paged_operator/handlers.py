@@ -162,9 +162,10 @@ async def _reconcile_object(body: Mapping[str, Any], memo: Any, logger: Any, *,
     meta = body["metadata"]
     generation = meta.get("generation")
     previous = body.get("status") or {}
-    # Never reconciled (no status, kopf's first try): write first, read on conflict
-    # (reconcile.py's docstring).
-    fresh = first_try and not previous.get("conditions")
+    # Never reconciled (no status, kopf's first try) and the spec as created (generation 1:
+    # an attempt killed before this one wanted the same children): write first, read on
+    # conflict, skip unwanted children (reconcile.py's docstring).
+    fresh = first_try and not previous.get("conditions") and generation == 1
     # Handlers and the timer of one object never reconcile at the same time.
     async with _lock(memo, meta["namespace"], meta["name"]):
         try:

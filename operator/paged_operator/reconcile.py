@@ -6,11 +6,11 @@ what we want (compared as a subset, so fields the API server defaults never coun
 drift). Optional children that are no longer wanted (HPA after autoscaling is removed...)
 are deleted when they are ours. Running a pass twice changes nothing the second time.
 
-A resource's first pass (`fresh`: kopf's first try of its create handler, before any status)
-writes first and reads only on a conflict: POST each child, and on 409 GET it and go on as
-above. It skips the unwanted children too: an object owned by this resource's uid can only
-come from a pass of this resource, and there has been none (should a killed operator's
-earlier attempt have made one under a spec changed since, the next resync removes it). That
+A resource's first pass (`fresh`: kopf's first try of its create handler, before any status,
+at generation 1) writes first and reads only on a conflict: POST each child, and on 409 GET
+it and go on as above. It skips the unwanted children too: an object owned by this
+resource's uid can only come from a pass of this resource, and any earlier one (a killed
+operator's attempt) saw this same spec, generation 1, so wanted what this one wants. That
 halves the requests of the common case, 1,000 services created at once
 (docs/benchmarks/operator.md); later passes read first, since their children exist.
 
