@@ -224,8 +224,9 @@ def _decode(query, key, value, p: _Pass, scale, out) -> None:
     """One query per sequence: per KV head, two batched matmuls over the gathered blocks in
     place (``key[:, h]`` is a strided ``[n, ctx, D]`` batch BLAS takes without a copy) and a
     masked softmax; GQA by grouping each KV head's query heads, so K/V are never expanded.
-    On CPU this beats SDPA for a single query row (about 2.7x in benchmarks/bench_decode.py's
-    shapes); SDPA stays for chunks of several queries, where it wins."""
+    On CPU this beat SDPA for a single query row (about 2.7x in benchmarks/bench_decode.py's
+    shapes, an earlier torch; with torch 2.13 SDPA measured faster, docs/benchmarks/engine.md,
+    at a last-bits difference); SDPA stays for chunks of several queries, where it wins."""
     q = query[p.token]
     n, num_heads, head_dim = q.shape
     num_kv_heads = key.shape[1]
