@@ -46,6 +46,11 @@ BREAKING = [
     pis(engine={"extraArgs": ["--block-size=8"]}),
     pis(autoscaling={"minReplicas": 3, "maxReplicas": 2}),
     pis(modelCache={"storageClassName": "fast"}),
+    pis(engine={"speculative": {"method": "ngram", "numSpeculativeTokens": 4,
+                                "promptLookupMin": 5, "promptLookupMax": 2}}),
+    pis(kvCache={"disk": {"sizeGiB": 1, "volume": {
+        "emptyDir": {}, "persistentVolumeClaim": {"claimName": "kv"}}}}),
+    pis(engine={"enablePrefixCaching": False}, kvCache={"offloadGiB": 1}),
     pit("t" * 39),
     pit(users=2, rate=1.0),
     pit(workload="chat", workloadFrom={"prometheus": {}}, prometheus={"url": "http://p"}),
