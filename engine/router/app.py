@@ -54,7 +54,8 @@ class RouterConfig:
             raise ValueError("give exactly one of --backends URL[,URL...] or --discover SERVICE")
         if self.policy == "precise" and not self.tokenizer:
             raise ValueError("--policy precise hashes requests as the engines do: give "
-                             "--tokenizer DIR (the engines' model directory or tokenizer.json)")
+                             "--tokenizer MODEL (the engines' model: a directory, tokenizer.json, "
+                             "builtin://NAME or a hub id)")
 
 
 def _authorized(request: Request, api_key: str | None) -> bool:

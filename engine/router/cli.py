@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default=None,
                    help="prefix policy: hash token blocks with this tokenizer.json (or model "
                         "directory) instead of characters; precise policy (required): the "
-                        "engines' model directory, to hash requests as the engines do")
+                        "engines' model argument (a directory, builtin://NAME or a hub id: "
+                        "its tokenizer files only), to hash requests as the engines do")
     p.add_argument("--hash-block-size", type=int, default=16,
                    help="tokens per hashed block with --tokenizer (the engine's --block-size; "
                         "the precise policy takes the engines' own from GET /kv_events)")

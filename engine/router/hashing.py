@@ -77,6 +77,31 @@ class CharChunkHasher:
         return self.hashes(request_text(body))
 
 
+# What the router needs of a checkpoint to hash as its engines do (no weights).
+TOKENIZER_PATTERNS = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                      "special_tokens_map.json"]
+
+
+def tokenizer_location(model: str) -> Path:
+    """--tokenizer as the engines' model argument: a directory or tokenizer.json, a
+    `builtin://NAME` (built into the model cache on first use, as the engine does), or a
+    Hugging Face hub id (only its tokenizer files are fetched)."""
+    from engine.builtin_models import ensure_builtin, is_builtin
+
+    if is_builtin(model):
+        return ensure_builtin(model)
+    path = Path(model).expanduser()
+    if path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
+        return path  # a local path (a missing one is reported by the caller)
+    try:
+        from huggingface_hub import snapshot_download
+        return Path(snapshot_download(model, allow_patterns=TOKENIZER_PATTERNS))
+    except Exception as exc:  # network, auth, unknown id
+        raise ValueError(f"--tokenizer {model}: not a local path and not fetched from the hub "
+                         f"({type(exc).__name__}: {exc}); give the engines' model directory"
+                         ) from exc
+
+
 class TokenBlockHasher:
     """Hashes blocks of `block_size` token ids of what the engine will compute: a chat
     request rendered with the model's chat template (as the engine's `apply_chat_template`
@@ -92,7 +117,7 @@ class TokenBlockHasher:
     def __init__(self, tokenizer_path: str, block_size: int = 16, max_chunks: int = 256) -> None:
         from tokenizers import Tokenizer  # optional mode: imported lazily
 
-        path = Path(tokenizer_path)
+        path = tokenizer_location(tokenizer_path)
         folder = path if path.is_dir() else path.parent
         if path.is_dir():
             path = path / "tokenizer.json"

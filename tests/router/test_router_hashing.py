@@ -130,3 +130,22 @@ def test_token_mode_hashes_the_blocks_the_engine_computes(model):
     other = hasher.request_hashes({"messages": [messages[0],
                                                 {"role": "user", "content": "Refund?"}]})
     assert other[:2] == hasher.request_hashes({"messages": messages})[:2]
+
+
+def test_the_tokenizer_may_be_named_as_the_engines_model(monkeypatch, tmp_path):
+    """--tokenizer takes what the operator gives the engines: builtin://NAME resolves to the
+    built-in checkpoint (hashing as from its directory); a hub id that cannot be fetched is
+    a clear error naming the flag; a missing local path says what to give."""
+    from engine.model_loader import resolve_model_path
+
+    body = {"messages": [{"role": "user", "content": "Where is my order? " * 8}]}
+    by_name = TokenBlockHasher("builtin://default", block_size=4)
+    by_dir = TokenBlockHasher(str(resolve_model_path("builtin://default")), block_size=4)
+    assert by_name.token_ids(body) == by_dir.token_ids(body) and by_name.token_ids(body)
+    assert by_name.request_hashes(body) == by_dir.request_hashes(body)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(ValueError, match="--tokenizer nobody/no-such-model: not a local path"):
+        TokenBlockHasher("nobody/no-such-model")
+    with pytest.raises(ValueError, match="no tokenizer.json at"):
+        TokenBlockHasher(str(tmp_path / "missing"))
