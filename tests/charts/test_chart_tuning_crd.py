@@ -52,6 +52,18 @@ INVALID = [
 ]
 
 
+def test_the_search_space_schema_names_every_dimension_the_tuner_varies():
+    """A key the schema does not list would be pruned by the API server, silently."""
+    from paged_operator.contract import BY_KEY
+    from tuner.search.space import SETTINGS
+
+    listed = SCHEMA["properties"]["spec"]["properties"]["searchSpace"]["properties"]
+    assert set(listed) == {key for key, name in BY_KEY.items() if SETTINGS[name].type is not dict}
+    assert "numSpeculativeTokens" in listed
+    space = parse_tuning(tuning(searchSpace={"numSpeculativeTokens": [0, 4]})["spec"]).space
+    assert [(p.name, p.choices) for p in space] == [("num_speculative_tokens", (0, 4))]
+
+
 @pytest.mark.parametrize("spec", VALID)
 def test_valid_load_sources_pass_the_schema_the_rules_the_operator_and_the_tuner(spec):
     body = tuning(**spec)
