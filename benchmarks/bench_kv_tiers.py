@@ -9,6 +9,11 @@ copies finish, then the timed request (same prefix, another tail, one output tok
 runs alone: its wall time is its TTFT. Greedy, so every configuration must produce the
 same token (checked). The table gives medians over rounds and ratios against recompute.
 
+`--replica` measures the issue's third benchmark instead: one engine serves `--rounds`
+prefixes and a filler, so they reach the disk tier; then, per round, a newly started
+engine on the same directory (warm) and one on an empty directory (cold) each serve their
+first request, on one of those prefixes; their TTFTs, medians, and warm / cold.
+
 On CPU the device pool and the host tier are both DRAM: the host tier stands for what a
 GPU gets from host memory.
 
@@ -112,6 +117,41 @@ def bench_model(name: str, args: argparse.Namespace, disk_root: Path) -> list[st
     return rows
 
 
+def bench_replica(name: str, args: argparse.Namespace, disk_root: Path) -> list[str]:
+    """A replica started after another filled the shared disk tier, against a cold one."""
+    model = _model(name)
+    shared, empty = disk_root / "shared", disk_root / "cold"
+    first = _engine(model, "disk", args.prefix, args.block_size, shared)
+    rng = random.Random(args.seed)
+    vocab = first.info.vocab_size
+    prefixes = [[rng.randrange(10, vocab) for _ in range(args.prefix)]
+                for _ in range(args.rounds + 1)]
+    fillers = [[rng.randrange(10, vocab) for _ in range(args.prefix)] for _ in range(2)]
+    for i, prefix in enumerate(prefixes + fillers):  # fillers push the last ones to disk
+        _run(first, f"fill{i}", prefix + [rng.randrange(10, vocab) for _ in range(TAIL)])
+    first.offload.drain()
+    first.offload.close()
+    times: dict[str, list[float]] = {"warm": [], "cold": []}
+    for r, prefix in enumerate(prefixes):  # round 0 warms up, uncounted
+        timed = prefix + [rng.randrange(10, vocab) for _ in range(TAIL)]
+        answers = set()
+        for kind in (("warm", "cold") if r % 2 == 0 else ("cold", "warm")):
+            root = shared if kind == "warm" else empty / str(r)
+            engine = _engine(model, "disk", args.prefix, args.block_size, root)
+            seconds, answer, num_cached = _run(engine, "first", timed)
+            engine.offload.close()
+            answers.add(tuple(answer))
+            if r:
+                times[kind].append(seconds)
+            if kind == "warm":
+                assert num_cached >= args.prefix - args.block_size, num_cached
+        assert len(answers) == 1, f"warm and cold disagree: {answers}"
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return [f"| {name} | {args.prefix} | {k} | {med[k] * 1000:.1f} "
+            f"({min(times[k]) * 1000:.1f}-{max(times[k]) * 1000:.1f}) | "
+            f"{med[k] / med['cold']:.2f}x |" for k in ("warm", "cold")]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -123,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--replica", action="store_true", help="the shared-disk replica benchmark "
+                   "(see above) instead of the tiers' TTFT")
     p.add_argument("--disk-dir", default=None, help="the disk tier's directory (default: a "
                    "temporary one)")
     args = p.parse_args(argv)
@@ -132,13 +174,19 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, CPU, "
           f"block size {args.block_size}, {args.rounds} rounds (+1 warm-up)")
-    print("| model | prefix tokens | TTFT of the prefix from | tokens cached | TTFT ms, median "
-          "(min-max) | recompute / this |")
-    print("|---|---|---|---|---|---|")
+    if args.replica:
+        print("| model | prefix tokens | new replica's disk | first TTFT ms, median (min-max) "
+              "| this / cold |")
+        print("|---|---|---|---|---|")
+    else:
+        print("| model | prefix tokens | TTFT of the prefix from | tokens cached | TTFT ms, "
+              "median (min-max) | recompute / this |")
+        print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.disk_dir) if args.disk_dir else Path(tmp)
         for name in args.models.split(","):
-            for row in bench_model(name.strip(), args, root):
+            bench = bench_replica if args.replica else bench_model
+            for row in bench(name.strip(), args, root):
                 print(row, flush=True)
     return 0
 
