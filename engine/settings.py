@@ -159,7 +159,7 @@ TABLE: tuple[Setting, ...] = (
             "removed from the prefix cache), as vLLM's JSON: {\"enable_kv_cache_events\": "
             'true, "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": '
             '"tcp://*:5558", "topic": "kv-events"} (default: off; engine/kv_events.py)',
-            flag="--kv-events-config", optional=True, keys=(
+            flag="--kv-events-config", optional=True, managed=True, keys=(
                 Setting("enable_kv_cache_events", bool, False, "publish the events"),
                 Setting("publisher", str, "zmq", "zmq, or null for none",
                         choices=("zmq", "null")),

@@ -120,7 +120,8 @@ def crd_engine_schema() -> dict[str, Any]:
             "rule": f"self.all(a, !a.startsWith('--') || ![{flags}].exists(f, "
                     "f.startsWith(a.find('^[^=]*'))))",
             "message": "extraArgs must not set (or abbreviate) flags the operator sets from "
-                       "spec.engine, spec.model, spec.kvCache or spec.apiKeySecretRef"}]}
+                       "spec.engine, spec.model, spec.kvCache, spec.router or "
+                       "spec.apiKeySecretRef"}]}
     rules = []
     for rule in RULES:
         a, b = SETTINGS[rule.name], SETTINGS[rule.other]

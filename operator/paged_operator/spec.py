@@ -138,7 +138,7 @@ def parse_engine(engine: Mapping[str, Any]) -> EngineSettings:
         if (managed := managed_flag(arg)) is not None:
             raise InvalidSpecError(f"spec.engine.extraArgs must not set {arg.split('=')[0]} "
                                    f"({managed}): the operator sets it from spec.engine, "
-                                   "spec.model, spec.kvCache or spec.apiKeySecretRef")
+                                   "spec.model, spec.kvCache, spec.router or spec.apiKeySecretRef")
     return EngineSettings(**values, extra_args=tuple(extra))
 
 

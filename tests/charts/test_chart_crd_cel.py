@@ -54,6 +54,9 @@ INVALID = [
     ({"engine__extraArgs": ["--max-model", "99"]}, "spec.engine.extraArgs"),
     ({"engine__extraArgs": ["--seed", "1", "--api-key", "k"]}, "spec.engine.extraArgs"),
     ({"engine__extraArgs": ["--no-enable-prefix-caching"]}, "spec.engine.extraArgs"),
+    # spec.router.policy: precise sets it (the events' ports are the Service's and the
+    # NetworkPolicy's)
+    ({"engine__extraArgs": ["--kv-events-config={}"]}, "spec.engine.extraArgs"),
     ({"autoscaling": {"minReplicas": 3, "maxReplicas": 2}}, "spec.autoscaling"),
     ({"autoscaling": {"minReplicas": 2, "maxReplicas": 1}}, "spec.autoscaling"),
     ({"modelCache": {"claimName": "c", "size": "1Gi"}}, "spec.modelCache"),

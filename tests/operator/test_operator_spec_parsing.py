@@ -121,7 +121,7 @@ def test_a_model_cache_of_a_given_size_gets_the_default_access_mode():
 
 
 QUANTITY = "must be a Kubernetes quantity like '4', '500m' or '16Gi', got"
-FLAG_OWNERS = ("the operator sets it from spec.engine, spec.model, spec.kvCache or "
+FLAG_OWNERS = ("the operator sets it from spec.engine, spec.model, spec.kvCache, spec.router or "
                "spec.apiKeySecretRef")
 INVALID = [
     # top level
@@ -163,6 +163,9 @@ INVALID = [
     ({"engine": {"extraArgs": ["--port=9000"]}},
      f"spec.engine.extraArgs must not set --port (--port): {FLAG_OWNERS}"),
     # only the first '=' ends the flag's name
+    ({"engine": {"extraArgs": ["--kv-events-config={}"]}},
+     f"spec.engine.extraArgs must not set --kv-events-config (--kv-events-config): "
+     f"{FLAG_OWNERS}"),
     ({"engine": {"extraArgs": ["--port=1=2"]}},
      f"spec.engine.extraArgs must not set --port (--port): {FLAG_OWNERS}"),
     # autoscaling
