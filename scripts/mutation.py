@@ -52,6 +52,8 @@ TARGETS = {
                           "tests/engine/test_prompt_logprobs.py"],
     "operator/paged_operator/manifests.py": _OPERATOR_TESTS,
     "operator/paged_operator/spec.py": _OPERATOR_TESTS,
+    "operator/paged_operator/kv_cache.py": ["tests/operator/test_operator_kv_cache.py",
+                                            *_OPERATOR_TESTS],
     "tuner/measure/scoring.py": ["tests/tuner/test_tuner_scoring.py",
                          "tests/tuner/test_tuner_scoring_figures.py"],
 }

@@ -147,6 +147,9 @@ INVALID = [  # rejected by the OpenAPI schema, and by the operator should it sli
     ("kvCache", {"disk": {"sizeGiB": 2, "volume": {"persistentVolumeClaim": {
         "claimName": "Bad_Name"}}}}),
     ("kvCache", {"disk": {"sizeGiB": 2, "volume": {"emptyDir": "yes"}}}),
+    ("kvCache", {"disk": {"sizeGiB": 2, "volume": {"persistentVolumeClaim": "c"}}}),
+    ("kvCache", {"disk": {"sizeGiB": 2, "volume": {"persistentVolumeClaim": {
+        "claimName": "a" * 254}}}}),
     ("kvCache", "on"),
 ]
 @pytest.mark.parametrize("changes", VALID)

@@ -77,6 +77,16 @@ def test_an_empty_dir_disk_tier_is_limited_to_its_size_with_headroom(size, limit
     assert "--kv-offloading-size" not in args
 
 
+def test_a_disk_tier_with_a_zero_host_tier_passes_no_host_flag():
+    spec = spec_of(kvCache={"offloadGiB": 0, "disk": DISK})
+    args = container(spec)["args"]
+    assert "--kv-offloading-size" not in args and "--kv-disk-dir" in args
+    longest = "a" * 253      # a claim name's longest
+    spec = spec_of(kvCache={"disk": {"sizeGiB": 1, "volume": {
+        "persistentVolumeClaim": {"claimName": longest}}}})
+    assert pod_volumes(spec)["kv-cache"]["persistentVolumeClaim"]["claimName"] == longest
+
+
 def test_a_claim_disk_tier_mounts_the_named_claim():
     spec = spec_of(kvCache={"disk": {"sizeGiB": 100, "volume": {
         "persistentVolumeClaim": {"claimName": "kv-blocks"}}}})
@@ -135,10 +145,24 @@ INVALID = [
     ({"disk": {"sizeGiB": 2, "volume": {"persistentVolumeClaim": {}}}},
      "spec.kvCache.disk.volume.persistentVolumeClaim.claimName must name a claim (a DNS "
      "subdomain), got None"),
+    ({"disk": {"sizeGiB": 2, "volume": {"persistentVolumeClaim": None}}},
+     "spec.kvCache.disk.volume.persistentVolumeClaim.claimName must name a claim (a DNS "
+     "subdomain), got None"),
     ({"disk": {"sizeGiB": 2, "volume": {"persistentVolumeClaim": {"claimName": "Bad_Name"}}}},
      "spec.kvCache.disk.volume.persistentVolumeClaim.claimName must name a claim (a DNS "
      "subdomain), got 'Bad_Name'"),
     ({"disk": "fast"}, "spec.kvCache.disk must be an object, got 'fast'"),
+    ({"disk": {"sizeGiB": 2, "volume": "x"}},
+     "spec.kvCache.disk.volume must be an object, got 'x'"),
+    ({"disk": {"sizeGiB": 2, "volume": {"emptyDir": "yes"}}},
+     "spec.kvCache.disk.volume.emptyDir must be an object, got 'yes'"),
+    ({"disk": {"sizeGiB": 2, "volume": {"persistentVolumeClaim": "c"}}},
+     "spec.kvCache.disk.volume.persistentVolumeClaim must be an object, got 'c'"),
+    ({"disk": {"sizeGiB": 2, "volume": {"persistentVolumeClaim": {"claimName": 5}}}},
+     "spec.kvCache.disk.volume.persistentVolumeClaim.claimName must be a string, got 5"),
+    ({"disk": {"sizeGiB": 2, "volume": {"persistentVolumeClaim": {"claimName": "a" * 254}}}},
+     "spec.kvCache.disk.volume.persistentVolumeClaim.claimName must name a claim (a DNS "
+     f"subdomain), got {'a' * 254!r}"),
 ]
 
 
@@ -151,9 +175,10 @@ def test_a_refused_kv_cache_names_the_field(kv, message):
 
 @pytest.mark.parametrize("kv", [{"offloadGiB": 1}, {"disk": DISK}])
 def test_tiers_without_prefix_caching_are_refused(kv):
-    with pytest.raises(InvalidSpecError, match="^spec.kvCache needs "
-                                               "spec.engine.enablePrefixCaching"):
+    with pytest.raises(InvalidSpecError) as error:
         spec_of(engine={"enablePrefixCaching": False}, kvCache=kv)
+    assert str(error.value) == ("spec.kvCache needs spec.engine.enablePrefixCaching: the KV "
+                                "tiers hold prefix-cache blocks")
     # tiers off (or prefix caching on) are fine
     spec_of(engine={"enablePrefixCaching": False}, kvCache={"offloadGiB": 0})
     spec_of(engine={"enablePrefixCaching": True}, kvCache=kv)
