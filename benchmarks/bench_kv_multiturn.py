@@ -1,0 +1,149 @@
+"""Multi-turn conversations whose working set exceeds the device pool: tiers on vs off.
+
+Each conversation's turn is its whole history (every earlier prompt and answer) plus a new
+user message; closed loop, `--concurrency` conversations in flight, a conversation's next
+turn sent when its answer is complete. The pool holds about a quarter of the working set
+(all histories at their longest), so without tiers a returning conversation's history has
+mostly been evicted and is recomputed; with the host tier it is loaded. Same seeded
+messages for both, greedy (the answers are checked equal); the configurations take turns
+per round, order alternating; medians over rounds of throughput (output tokens/s) and of
+each round's TTFT p50 / p90.
+
+On CPU the device pool and the host tier are both DRAM: the host tier stands for what a
+GPU gets from host memory.
+
+    python benchmarks/bench_kv_multiturn.py --models bench --threads 1
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_kv_tiers import _model  # noqa: E402
+
+
+def _conversation(engine, messages: list[list[list[int]]], concurrency: int, max_tokens: int
+                  ) -> tuple[float, int, list[float], list[list[int]]]:
+    """Closed loop over the conversations: (seconds, output tokens, TTFTs, histories)."""
+    from engine import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    history: list[list[int]] = [[] for _ in messages]
+    turn = [0] * len(messages)
+    ready = list(range(len(messages)))
+    in_flight: dict[str, int] = {}
+    ttfts, out_tokens, n = [], 0, 0
+    start = time.perf_counter()
+    while ready or in_flight:
+        while ready and len(in_flight) < concurrency:
+            c = ready.pop(0)
+            history[c] = history[c] + messages[c][turn[c]]
+            n += 1
+            in_flight[f"r{n}"] = c
+            engine.add_request(f"r{n}", history[c], params)
+        for out in engine.step():
+            if not out.finished:
+                continue
+            c = in_flight.pop(out.request_id)
+            ttfts.append(out.metrics.first_token_time - out.metrics.arrival_time)
+            answer = out.outputs[0].token_ids
+            out_tokens += len(answer)
+            history[c] = history[c] + answer
+            turn[c] += 1
+            if turn[c] < len(messages[c]):
+                ready.append(c)
+    return time.perf_counter() - start, out_tokens, ttfts, history
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def bench_model(name: str, args: argparse.Namespace) -> list[str]:
+    from engine import LLMEngine
+
+    model = _model(name)
+    rng = random.Random(args.seed)
+    per_turn = args.user_tokens + args.max_tokens
+    longest = args.system_tokens + args.turns * per_turn
+    working_set = args.conversations * longest
+    pool = -(-working_set // args.block_size) // 4  # a quarter of the working set
+    pool = max(pool, -(-longest // args.block_size) * args.concurrency + 2)
+    engines = {}
+    for config in ("off", "host"):
+        kw = dict(model=model, block_size=args.block_size, max_model_len=longest + 1,
+                  num_gpu_blocks_override=pool, dtype="float32",
+                  max_num_seqs=args.concurrency, max_num_batched_tokens=max(2048, longest))
+        if config == "host":
+            kw["kv_offloading_size"] = 4.0  # GiB: more than the working set here
+        engines[config] = LLMEngine.from_args(**kw)
+    vocab = engines["off"].info.vocab_size
+    results: dict[str, list[tuple[float, float, float]]] = {"off": [], "host": []}
+    for r in range(args.rounds + 1):  # round 0 warms up, uncounted
+        system = [rng.randrange(10, vocab) for _ in range(args.system_tokens)]
+        messages = [[(system if t == 0 else []) + [rng.randrange(10, vocab)
+                                                   for _ in range(args.user_tokens)]
+                     for t in range(args.turns)] for _ in range(args.conversations)]
+        histories = []
+        for config in (("off", "host") if r % 2 == 0 else ("host", "off")):
+            seconds, tokens, ttfts, history = _conversation(
+                engines[config], messages, args.concurrency, args.max_tokens)
+            histories.append(history)
+            if r:
+                results[config].append((tokens / seconds, _quantile(ttfts, 0.5),
+                                        _quantile(ttfts, 0.9)))
+        assert histories[0] == histories[1], "tiers on and off answered differently"
+    rows = []
+    off = [statistics.median(x[i] for x in results["off"]) for i in range(3)]
+    for config in ("off", "host"):
+        tput, p50, p90 = (statistics.median(x[i] for x in results[config]) for i in range(3))
+        hits = engines[config].kv.stats().hits_by_medium
+        rows.append(f"| {name} | {pool} blocks ({working_set / (pool * args.block_size):.1f}x) "
+                    f"| {config} | {tput:.1f} | {p50 * 1000:.0f} | {p90 * 1000:.0f} | "
+                    f"{tput / off[0]:.2f}x | {p50 / off[1]:.2f}x | {p90 / off[2]:.2f}x | "
+                    f"{hits.get('CPU', 0) / max(1, sum(hits.values())):.0%} |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="bench")
+    p.add_argument("--conversations", type=int, default=8)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--system-tokens", type=int, default=256)
+    p.add_argument("--user-tokens", type=int, default=96)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, CPU; "
+          f"{args.conversations} conversations x {args.turns} turns, concurrency "
+          f"{args.concurrency}, closed loop, {args.rounds} rounds (+1 warm-up)")
+    print("| model | pool (working set / pool) | tiers | out tok/s | TTFT p50 ms | TTFT p90 ms "
+          "| tok/s vs off | p50 vs off | p90 vs off | hits from host |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name in args.models.split(","):
+        for row in bench_model(name.strip(), args):
+            print(row, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
