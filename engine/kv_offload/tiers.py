@@ -20,12 +20,20 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from engine.kv_offload.host import HostEntry, HostTier
 
-if TYPE_CHECKING:
-    from engine.kv_cache_manager import KVCacheManager
+
+class BlockPool(Protocol):
+    """What the tiers use of the KV cache manager (engine/kv_cache_manager.py), which
+    imports this package: a protocol here keeps the import one way."""
+    blocks: list[Any]
+    events: Any
+
+    def is_loading(self, block_id: int, hit: "TierHit") -> bool: ...
+
+    def finish_load(self, block_id: int) -> None: ...
 
 # vLLM's medium names (vllm/v1/kv_offload/mediums.py), also in KV events
 MEDIUM_GPU, MEDIUM_CPU, MEDIUM_DISK = "GPU", "CPU", "Disk"
@@ -60,7 +68,7 @@ class OffloadTiers:
     def __init__(self, host: HostTier, transfer: Any, worker: Any, disk: Any = None) -> None:
         self.host, self.io, self.worker, self.disk = host, transfer, worker, disk
         self.block_bytes = host.block_bytes
-        self.kv: KVCacheManager | None = None  # set by KVCacheManager.attach_offload
+        self.kv: BlockPool | None = None  # set by KVCacheManager.attach_offload
         self._stores: list[tuple[int, bytes]] = []  # (device block, hash) evicted this step
         self.stats = TierStats()
 
@@ -161,7 +169,7 @@ class OffloadTiers:
     def close(self) -> None:
         self.worker.close()
 
-    def check_invariants(self, kv: "KVCacheManager") -> None:
+    def check_invariants(self, kv: BlockPool) -> None:
         self.host.check_invariants()
         for block_id, block_hash in self._stores:
             assert kv.blocks[block_id].block_hash != block_hash, \
