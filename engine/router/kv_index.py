@@ -21,31 +21,47 @@ from urllib.parse import urlsplit
 from engine.kv_events import END_SEQ, SNAPSHOT_REQUEST, decode_batch
 
 logger = logging.getLogger("engine.router")
+DEVICE = "GPU"  # vLLM's medium of the device pool (also of events that name none)
 
 
 class KVIndex:
-    def __init__(self) -> None:
-        self.holders: dict[int, set[str]] = {}
-        self.blocks: dict[str, set[int]] = {}  # backend -> hashes it holds
+    """Block hash -> the backends holding it, and in which tiers (`medium`: GPU, CPU, Disk;
+    an event without one is the device's). A backend holds a hash while any of its tiers
+    does: the host tier dropping its copy leaves the device's, and the other way round."""
 
-    def store(self, url: str, hashes: Iterable[int]) -> None:
+    def __init__(self) -> None:
+        self.holders: dict[int, dict[str, set[str]]] = {}  # hash -> backend -> its tiers
+        self.blocks: dict[str, set[int]] = {}  # backend -> hashes it holds (in any tier)
+
+    def store(self, url: str, hashes: Iterable[int], medium: str | None = None) -> None:
         mine = self.blocks.setdefault(url, set())
         for h in hashes:
-            self.holders.setdefault(h, set()).add(url)
+            self.holders.setdefault(h, {}).setdefault(url, set()).add(medium or DEVICE)
             mine.add(h)
 
-    def remove(self, url: str, hashes: Iterable[int]) -> None:
+    def remove(self, url: str, hashes: Iterable[int], medium: str | None = None) -> None:
         mine = self.blocks.get(url, set())
         for h in hashes:
-            urls = self.holders.get(h)
-            if urls is not None:
-                urls.discard(url)
-                if not urls:
-                    del self.holders[h]
+            by_url = self.holders.get(h)
+            tiers = by_url.get(url) if by_url is not None else None
+            if tiers is None:
+                continue
+            tiers.discard(medium or DEVICE)
+            if tiers:
+                continue  # still in another of this backend's tiers
+            del by_url[url]
+            if not by_url:
+                del self.holders[h]
             mine.discard(h)
 
     def clear(self, url: str) -> None:
-        self.remove(url, list(self.blocks.get(url, ())))
+        for h in self.blocks.get(url, ()):
+            by_url = self.holders.get(h)
+            if by_url is not None:
+                by_url.pop(url, None)
+                if not by_url:
+                    del self.holders[h]
+        self.blocks.get(url, set()).clear()
 
     def drop(self, url: str) -> None:
         self.clear(url)
@@ -54,9 +70,9 @@ class KVIndex:
     def apply(self, url: str, events: Sequence[list]) -> None:
         for event in events:
             if event[0] == "BlockStored":
-                self.store(url, (_int(h) for h in event[1]))
+                self.store(url, (_int(h) for h in event[1]), _medium(event, 6))
             elif event[0] == "BlockRemoved":
-                self.remove(url, (_int(h) for h in event[1]))
+                self.remove(url, (_int(h) for h in event[1]), _medium(event, 2))
             elif event[0] == "AllBlocksCleared":
                 self.clear(url)
 
@@ -65,7 +81,7 @@ class KVIndex:
         held = dict.fromkeys(urls, 0)
         alive = set(held)
         for i, h in enumerate(hashes):
-            alive &= self.holders.get(h, set())
+            alive = alive.intersection(self.holders.get(h, ()))
             if not alive:
                 break
             for url in alive:
@@ -74,6 +90,10 @@ class KVIndex:
 
     def size(self, url: str) -> int:
         return len(self.blocks.get(url, ()))
+
+
+def _medium(event: Sequence[Any], at: int) -> str | None:
+    return event[at] if len(event) > at else None
 
 
 def _int(h: Any) -> int:

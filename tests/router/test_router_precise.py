@@ -38,6 +38,24 @@ def test_index_counts_the_leading_blocks_each_backend_holds():
     assert index.holders == {} and "a" not in index.blocks
 
 
+def test_a_backend_holds_a_block_while_any_of_its_tiers_does():
+    """With KV tiers a block moves between media: stored on the host tier (CPU) when the
+    device evicts it, back on the device when loaded. Removing one medium's copy leaves
+    the others (an event without a medium is the device's)."""
+    index = KVIndex()
+    index.apply("a", [["BlockStored", [1, 2], None, [], 16, None, "GPU"],
+                      ["BlockStored", [1, 2], None, [], 16, None, "CPU"],
+                      ["BlockStored", [3], None, [], 16, None, None]])
+    index.apply("a", [["BlockRemoved", [1, 2], "GPU"]])  # evicted from the device only
+    assert index.prefix_blocks([1, 2, 3], ["a"]) == {"a": 3}
+    index.apply("a", [["BlockRemoved", [2], "CPU"], ["BlockRemoved", [3], "GPU"]])
+    assert index.prefix_blocks([1, 2, 3], ["a"]) == {"a": 1} and index.size("a") == 1
+    index.apply("a", [["BlockRemoved", [1], "Disk"]])  # a tier that never held it
+    assert index.prefix_blocks([1], ["a"]) == {"a": 1}
+    index.apply("a", [["BlockRemoved", [1], "CPU"]])
+    assert index.holders == {} and index.size("a") == 0
+
+
 def test_precise_sends_a_request_to_the_backend_holding_most_of_its_prefix():
     backends = pool()
     a, b, c = backends
