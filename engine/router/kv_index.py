@@ -22,6 +22,7 @@ from engine.kv_events import END_SEQ, SNAPSHOT_REQUEST, decode_batch
 
 logger = logging.getLogger("engine.router")
 DEVICE = "GPU"  # vLLM's medium of the device pool (also of events that name none)
+HOST = "CPU"    # ... of the host tier (below it: "Disk")
 
 
 class KVIndex:
@@ -87,6 +88,22 @@ class KVIndex:
             for url in alive:
                 held[url] = i + 1
         return held
+
+    def leading_media(self, hashes: Sequence[int], held: dict[str, int]
+                      ) -> dict[str, tuple[int, int]]:
+        """For each backend, of the leading blocks it holds (`held`, from prefix_blocks),
+        how many are on its device and how many (of the rest) on its host tier."""
+        out = {}
+        for url, n in held.items():
+            device = host = 0
+            for h in hashes[:n]:
+                tiers = self.holders[h][url]
+                if DEVICE in tiers:
+                    device += 1
+                elif HOST in tiers:
+                    host += 1
+            out[url] = (device, host)
+        return out
 
     def size(self, url: str) -> int:
         return len(self.blocks.get(url, ()))

@@ -210,7 +210,8 @@ class PrecisePolicy(Policy):
     """Where the prefix is, as the engines say: scores each backend by the blocks of the
     request's prefix its prefix cache holds (the KV index that the engines' KV events keep,
     engine/router/kv_index.py; `hashes` are the engine's own block hashes of the request),
-    most first, under the hit bound; a new prefix, or one whose holders are all full, goes
+    most first (of equal runs, more on the device, then on the host tier), under the hit
+    bound; a new prefix, or one whose holders are all full, goes
     as in the prefix policy (its place on the ring, the tight bound, and the footprint
     bound, here the blocks each backend really holds)."""
 
@@ -242,7 +243,12 @@ class PrecisePolicy(Policy):
                 "footprint": [self.index.size(b.url) for b in backends]})
 
         holders = sorted((i, b) for i, b in enumerate(ring_order) if held[b.url])
-        holders.sort(key=lambda ib: (-held[ib[1].url], ib[1].in_flight, ib[0]))
+        # most blocks of the prefix first; of equal runs, the one with more of them on the
+        # device, then on the host tier (a load from the tiers below beats recomputing, but
+        # not the device), then the least loaded
+        media = self.index.leading_media(request.hashes, {b.url: held[b.url] for _, b in holders})
+        holders.sort(key=lambda ib: (-held[ib[1].url], -media[ib[1].url][0],
+                                     -media[ib[1].url][1], ib[1].in_flight, ib[0]))
         for _, b in holders:
             if b.in_flight < hits_bound:
                 return first(b, "prefix_hit")

@@ -56,6 +56,33 @@ def test_a_backend_holds_a_block_while_any_of_its_tiers_does():
     assert index.holders == {} and index.size("a") == 0
 
 
+@pytest.mark.parametrize("order", [(0, 1, 2), (2, 1, 0), (1, 2, 0)])
+def test_of_equal_runs_the_device_beats_the_host_tier_beats_disk(order):
+    """The tiers below the device serve a prefix too, but loading it is slower than
+    holding it: of equal leading runs, the most on the device first, then the host tier;
+    a longer run still wins, wherever it lies. Mixed with a backend that holds nothing."""
+    backends = pool(4)
+    gpu, cpu, disk = (backends[i] for i in order)
+    policy = PrecisePolicy()
+    request = RouteRequest([31, 32, 33])
+    for backend, medium in ((disk, "Disk"), (cpu, "CPU"), (gpu, "GPU")):
+        policy.index.apply(backend.url, [["BlockStored", [31, 32], None, [], 16, None, medium]])
+    assert policy.choose(request, backends).order[0] is gpu
+    policy.index.apply(gpu.url, [["BlockRemoved", [32], "GPU"]])  # its run is one block now
+    assert policy.choose(request, backends).order[0] is cpu
+    # one block on the device and one on the host beats two on the host tier
+    policy.index.apply(gpu.url, [["BlockStored", [32], None, [], 16, None, "CPU"]])
+    assert policy.choose(request, backends).order[0] is gpu
+    policy.index.apply(gpu.url, [["AllBlocksCleared"]])
+    policy.index.apply(cpu.url, [["AllBlocksCleared"]])
+    assert policy.choose(request, backends).order[0] is disk
+    # a longer run on disk beats a shorter one on the device
+    policy.index.apply(disk.url, [["BlockStored", [33], None, [], 16, None, "Disk"]])
+    policy.index.apply(gpu.url, [["BlockStored", [31, 32], None, [], 16, None, "GPU"]])
+    choice = policy.choose(request, backends)
+    assert choice.order[0] is disk and choice.hit_chunks == 3
+
+
 def test_precise_sends_a_request_to_the_backend_holding_most_of_its_prefix():
     backends = pool()
     a, b, c = backends
