@@ -11,8 +11,9 @@ The operator image ships this module with engine/settings.py (the settings table
 tuner/search/space.py (the search-space grammar) and loadtests/workloads/ (the workload
 names), all torch-free: tests/engine/test_settings.py parses a tuning in that file set.
 
-Names follow the CRD (camelCase); `searchSpace` keys are `spec.engine`'s keys, mapped to the
-engine's settings through the settings table, so the CRD, the tuner and the engine agree. A
+Names follow the CRD (camelCase); `searchSpace` keys are `spec.engine`'s keys (and offloadGiB,
+spec.kvCache's), mapped to the engine's settings through the settings table, so the CRD,
+the tuner and the engine agree. A
 value is a list of choices or a range `{min, max, log, step}`. Errors are ValueErrors naming
 the field to change.
 """
@@ -22,8 +23,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from loadtests.workloads import WORKLOAD_NAMES
-from tuner.search.space import DEFAULT_SPACE, SETTINGS, Param, SpaceError, parse_param
+from loadtests.workloads import WORKLOAD_NAMES, get_workload
+from tuner.search.space import (DEFAULT_SPACE, OUTSIDE_ENGINE, SETTINGS, Param, SpaceError,
+                                parse_param)
 
 # ---- the API ----
 GROUP = "serving.pagedinference.dev"
@@ -51,6 +53,9 @@ INDEX_ENV = "JOB_COMPLETION_INDEX"           # set by Kubernetes in an Indexed J
 MODES = ("Manual", "Auto")
 DEFAULT_WORKLOAD = "chat"       # when neither workload nor workloadFrom is given
 BY_KEY = {s.field: name for name, s in SETTINGS.items() if s.field}  # spec.engine key -> setting
+# spec.searchSpace key -> setting: spec.engine's keys, and the settings outside spec.engine by
+# their own key (offloadGiB: spec.kvCache.offloadGiB, the host KV tier's size)
+SEARCH_KEYS = BY_KEY | {key: name for name, (_, key) in OUTSIDE_ENGINE.items()}
 # PagedInferenceService names are at most 52 characters; trial names add "-r9-baseline"
 MAX_NAME = 38
 
@@ -125,20 +130,23 @@ def _number(spec: dict, field: str, kind: type, default: Any, *, low: float) -> 
     return kind(value)
 
 
-def search_space(space: Any) -> tuple[Param, ...]:
-    """`{blockSize: [16, 32], maxNumSeqs: {min: 8, max: 512, log: true}}` -> Params. Unset:
-    the settings table's default ranges (each setting's `tune`: block size, memory
-    fraction, maxNumSeqs, maxNumBatchedTokens), as `python -m tuner sweep` searches."""
+def search_space(space: Any, also: tuple[str, ...] = ()) -> tuple[Param, ...]:
+    """`{blockSize: [16, 32], maxNumSeqs: {min: 8, max: 512, log: true}, offloadGiB: [0, 2]}`
+    -> Params. Unset: the settings table's default ranges (each setting's `tune`: block
+    size, memory fraction, maxNumSeqs, maxNumBatchedTokens), with those of `also` (the
+    workload's tune_also: chat and rag add the host KV tier's size), as `python -m tuner
+    sweep` searches."""
     if space is None:
-        return tuple(parse_param(name, spec) for name, spec in DEFAULT_SPACE.items())
+        specs = dict(DEFAULT_SPACE) | {name: SETTINGS[name].tune for name in also}
+        return tuple(parse_param(name, spec) for name, spec in specs.items())
     if not isinstance(space, dict) or not space:
         raise ValueError("spec.searchSpace: give at least one engine setting, e.g. "
                          "{maxNumSeqs: {min: 8, max: 256, log: true}}")
     out = []
     for key, value in space.items():
-        if key not in BY_KEY:
+        if key not in SEARCH_KEYS:
             raise ValueError(f"spec.searchSpace.{key}: unknown engine setting; known: "
-                             f"{', '.join(BY_KEY)}")
+                             f"{', '.join(SEARCH_KEYS)}")
         if isinstance(value, dict):
             unknown = set(value) - {"min", "max", "log", "step"}
             if unknown or not {"min", "max"} <= set(value):
@@ -149,7 +157,7 @@ def search_space(space: Any) -> tuple[Param, ...]:
             raise ValueError(f"spec.searchSpace.{key}: expected a list of values or "
                              "{min, max, log, step}")
         try:
-            param = parse_param(BY_KEY[key], value)
+            param = parse_param(SEARCH_KEYS[key], value)
         except SpaceError as exc:
             raise ValueError(f"spec.searchSpace.{key}: {exc}") from None
         if param is not None:
@@ -247,7 +255,10 @@ def parse_tuning(spec: dict[str, Any]) -> TuningSpec:
         capacity = CapacitySpec(max_probes=_number(capacity, "maxProbes", int, 6, low=1),
                                 attainment=attainment)
     return TuningSpec(
-        target=target, workload=workload, space=search_space(spec.get("searchSpace")),
+        target=target, workload=workload,
+        # a workload from a trace or Prometheus: no opt-in dimension (its revisits unknown)
+        space=search_space(spec.get("searchSpace"),
+                           () if source else get_workload(workload).tune_also),
         trials=_number(spec, "trials", int, 24, low=1),
         parallelism=_number(spec, "parallelism", int, 1, low=1),
         duration=parse_duration(spec.get("trialDuration", "120s"), "trialDuration"),

@@ -34,6 +34,8 @@ VALID = [
     {"apply": {"mode": "Auto", "verifyWindow": "90s"}, **PROM},
     {"tunerPods": 3, "storage": {"secretRef": {"name": "optuna-db"}}},
     {"searchSpace": None},   # the settings table's default ranges
+    {"searchSpace": {"offloadGiB": [0, 1, 2]}},   # the host KV tier (spec.kvCache)
+    {"searchSpace": {"offloadGiB": {"min": 0.5, "max": 4}, "maxNumSeqs": [8]}},
 ]
 # (spec, where the broken rule is declared, what the operator's message names)
 INVALID = [
@@ -54,12 +56,13 @@ INVALID = [
 
 def test_the_search_space_schema_names_every_dimension_the_tuner_varies():
     """A key the schema does not list would be pruned by the API server, silently."""
-    from paged_operator.contract import BY_KEY
+    from paged_operator.contract import SEARCH_KEYS
     from tuner.search.space import SETTINGS
 
     listed = SCHEMA["properties"]["spec"]["properties"]["searchSpace"]["properties"]
-    assert set(listed) == {key for key, name in BY_KEY.items() if SETTINGS[name].type is not dict}
-    assert "numSpeculativeTokens" in listed
+    assert set(listed) == {key for key, name in SEARCH_KEYS.items()
+                           if SETTINGS[name].type is not dict}
+    assert {"numSpeculativeTokens", "offloadGiB"} <= set(listed)
     space = parse_tuning(tuning(searchSpace={"numSpeculativeTokens": [0, 4]})["spec"]).space
     assert [(p.name, p.choices) for p in space] == [("num_speculative_tokens", (0, 4))]
 

@@ -1,0 +1,53 @@
+"""The host KV tier in the in-cluster tuning (issue 27): spec.searchSpace.offloadGiB and the
+workload's opt-in dimensions in the Job's default space."""
+from __future__ import annotations
+
+import pytest
+
+from paged_operator.contract import parse_tuning, spec_error
+from tuner.search.space import Param
+
+BASE = {"targetRef": {"name": "svc"}}
+
+
+def names(spec: dict) -> list[str]:
+    return [p.name for p in parse_tuning({**BASE, **spec}).space]
+
+
+def test_search_space_offload_gib_is_the_host_tier_as_a_list_or_a_range() -> None:
+    space = parse_tuning({**BASE, "searchSpace": {"offloadGiB": [0, 2, 4]}}).space
+    assert space == (Param("kv_offloading_size", choices=(0.0, 2.0, 4.0)),)
+    space = parse_tuning({**BASE, "searchSpace": {"offloadGiB": {"min": 0.5, "max": 8},
+                                                  "maxNumSeqs": [8, 16]}}).space
+    assert space == (Param("kv_offloading_size", low=0.5, high=8.0),
+                     Param("max_num_seqs", choices=(8, 16)))
+
+
+@pytest.mark.parametrize("value, words", [
+    ([-1], "kv_offloading_size"),
+    ({"min": 1}, "a range is"),
+    ("2", "expected a list"),
+])
+def test_a_bad_offload_gib_names_the_field(value, words) -> None:
+    error = spec_error({**BASE, "searchSpace": {"offloadGiB": value}})
+    assert error is not None and "spec.searchSpace.offloadGiB" in error and words in error
+
+
+@pytest.mark.parametrize("workload, host_tier", [
+    ("chat", True), ("rag", True), ("summarize", False), ("code", False), ("mixed", False)])
+def test_an_unset_search_space_adds_the_workloads_opt_in_dimensions(workload, host_tier):
+    from loadtests.workloads import get_workload
+
+    found = names({"workload": workload})
+    assert ("kv_offloading_size" in found) == host_tier
+    assert set(get_workload(workload).tune_also) <= set(found)
+    assert found[:4] == ["block_size", "gpu_memory_utilization", "max_num_seqs",
+                         "max_num_batched_tokens"]
+
+
+def test_the_default_workload_is_chat_and_a_trace_adds_nothing() -> None:
+    assert "kv_offloading_size" in names({})
+    trace = {"workloadFrom": {"trace": {"url": "https://x/t.jsonl"}}}
+    assert "kv_offloading_size" not in names(trace)
+    # a given searchSpace is the whole space, whatever the workload asks for
+    assert names({"workload": "chat", "searchSpace": {"maxNumSeqs": [8]}}) == ["max_num_seqs"]
