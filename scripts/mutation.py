@@ -37,12 +37,19 @@ _KV_SCHEDULER_TESTS = ["tests/engine/test_scheduler_policy.py",
                        "tests/engine/test_kv_scheduler_properties.py",
                        "tests/engine/test_spec_decode_proposer.py",
                        "tests/engine/test_kv_events.py"]
+# The host and disk tiers under the device pool (engine/kv_offload/, hooks in
+# kv_cache_manager.py). Not test_kv_tiers_metrics.py: it starts a server process.
+_KV_TIER_TESTS = ["tests/engine/test_kv_tiers.py",
+                  "tests/engine/test_kv_tiers_disk.py"]
 _OPERATOR_TESTS = ["tests/operator/test_operator_manifests.py",
                    "tests/operator/test_operator_engine_contract.py",
                    "tests/operator/test_operator_spec_parsing.py",
                    "tests/operator/test_operator_manifests_whole.py"]
 TARGETS = {
-    "engine/kv_cache_manager.py": _KV_SCHEDULER_TESTS,
+    "engine/kv_cache_manager.py": [*_KV_SCHEDULER_TESTS, *_KV_TIER_TESTS],
+    "engine/kv_offload/tiers.py": [*_KV_TIER_TESTS, "tests/engine/test_kv_cache_accounting.py"],
+    "engine/kv_offload/host.py": _KV_TIER_TESTS,
+    "engine/kv_offload/disk.py": _KV_TIER_TESTS,
     "engine/scheduler.py": _KV_SCHEDULER_TESTS,
     "engine/sampler.py": ["tests/engine/test_sampler_oracle.py",
                           "tests/engine/test_sampler_draws.py",
@@ -67,12 +74,19 @@ NOT_NEEDED = ["__pycache__", "*.md"]
 # Only the root conftest: tests/operator's starts the API-server emulator, tests/tuner's
 # adds the load tests' fake server, neither of which the selected tests use.
 CONFTEST = "tests/conftest.py"
+# Test modules the selected tests import helpers from (copied, not selected).
+SUPPORT = ["tests/engine/test_prefix_and_cow.py"]
+# Tests of the selected modules left out of every run: they start engine processes
+# (tens of seconds each, per mutant) and check sharing between processes, which the
+# in-process tests of the same code already cover.
+DESELECT = ["tests/engine/test_kv_tiers_disk.py::test_two_engine_processes_share_one_directory",
+            "tests/engine/test_kv_tiers_disk.py::test_the_bound_holds_with_two_writing_processes"]
 
 CONFIG = """\
 [tool.mutmut]
 source_paths = {packages}
 only_mutate = {mutated}
-pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]
+pytest_add_cli_args = {cli_args}
 pytest_add_cli_args_test_selection = {tests}
 """
 
@@ -93,12 +107,15 @@ def _module(repo_path: str) -> str:
 def _prepare(work: Path, mutated: list[str], tests: list[str]) -> None:
     for folder, name in PACKAGES.items():
         shutil.copytree(REPO / folder, work / name, ignore=shutil.ignore_patterns(*NOT_NEEDED))
-    for test in [CONFTEST, *tests]:
+    for test in [CONFTEST, *SUPPORT, *tests]:
         (work / test).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / test, work / test)
     as_list = lambda items: "[" + ", ".join(f'"{i}"' for i in items) + "]"  # noqa: E731
     (work / "pyproject.toml").write_text(CONFIG.format(
         packages=as_list(PACKAGES.values()), mutated=as_list(map(_scratch_path, mutated)),
+        cli_args=as_list(["-p", "no:cacheprovider", "-q", "-x",
+                          *(arg for test in DESELECT if test.split("::")[0] in tests
+                            for arg in ("--deselect", test))]),
         tests=as_list(tests)))
 
 

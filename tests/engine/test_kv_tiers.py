@@ -285,3 +285,102 @@ def test_a_disk_dir_that_cannot_be_written_is_refused(tiny_checkpoints, tmp_path
     with pytest.raises(ValueError, match="kv_disk_dir .* is not a writable directory"):
         LLM(model=tiny_checkpoints["llama"], num_gpu_blocks_override=16, max_model_len=128,
             kv_disk_dir=str(blocker / "kv"), kv_disk_size=0.01)
+
+
+def test_a_loaded_block_is_cached_in_the_pool_and_announced_there(tiny_checkpoints):
+    """Once loaded, a block is the pool's: the next request with that prefix hits it on the
+    device (not in the host tier again), and the KV events say the device holds it (what
+    the events report the device caching is exactly what the pool caches)."""
+    from engine.kv_events import KVEventRecorder, external_hash
+
+    engine = LLMEngine.from_args(model=tiny_checkpoints["llama"], block_size=16,
+                                 num_gpu_blocks_override=10, max_model_len=128,
+                                 kv_offloading_size=block_gib(16, 20))
+    recorder = KVEventRecorder(16)
+    engine.kv.events = recorder
+
+    def run(request_id: str, prompt: dict) -> dict[str, int]:
+        engine.add_request(request_id, prompt["prompt_token_ids"], GREEDY)
+        while engine.has_unfinished_requests():
+            engine.step()
+        engine.offload.drain()
+        return dict(engine.kv.stats().hits_by_medium)
+
+    first = prompts(seed=5, count=3, prefix_len=64)
+    for i, p in enumerate(first):  # each evicts the one before into the host tier
+        warm = run(f"warm{i}", p)
+    loaded = run("again", with_tail(first[0], 1))
+    assert loaded[MEDIUM_CPU] > warm[MEDIUM_CPU], "the prefix should load from the host tier"
+    assert engine.offload.stats.blocks_loaded[MEDIUM_CPU] > 0
+    cached = {external_hash(b.block_hash) for b in engine.kv.blocks if b.block_hash is not None}
+    assert set(recorder.cached) == cached
+    final = run("again2", with_tail(first[0], 2))
+    assert final[MEDIUM_CPU] == loaded[MEDIUM_CPU]
+    assert final[MEDIUM_GPU] - loaded[MEDIUM_GPU] == 64
+
+
+def test_load_latencies_fill_a_cumulative_histogram_as_prometheus_reads_it():
+    """Each observed load adds to the sum and to the one bucket of the first edge it does
+    not exceed (`le`), the last bucket holding what exceeds every edge."""
+    from engine.kv_offload.tiers import LOAD_SECONDS_BUCKETS, TierStats
+
+    stats = TierStats()
+    seconds = [0.00005, 0.0001, 0.0003, 0.003, 0.003, 0.2, 1.0, 7.0]
+    for s in seconds:
+        stats.observe_load(s)
+    assert stats.load_seconds_sum == pytest.approx(sum(seconds))
+    edges = list(LOAD_SECONDS_BUCKETS) + [float("inf")]
+    lower = [float("-inf")] + list(LOAD_SECONDS_BUCKETS)
+    assert stats.load_buckets == [sum(lo < s <= hi for s in seconds)
+                                  for lo, hi in zip(lower, edges)]
+
+
+def test_a_host_copy_still_in_flight_is_no_hit_until_ready():
+    """`find` never hands out a block the worker has not filled yet (the step would load
+    garbage); once ready, it is a CPU hit."""
+    from engine.kv_offload import HostEntry, HostTier, OffloadTiers
+
+    tiers = OffloadTiers(HostTier(4 * 64, 64), transfer=None, worker=None)
+    entry = HostEntry(b"h" * 16)
+    tiers.host.insert(entry)
+    assert tiers.find(b"h" * 16) is None
+    entry.data = "the block"
+    entry.ready.set()
+    hit = tiers.find(b"h" * 16)
+    assert (hit.block_hash, hit.entry, hit.medium) == (b"h" * 16, entry, MEDIUM_CPU)
+    assert tiers.find(b"x" * 16) is None
+
+
+def test_tier_invariants_catch_a_queued_store_of_a_block_still_cached_as_itself(
+        tiny_checkpoints):
+    engine = LLMEngine.from_args(model=tiny_checkpoints["llama"], block_size=16,
+                                 num_gpu_blocks_override=10, max_model_len=128,
+                                 kv_offloading_size=block_gib(16, 4))
+    engine.add_request("a", prompts(seed=9, count=1, prefix_len=64)[0]["prompt_token_ids"], GREEDY)
+    while engine.has_unfinished_requests():
+        engine.step()
+    cached = next(b for b in engine.kv.blocks if b.block_hash is not None)
+    engine.kv.check_invariants([])
+    engine.offload.evicted(cached.block_id, b"another hash")  # given new content: fine
+    engine.kv.check_invariants([])
+    engine.offload.evicted(cached.block_id, cached.block_hash)
+    with pytest.raises(AssertionError, match="queued for the host tier but still cached"):
+        engine.kv.check_invariants([])
+    engine.offload.take_stores()
+
+
+def test_the_byte_counters_are_blocks_times_the_block_size(tiny_checkpoints):
+    """vllm:kv_offload_total_bytes: GPU_to_CPU and CPU_to_GPU are the blocks stored and
+    loaded times one block's bytes (2 layers x K and V x 16 tokens x 2 heads x 16 x fp32)."""
+    from engine.kv_offload.metrics import collector
+
+    first = prompts(seed=5, count=3, prefix_len=64)
+    llm = tiered(tiny_checkpoints["llama"], 16, pool_blocks=10, host_blocks=20)
+    run_phases(llm, [[p] for p in first] + [[with_tail(first[0], 3)]])
+    stats = llm.llm_engine.offload.stats
+    assert stats.blocks_stored[MEDIUM_CPU] > 0 and stats.blocks_loaded[MEDIUM_CPU] > 0
+    families = {f.name: f for f in collector(llm.llm_engine.offload, "m").collect()}
+    moved = {s.labels["transfer_type"]: s.value for s in families["vllm:kv_offload_total_bytes"].samples}
+    block = 2 * 2 * 16 * 2 * 16 * 4
+    assert moved["GPU_to_CPU"] == stats.blocks_stored[MEDIUM_CPU] * block
+    assert moved["CPU_to_GPU"] == stats.blocks_loaded[MEDIUM_CPU] * block

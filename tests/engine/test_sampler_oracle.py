@@ -208,3 +208,39 @@ def test_min_tokens_bans_eos_and_stop_ids_until_reached_unless_ignore_eos():
     assert pick([5], ignore_eos=True) == 2  # eos is not banned when it is ignored anyway
     assert SamplingParams(top_k=0).top_k == 0
     assert bool(_engine_mask(torch.randn(2, VOCAB), [(0, 1.0, 0.0), (-1, 1.0, 0.0)]).all())
+
+
+@pytest.mark.parametrize("params, output", [
+    (dict(logit_bias={3: 5.0}), ()),
+    (dict(repetition_penalty=1.3), ()),
+    (dict(presence_penalty=0.5), (4,)),
+    (dict(frequency_penalty=0.5), (4,)),
+    (dict(min_tokens=2), (4,)),
+])
+def test_a_row_with_a_processor_never_writes_the_callers_logits(params, output):
+    """`process` works on a copy when a row has a processor: the caller's logits (which the
+    engine and a speculative verifier read again) are left as they were, the processed row
+    differs and the other row is its raw logits."""
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(0))
+    before = logits.clone()
+    seqs = [_seq(SamplingParams(temperature=0)),
+            _seq(SamplingParams(temperature=0, **params), prompt=(3, 5), output=output)]
+    sampler = Sampler(eos_token_ids=frozenset({0}), seed=0, device=torch.device("cpu"))
+    processed = sampler.process(logits, seqs)
+    assert torch.equal(logits, before)
+    assert torch.equal(processed[0], before[0])
+    assert not torch.equal(processed[1], before[1])
+    sampler(logits, seqs)
+    assert torch.equal(logits, before)
+
+
+def test_rows_without_a_processor_get_the_callers_logits_back_uncopied():
+    """Neutral penalties, min_tokens already reached, an empty logit_bias: nothing writes,
+    so `process` hands back the caller's tensor itself (the docstring's promise)."""
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(1))
+    seqs = [_seq(SamplingParams(temperature=0.7, top_p=0.9)),
+            _seq(SamplingParams(min_tokens=1, logit_bias={}), output=(4,)),
+            _seq(SamplingParams(repetition_penalty=1.0, presence_penalty=0.0,
+                                frequency_penalty=0.0, min_tokens=2), output=(4, 6))]
+    sampler = Sampler(eos_token_ids=frozenset({0}), seed=0, device=torch.device("cpu"))
+    assert sampler.process(logits, seqs) is logits
