@@ -39,7 +39,8 @@ TUNING_PLURAL = "pagedinferencetunings"
 # ---- labels and annotations ----
 MANAGED_BY = "paged-inference-operator"      # app.kubernetes.io/managed-by of every child
 TUNING_LABEL = f"{GROUP}/tuning"             # on a trial service: the tuning that owns it
-PREVIOUS_ENGINE = f"{GROUP}/previous-engine"  # on a target Auto changed: its spec.engine before
+PREVIOUS_ENGINE = f"{GROUP}/previous-engine"  # on a target Auto changed: what it changed, before
+# (JSON: {"engine": ..., "autoscaling": {"target"}?, "kvCache": {"offloadGiB"} or null?})
 APPLIED_BY = f"{GROUP}/applied-by"            # ... and the tuning that changed it
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"   # a tuner pod's index (tunerPods)
 

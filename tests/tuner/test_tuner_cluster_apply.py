@@ -152,3 +152,64 @@ def test_no_autoscaler_on_the_live_service_patches_the_engine_only(monkeypatch) 
     assert run.seen[0]["spec"] == {"engine": {"maxNumSeqs": 4}}
     assert json.loads(run.seen[0]["metadata"]["annotations"][PREVIOUS_ENGINE]) == {
         "engine": {"maxNumSeqs": 1}}
+
+
+DISK = {"sizeGiB": 8, "volume": {"persistentVolumeClaim": {"claimName": "kv"}}}
+
+
+def kv_record(offload: float) -> dict:
+    out = record(1.4)
+    out["arms"][1]["params"] = {"max_num_seqs": 4, "kv_offloading_size": offload}
+    return out
+
+
+@pytest.mark.parametrize("live_kv, winner, applied, previous", [
+    ({"disk": DISK}, 2.0, {"offloadGiB": 2.0, "disk": DISK}, {"offloadGiB": None}),
+    ({"offloadGiB": 1.0, "disk": DISK}, 4.0, {"offloadGiB": 4.0, "disk": DISK},
+     {"offloadGiB": 1.0}),
+    ({"offloadGiB": 1.0}, 0, {}, {"offloadGiB": 1.0}),          # the winner turns it off
+    (None, 2.0, {"offloadGiB": 2.0}, None),                     # None: no spec.kvCache
+])
+@pytest.mark.parametrize("verified", [5.0, 0.0])
+def test_auto_applies_the_host_tier_beside_the_engine_and_rolls_it_back(
+        monkeypatch, live_kv, winner, applied, previous, verified) -> None:
+    run = AutoRun(verified_goodput=verified)
+    del run.live["spec"]["autoscaling"]
+    if live_kv is not None:
+        run.live["spec"]["kvCache"] = copy.deepcopy(live_kv)
+    original = copy.deepcopy(run.live["spec"])
+    monkeypatch.setattr(cluster_apply, "measure", lambda *a, **k: {"goodput": verified})
+    apply_decision(run, kv_record(winner))
+    assert run.status["recommendation"]["patch"]["spec"]["kvCache"] == {
+        "offloadGiB": winner or None}
+    assert run.seen[0]["spec"] == {"engine": {"maxNumSeqs": 4}, "kvCache": applied}
+    assert json.loads(run.seen[0]["metadata"]["annotations"][PREVIOUS_ENGINE]) == {
+        "engine": {"maxNumSeqs": 1}, "kvCache": previous}
+    assert run.status["appliedKvCache"] == {"offloadGiB": winner or None}
+    if verified:
+        assert run.status["applied"] == "Yes" and len(run.seen) == 1
+    else:   # the host tier back as it was (the disk tier kept), the annotations gone
+        assert run.status["applied"] == "RolledBack"
+        assert run.live["spec"] == original
+        assert run.live["metadata"]["annotations"] == {}
+
+
+def test_a_host_tier_the_target_already_has_is_not_patched(monkeypatch) -> None:
+    run = AutoRun(verified_goodput=5.0)
+    del run.live["spec"]["autoscaling"]
+    run.live["spec"]["kvCache"] = {"offloadGiB": 2.0}
+    monkeypatch.setattr(cluster_apply, "measure", lambda *a, **k: {"goodput": 5.0})
+    apply_decision(run, kv_record(2.0))
+    assert json.loads(run.seen[0]["metadata"]["annotations"][PREVIOUS_ENGINE]) == {
+        "engine": {"maxNumSeqs": 1}}
+    assert "appliedKvCache" not in run.status
+
+
+def test_the_capacity_runs_with_the_winners_host_tier() -> None:
+    run = Run("Manual")
+    run.spec.capacity = SimpleNamespace(max_probes=2, attainment=0.9)
+    asked = []
+    apply_decision(run, kv_record(2.0), capacity=lambda engine, start, **kw: asked.append(
+        (engine, kw)) or {"ratePerReplica": 1.0})
+    assert asked == [({"maxNumSeqs": 4}, {"kv_cache": {"offloadGiB": 2.0}})]
+    assert run.status["best"]["kvCache"] == {"offloadGiB": 2.0}

@@ -51,3 +51,48 @@ def test_the_default_workload_is_chat_and_a_trace_adds_nothing() -> None:
     assert "kv_offloading_size" not in names(trace)
     # a given searchSpace is the whole space, whatever the workload asks for
     assert names({"workload": "chat", "searchSpace": {"maxNumSeqs": [8]}}) == ["max_num_seqs"]
+
+
+def test_the_baseline_is_the_targets_host_tier_or_none() -> None:
+    from tuner.incluster.kv_tier import outside_baseline
+
+    space = parse_tuning({**BASE, "workload": "chat"}).space
+    assert outside_baseline({"kvCache": {"offloadGiB": 2}}, space) == {"kv_offloading_size": 2.0}
+    assert outside_baseline({"engine": {}}, space) == {"kv_offloading_size": 0}
+    # a space without the dimension leaves the baseline's host tier out of its params
+    assert outside_baseline({"kvCache": {"offloadGiB": 2}},
+                            parse_tuning({**BASE, "workload": "code"}).space) == {}
+
+
+class Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("kv_cache, want", [
+    ({"offloadGiB": 2.0}, {"offloadGiB": 2.0, "disk": {"sizeGiB": 4,
+                                                       "volume": {"emptyDir": {}}}}),
+    ({"offloadGiB": None}, {"disk": {"sizeGiB": 4, "volume": {"emptyDir": {}}}}),
+    (None, {"offloadGiB": 1, "disk": {"sizeGiB": 4, "volume": {"emptyDir": {}}}}),
+])
+def test_the_capacity_service_has_the_winners_host_tier_and_its_own_disk(kv_cache, want):
+    from types import SimpleNamespace
+
+    from tuner.incluster import load as cluster_load
+
+    created = []
+
+    def wait_ready(name, timeout):
+        raise Stop
+    cluster = SimpleNamespace(
+        create_trial=lambda name, target, engine, owner: created.append((target, engine)),
+        wait_ready=wait_ready, delete_service=lambda name, wait: None)
+    disk = {"sizeGiB": 4, "volume": {"persistentVolumeClaim": {"claimName": "kv"}}}
+    target = {"metadata": {"name": "svc"},
+              "spec": {"engine": {"maxNumSeqs": 8}, "kvCache": {"offloadGiB": 1, "disk": disk}}}
+    run = SimpleNamespace(spec=SimpleNamespace(capacity=None, startup_timeout=1), name="t",
+                          cluster=cluster, owner={}, target=target,
+                          target_engine={"maxNumSeqs": 8})
+    with pytest.raises(Stop):
+        cluster_load.measure_capacity(run, {"maxNumSeqs": 4}, start=1.0, kv_cache=kv_cache)
+    assert created[0][0]["spec"]["kvCache"] == want and created[0][1] == {"maxNumSeqs": 4}
+    assert target["spec"]["kvCache"]["disk"] is disk   # the target itself unchanged

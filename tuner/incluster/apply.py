@@ -9,9 +9,11 @@
   status.capacity; with the target's spec.autoscaling, the autoscaler's target it implies
   joins the patch (`spec.autoscaling.target`).
 - Auto: when the winner's lower bound exceeds spec.apply.minGain, the target's spec.engine
-  (and spec.autoscaling.target, from the capacity) is patched, the previous values of what
-  the patch changes recorded in one annotation ({"engine": ..., "autoscaling": {"target":
-  ...}}) and the tuning resource in another; the rollout is awaited, then the gain is verified:
+  (with the host KV tier's spec.kvCache.offloadGiB when the winner sets one, the disk tier
+  kept; and spec.autoscaling.target, from the capacity) is patched, the previous values of
+  what the patch changes recorded in one annotation ({"engine": ..., "kvCache":
+  {"offloadGiB": ...} or null for none, "autoscaling": {"target": ...}}) and the tuning
+  resource in another; the rollout is awaited, then the gain is verified:
   with spec.prometheus.url, on the live service's own traffic (tuner.incluster.live_verify: PromQL
   over spec.apply.verifyWindow before the patch and after the rollout, the same queries;
   the goodput after must be positive and at least the one before); without Prometheus, or
@@ -33,7 +35,8 @@ import yaml
 
 from tuner.incluster import live_verify
 from paged_operator.contract import APPLIED_BY, PREVIOUS_ENGINE
-from tuner.search.space import to_engine_spec as camel
+from tuner.incluster.kv_tier import kv_change
+from tuner.search.space import to_engine_spec as camel, to_spec_patch
 from tuner.measure.promql import PrometheusError
 from tuner.search.stats import t975
 from tuner.measure.runner import Infeasible
@@ -79,8 +82,8 @@ def apply_decision(run: TuningRun, record: dict, *,
     fields: dict[str, Any] = {"decision": {"winner": decision["winner"], "reason": reason}}
     if label is not None:
         gain = gains.get(label)
-        fields["best"] = {"engine": camel(arms[label]["params"]), "source": "confirmation",
-                          **arm_goodput(arms[label])}
+        fields["best"] = {**to_spec_patch(arms[label]["params"]), "source": "confirmation",
+                          **arm_goodput(arms[label])}   # engine, and kvCache when searched
         if gain:
             fields["gain"] = {"ratio": round(gain["ratio"], 4), "low": round(gain["low"], 4),
                               "high": round(gain["high"], 4), "rounds": gain["rounds"],
@@ -92,12 +95,13 @@ def apply_decision(run: TuningRun, record: dict, *,
                 {}, start=max(arm_goodput(arms["baseline"])["goodput"], floor))
         run.publish(**fields, phase="Succeeded", applied="No")
         return
-    engine = camel(arms[label]["params"])
-    target = run.spec.target
-    patch: dict[str, Any] = {"spec": {"engine": engine}}
+    patch: dict[str, Any] = {"spec": to_spec_patch(arms[label]["params"])}
+    engine, target = patch["spec"]["engine"], run.spec.target
+    kv_cache = patch["spec"].get("kvCache")   # the host tier, when the space varies it
     if capacity is not None:
         fields["capacity"] = capacity(
-            engine, start=max(arm_goodput(arms[label])["goodput"], floor))
+            engine, start=max(arm_goodput(arms[label])["goodput"], floor),
+            **({"kv_cache": kv_cache} if kv_cache else {}))
         autoscaler = (fields["capacity"].get("autoscaling") or {}).get("target")
         if autoscaler is not None:
             patch["spec"]["autoscaling"] = {"target": autoscaler}
@@ -116,7 +120,8 @@ def apply_decision(run: TuningRun, record: dict, *,
 
 
 def _apply_and_verify(run: TuningRun, wanted: dict, baseline_goodput: float) -> None:
-    """`wanted`: {"engine": ..., "autoscaling": {"target": ...}?} to merge into the spec."""
+    """`wanted`: {"engine": ..., "kvCache": {"offloadGiB": ...}?, "autoscaling": {"target":
+    ...}?} to merge into the spec."""
     cluster, target = run.cluster, run.spec.target
     live = cluster.get_service(target)
     previous = dict(live["spec"].get("engine") or {})
@@ -127,6 +132,9 @@ def _apply_and_verify(run: TuningRun, wanted: dict, baseline_goodput: float) -> 
     if "autoscaling" in wanted and autoscaling:
         changes["autoscaling"] = wanted["autoscaling"]
         before["autoscaling"] = {"target": autoscaling.get("target")}   # None: the default
+    kv = kv_change(live["spec"], wanted.get("kvCache"))
+    if kv is not None:
+        changes["kvCache"], before["kvCache"] = kv
     live_before = _live_baseline(run)
     patched = cluster.patch_service(target, {
         "metadata": {"annotations": {PREVIOUS_ENGINE: json.dumps(before, sort_keys=True),
@@ -134,6 +142,8 @@ def _apply_and_verify(run: TuningRun, wanted: dict, baseline_goodput: float) -> 
         "spec": changes})
     extra = {"appliedAutoscaling": changes["autoscaling"],
              "previousAutoscaling": before["autoscaling"]} if "autoscaling" in changes else {}
+    if kv is not None:
+        extra |= {"appliedKvCache": changes["kvCache"], "previousKvCache": before["kvCache"]}
     run.publish(phase="Verifying", applied="Yes",
                 appliedEngine=new, previousEngine=previous, **extra)
     try:
@@ -153,6 +163,8 @@ def _apply_and_verify(run: TuningRun, wanted: dict, baseline_goodput: float) -> 
     restore: dict[str, Any] = {"engine": {key: previous.get(key) for key in {**new, **previous}}}
     if "autoscaling" in before:   # a target that was not set goes back to the default
         restore["autoscaling"] = before["autoscaling"]
+    if "kvCache" in before:   # offloadGiB back (None: removed), or no kvCache at all
+        restore["kvCache"] = before["kvCache"]
     rolled = cluster.patch_service(target, {
         "metadata": {"annotations": {PREVIOUS_ENGINE: None, APPLIED_BY: None}},
         "spec": restore})

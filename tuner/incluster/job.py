@@ -47,6 +47,7 @@ from tuner.measure.promql import PrometheusReader
 from tuner.search.confirm import Baseline, run_confirmation
 from tuner.search.loop import Outcome, run_search
 from tuner.search.space import from_engine_spec
+from tuner.incluster.kv_tier import outside_baseline
 from tuner.search.space import to_engine_spec as camel
 from tuner.search.sweep import quiet_optuna
 from loadtests.sources.workload_source import WorkloadSource
@@ -190,7 +191,8 @@ class Tuning:
     # ---- confirm ----
     def confirm(self, study: optuna.Study) -> dict:
         known = {k: v for k, v in self.target_engine.items() if k in BY_KEY}
-        params = from_engine_spec(known, where=f"{self.spec.target} spec.engine")
+        params = {**from_engine_spec(known, where=f"{self.spec.target} spec.engine"),
+                  **outside_baseline(self.target["spec"], self.spec.space)}   # host KV tier
         baseline = Baseline(params, params, f"{self.spec.target}'s spec.engine")
         self.publish(phase="Confirming")
         return run_confirmation(study, baseline=baseline, k=self.spec.candidates,
@@ -223,9 +225,9 @@ class Tuning:
         apply_decision(self, record, capacity=self.capacity if cluster_load.wants_capacity(
             self.spec, self.target) else None)
 
-    def capacity(self, engine: dict, start: float) -> dict:
+    def capacity(self, engine: dict, start: float, kv_cache: dict | None = None) -> dict:
         self.publish(phase="MeasuringCapacity")
-        return cluster_load.measure_capacity(self, engine, start=start)
+        return cluster_load.measure_capacity(self, engine, start=start, kv_cache=kv_cache)
 
 
 def best_of(history: list[dict]) -> dict | None:

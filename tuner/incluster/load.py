@@ -30,6 +30,7 @@ from paged_operator.contract import MASTER_PORT_ENV, TRACE_FILE_ENV, TuningSpec
 from tuner.measure.loadgen import LoadError, LoadSpec
 from tuner.measure.scoring import load_samples
 from tuner.incluster.run import TuningRun
+from tuner.incluster.service_runner import merge_patch, private_disk_tier
 from tuner.measure.trial import measure
 from loadtests.sources.workload_source import WorkloadSource, from_prometheus, from_trace
 
@@ -131,14 +132,20 @@ def autoscaler_target(autoscaling: dict, figures: dict) -> dict[str, Any]:
             "measured": round(float(figures[AUTOSCALER_FIGURES[metric]]), 4)}
 
 
-def measure_capacity(run: TuningRun, engine: dict, *, start: float) -> dict[str, Any]:
-    """status.capacity for `engine` (spec.engine keys) on one trial service."""
+def measure_capacity(run: TuningRun, engine: dict, *, start: float,
+                     kv_cache: dict | None = None) -> dict[str, Any]:
+    """status.capacity for `engine` (spec.engine keys) on one trial service, with the
+    winner's host KV tier (`kv_cache`: {"offloadGiB": GiB or None}) beside the target's disk
+    tier, which becomes the service's own (private_disk_tier), as for a trial."""
     params = run.spec.capacity
     max_probes = params.max_probes if params else 6
     attainment = params.attainment if params else 0.9
     name = f"{run.name}-cap"
     settings = {**run.target_engine, **engine}
-    run.cluster.create_trial(name, run.target, settings, run.owner)
+    spec = merge_patch(run.target["spec"], {"kvCache": kv_cache}) if kv_cache else \
+        run.target["spec"]
+    spec = private_disk_tier(spec)
+    run.cluster.create_trial(name, {**run.target, "spec": spec}, settings, run.owner)
     figures_at: dict[float, dict] = {}
     numbers = itertools.count()
     try:

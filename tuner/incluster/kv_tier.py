@@ -1,0 +1,33 @@
+"""The host KV tier (spec.kvCache.offloadGiB) in the in-cluster tuning's baseline and Auto
+apply: the settings outside spec.engine (space.OUTSIDE_ENGINE) that the Job searches, read
+from the target and patched onto it beside spec.engine, keeping the target's disk tier."""
+from __future__ import annotations
+
+from typing import Any
+
+from tuner.search.space import OUTSIDE_ENGINE, Param, default_value, from_outside_spec
+
+
+def outside_baseline(target_spec: dict[str, Any], space: tuple[Param, ...]) -> dict[str, Any]:
+    """The target's OUTSIDE_ENGINE settings the space varies: its own value, else the
+    engine's default (kv_offloading_size 0: no host tier), so that a candidate equal to the
+    target's current settings is not taken for a change."""
+    have = from_outside_spec(target_spec, where="the target's spec")
+    return {p.name: have.get(p.name, default_value(p.name))
+            for p in space if p.name in OUTSIDE_ENGINE}
+
+
+def kv_change(live_spec: dict[str, Any], wanted: dict[str, Any] | None
+              ) -> tuple[dict, dict | None] | None:
+    """`wanted`: the winner's spec.kvCache patch ({"offloadGiB": GiB or None: off}) or None.
+    -> (the merge patch of spec.kvCache, what rolls it back), or None when nothing changes.
+    The rollback is {"offloadGiB": before} (None removes it; the disk tier stays), or None
+    (remove spec.kvCache) when the target had no kvCache at all."""
+    if not wanted:
+        return None
+    live = live_spec.get("kvCache")
+    live = live if isinstance(live, dict) else None
+    change = {k: v for k, v in wanted.items() if (live or {}).get(k) != v}
+    if not change:
+        return None
+    return change, None if live is None else {k: live.get(k) for k in change}
