@@ -44,6 +44,14 @@ def current_namespace() -> str:
     return NAMESPACE_FILE.read_text().strip() if NAMESPACE_FILE.exists() else "default"
 
 
+def _api_message(exc: ApiException) -> str:
+    """The Status message of an API error (the CRD rule's message is in it)."""
+    try:
+        return str(json.loads(exc.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(exc.reason)
+
+
 def _is_ready(obj: dict) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True"
                for c in (obj.get("status") or {}).get("conditions") or [])
@@ -103,7 +111,15 @@ class Cluster:
                              "ownerReferences": [owner]},
                 "spec": spec}
         self.delete_service(name, wait=True)  # a leftover of an interrupted run
-        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, SERVICES, body)
+        try:
+            self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, SERVICES, body)
+        except ApiException as exc:
+            # 422 Invalid: the settings break a rule of the CRD (a host KV tier on a target
+            # with engine.enablePrefixCaching false): the trial is infeasible, in its words
+            if exc.status == 422:
+                raise Infeasible(f"{name} refused by the API server: "
+                                 f"{_api_message(exc)}") from None
+            raise
 
     def delete_service(self, name: str, *, wait: bool = False, timeout: float = 120) -> None:
         try:
