@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from loadtests.workloads import WORKLOAD_NAMES, get_workload
+from loadtests.workloads import WORKLOAD_NAMES
 from tuner.search.space import (DEFAULT_SPACE, OUTSIDE_ENGINE, SETTINGS, Param, SpaceError,
                                 parse_param)
 
@@ -135,8 +135,8 @@ def search_space(space: Any, also: tuple[str, ...] = ()) -> tuple[Param, ...]:
     """`{blockSize: [16, 32], maxNumSeqs: {min: 8, max: 512, log: true}, offloadGiB: [0, 2]}`
     -> Params. Unset: the settings table's default ranges (each setting's `tune`: block
     size, memory fraction, maxNumSeqs, maxNumBatchedTokens), with those of `also` (the
-    workload's tune_also: chat and rag add the host KV tier's size), as `python -m tuner
-    sweep` searches."""
+    workload's tune_also, which the Job adds: tuner.incluster.kv_tier.with_opt_in; the
+    operator image holds the workloads' names only), as `python -m tuner sweep` searches."""
     if space is None:
         specs = dict(DEFAULT_SPACE) | {name: SETTINGS[name].tune for name in also}
         return tuple(parse_param(name, spec) for name, spec in specs.items())
@@ -256,10 +256,7 @@ def parse_tuning(spec: dict[str, Any]) -> TuningSpec:
         capacity = CapacitySpec(max_probes=_number(capacity, "maxProbes", int, 6, low=1),
                                 attainment=attainment)
     return TuningSpec(
-        target=target, workload=workload,
-        # a workload from a trace or Prometheus: no opt-in dimension (its revisits unknown)
-        space=search_space(spec.get("searchSpace"),
-                           () if source else get_workload(workload).tune_also),
+        target=target, workload=workload, space=search_space(spec.get("searchSpace")),
         trials=_number(spec, "trials", int, 24, low=1),
         parallelism=_number(spec, "parallelism", int, 1, low=1),
         duration=parse_duration(spec.get("trialDuration", "120s"), "trialDuration"),

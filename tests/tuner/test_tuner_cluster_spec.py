@@ -94,14 +94,15 @@ def test_an_unset_search_space_is_the_settings_tables_default_ranges() -> None:
     from engine.settings import SPEC_SETTINGS
     from tuner.search.space import parse_param
 
-    spec = parse_tuning({"targetRef": {"name": "svc"}, "workload": "summarize"})
+    spec = parse_tuning({"targetRef": {"name": "svc"}})
     tuned = {s.name: s.tune for s in SPEC_SETTINGS if s.tune} | {
         k.name: k.tune for s in SPEC_SETTINGS for k in s.keys if k.tune}  # num_speculative_tokens
     assert {"block_size", "gpu_memory_utilization", "max_num_seqs",
             "max_num_batched_tokens"} <= set(tuned)
     assert spec.space == tuple(parse_param(name, text) for name, text in tuned.items())
-    # chat, the default workload, asks for the host KV tier too (tune_also)
-    chat = parse_tuning({"targetRef": {"name": "svc"}})
+    # ... to which the Job adds what chat, the default workload, asks for (tune_also)
+    from tuner.incluster.kv_tier import with_opt_in
+    chat = with_opt_in(spec, {"targetRef": {"name": "svc"}})
     assert chat.space == spec.space + (parse_param("kv_offloading_size", [0, 0.5, 1, 2, 4]),)
     # given but empty is still a mistake to name
     with pytest.raises(ValueError, match="spec.searchSpace: give at least one"):

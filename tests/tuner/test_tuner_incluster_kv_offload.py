@@ -1,5 +1,7 @@
-"""The host KV tier in the in-cluster tuning (issue 27): spec.searchSpace.offloadGiB and the
-workload's opt-in dimensions in the Job's default space."""
+"""The host KV tier in the in-cluster tuning (issue 27): spec.searchSpace.offloadGiB, the
+workload's opt-in dimensions in the Job's default space (the operator's parse_tuning gives
+the table's defaults: its image has no workload definitions), the baseline, the capacity
+service."""
 from __future__ import annotations
 
 import pytest
@@ -10,8 +12,16 @@ from tuner.search.space import Param
 BASE = {"targetRef": {"name": "svc"}}
 
 
+def job_space(spec: dict) -> tuple[Param, ...]:
+    """The space the Job searches for `spec`."""
+    from tuner.incluster.kv_tier import with_opt_in
+
+    spec = {**BASE, **spec}
+    return with_opt_in(parse_tuning(spec), spec).space
+
+
 def names(spec: dict) -> list[str]:
-    return [p.name for p in parse_tuning({**BASE, **spec}).space]
+    return [p.name for p in job_space(spec)]
 
 
 def test_search_space_offload_gib_is_the_host_tier_as_a_list_or_a_range() -> None:
@@ -40,6 +50,9 @@ def test_an_unset_search_space_adds_the_workloads_opt_in_dimensions(workload, ho
 
     found = names({"workload": workload})
     assert ("kv_offloading_size" in found) == host_tier
+    # the operator's own parse (and SpecValid) is the table's defaults, for any workload
+    assert "kv_offloading_size" not in [p.name for p in parse_tuning(
+        {**BASE, "workload": workload}).space]
     assert set(get_workload(workload).tune_also) <= set(found)
     assert found[:4] == ["block_size", "gpu_memory_utilization", "max_num_seqs",
                          "max_num_batched_tokens"]
@@ -56,12 +69,12 @@ def test_the_default_workload_is_chat_and_a_trace_adds_nothing() -> None:
 def test_the_baseline_is_the_targets_host_tier_or_none() -> None:
     from tuner.incluster.kv_tier import outside_baseline
 
-    space = parse_tuning({**BASE, "workload": "chat"}).space
+    space = job_space({"workload": "chat"})
     assert outside_baseline({"kvCache": {"offloadGiB": 2}}, space) == {"kv_offloading_size": 2.0}
     assert outside_baseline({"engine": {}}, space) == {"kv_offloading_size": 0}
     # a space without the dimension leaves the baseline's host tier out of its params
     assert outside_baseline({"kvCache": {"offloadGiB": 2}},
-                            parse_tuning({**BASE, "workload": "code"}).space) == {}
+                            job_space({"workload": "code"})) == {}
 
 
 class Stop(Exception):
@@ -96,3 +109,31 @@ def test_the_capacity_service_has_the_winners_host_tier_and_its_own_disk(kv_cach
         cluster_load.measure_capacity(run, {"maxNumSeqs": 4}, start=1.0, kv_cache=kv_cache)
     assert created[0][0]["spec"]["kvCache"] == want and created[0][1] == {"maxNumSeqs": 4}
     assert target["spec"]["kvCache"]["disk"] is disk   # the target itself unchanged
+
+
+@pytest.mark.parametrize("workload, host_tier", [("rag", True), ("code", False)])
+def test_the_job_searches_the_workloads_opt_in_space(tmp_path, monkeypatch, workload,
+                                                     host_tier) -> None:
+    """python -m tuner tune --cluster: the space the Tuning gets, with a fake cluster."""
+    from types import SimpleNamespace
+
+    from tuner.incluster import job
+
+    body = {"metadata": {"name": "tune"}, "spec": {**BASE, "workload": workload}}
+    fake = SimpleNamespace(ns="ns", get_tuning=lambda: body, stopping=SimpleNamespace(
+        is_set=lambda: False), get_service=lambda name: {"spec": {"engine": {}}})
+    monkeypatch.setattr(job, "load_client", lambda: None)
+    monkeypatch.setattr(job, "Cluster", lambda api, ns, name: fake)
+    monkeypatch.setattr(job.cluster_load, "workload_source", lambda spec, **kw: None)
+    monkeypatch.setattr(job.signal, "signal", lambda *a: None)
+    seen = []
+
+    class Tuning:
+        def __init__(self, cluster, body, spec, *rest) -> None:
+            seen.append(spec)
+
+        def run(self, storage, *, index) -> None:
+            pass
+    monkeypatch.setattr(job, "Tuning", Tuning)
+    assert job.main(["--cluster", "--name", "tune", "--out-dir", str(tmp_path)]) == 0
+    assert ("kv_offloading_size" in [p.name for p in seen[0].space]) == host_tier

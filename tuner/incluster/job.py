@@ -47,7 +47,7 @@ from tuner.measure.promql import PrometheusReader
 from tuner.search.confirm import Baseline, run_confirmation
 from tuner.search.loop import Outcome, run_search
 from tuner.search.space import from_engine_spec
-from tuner.incluster.kv_tier import outside_baseline
+from tuner.incluster.kv_tier import outside_baseline, with_opt_in
 from tuner.search.space import to_engine_spec as camel
 from tuner.search.sweep import quiet_optuna
 from loadtests.sources.workload_source import WorkloadSource
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{args.name} is {body['status']['phase']} already: nothing to do")
         return 0
     try:
-        spec = parse_tuning(body.get("spec") or {})
+        spec = with_opt_in(parse_tuning(body.get("spec") or {}), body.get("spec") or {})
         target = cluster.get_service(spec.target)
         if target is None:
             raise ValueError(f"spec.targetRef.name: no PagedInferenceService {spec.target!r} "

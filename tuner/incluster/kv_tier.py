@@ -1,11 +1,26 @@
-"""The host KV tier (spec.kvCache.offloadGiB) in the in-cluster tuning's baseline and Auto
-apply: the settings outside spec.engine (space.OUTSIDE_ENGINE) that the Job searches, read
-from the target and patched onto it beside spec.engine, keeping the target's disk tier."""
+"""The host KV tier (spec.kvCache.offloadGiB) in the in-cluster tuning: the Job's default
+space with the workload's opt-in dimensions, and the settings outside spec.engine
+(space.OUTSIDE_ENGINE) that the Job searches, read from the target for the baseline and
+patched onto it by Auto beside spec.engine, keeping the target's disk tier."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from loadtests.workloads import get_workload
+from paged_operator.contract import TuningSpec, search_space
 from tuner.search.space import OUTSIDE_ENGINE, Param, default_value, from_outside_spec
+
+
+def with_opt_in(tuning: TuningSpec, spec: dict[str, Any]) -> TuningSpec:
+    """The Job's space: with spec.searchSpace unset, the named workload's tune_also joins
+    the table's defaults (chat, the default, and rag: kv_offloading_size); a workload from
+    workloadFrom adds none (its revisits are unknown). The operator's parse_tuning gives the
+    defaults alone: its image holds the workloads' names, not their definitions."""
+    if spec.get("searchSpace") is not None or tuning.workload_from is not None:
+        return tuning
+    also = get_workload(tuning.workload).tune_also
+    return dataclasses.replace(tuning, space=search_space(None, also)) if also else tuning
 
 
 def outside_baseline(target_spec: dict[str, Any], space: tuple[Param, ...]) -> dict[str, Any]:
