@@ -384,3 +384,116 @@ def test_the_byte_counters_are_blocks_times_the_block_size(tiny_checkpoints):
     block = 2 * 2 * 16 * 2 * 16 * 4
     assert moved["GPU_to_CPU"] == stats.blocks_stored[MEDIUM_CPU] * block
     assert moved["CPU_to_GPU"] == stats.blocks_loaded[MEDIUM_CPU] * block
+
+
+def test_invariants_hold_while_blocks_load_and_catch_a_loading_block_in_the_cache(
+        tiny_checkpoints):
+    """Between scheduling and the step's loads, each loading block is held by its request
+    and not yet in the prefix cache; a loading block found cached is caught."""
+    engine = LLMEngine.from_args(model=tiny_checkpoints["llama"], block_size=16,
+                                 num_gpu_blocks_override=10, max_model_len=128,
+                                 kv_offloading_size=block_gib(16, 20))
+    first = prompts(seed=5, count=3, prefix_len=64)
+    for i, p in enumerate(first):
+        engine.add_request(f"warm{i}", p["prompt_token_ids"], GREEDY)
+        while engine.has_unfinished_requests():
+            engine.step()
+        engine.offload.drain()
+    engine.add_request("again", with_tail(first[0], 4)["prompt_token_ids"], GREEDY)
+    batch = engine.scheduler.schedule()
+    assert batch.blocks_to_load
+    engine.check_no_leaks()
+    hit, block_id = batch.blocks_to_load[0]
+    kv = engine.kv
+    kv.blocks[block_id].block_hash, kv._hash_to_block[b"early"] = b"early", block_id
+    with pytest.raises(AssertionError):
+        engine.check_no_leaks()
+    kv.blocks[block_id].block_hash = None
+    del kv._hash_to_block[b"early"]
+    engine.check_no_leaks()
+    _finish_step(engine, batch)
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.check_no_leaks()
+
+
+class _Worker:
+    """A copy worker whose queue accepts or refuses each job as scripted (jobs never run)."""
+
+    def __init__(self, answers: list[bool]) -> None:
+        self.answers, self.jobs = list(answers), []
+
+    def submit(self, job) -> bool:
+        ok = self.answers.pop(0)
+        if ok:
+            self.jobs.append(job)
+        return ok
+
+
+class _Transfer:
+    def __init__(self) -> None:
+        self.loaded: list[tuple[list, list[int]]] = []
+
+    def gather(self, block_ids):
+        return list(block_ids)
+
+    def load(self, data, block_ids):
+        self.loaded.append((list(data), list(block_ids)))
+
+
+class _Pool:
+    """The KV cache manager's side of a load: which planned loads are still wanted."""
+
+    def __init__(self, wanted: set[int]) -> None:
+        self.wanted, self.finished, self.events, self.blocks = wanted, [], None, []
+
+    def is_loading(self, block_id, hit) -> bool:
+        return block_id in self.wanted
+
+    def finish_load(self, block_id) -> None:
+        self.finished.append(block_id)
+
+
+class _Batch:
+    def __init__(self, stores=(), loads=()) -> None:
+        self.blocks_to_store, self.blocks_to_load = list(stores), list(loads)
+
+
+def test_stores_the_copy_queue_refuses_are_counted_as_dropped():
+    """A refused fill drops the step's stores; a refused disk write drops the host tier's
+    evictions; every refusal adds to stores_dropped (vllm:kv_offload_stores_skipped)."""
+    from engine.kv_offload import HostTier, OffloadTiers
+
+    worker = _Worker([False, True, False, False])
+    tiers = OffloadTiers(HostTier(64, 64), _Transfer(), worker, disk=object())
+    tiers.transfer(_Batch(stores=[(0, b"h1")]))  # the fill refused: 1 dropped
+    assert tiers.stats.stores_dropped == 1 and len(tiers.host) == 0
+    tiers.transfer(_Batch(stores=[(1, b"h2"), (2, b"h3")]))  # h2 evicted, its write refused
+    assert tiers.stats.stores_dropped == 2 and tiers.host.hashes() == [b"h3"]
+    tiers.transfer(_Batch(stores=[(3, b"h4")]))  # the fill refused again
+    assert tiers.stats.stores_dropped == 3 and tiers.host.hashes() == [b"h3"]
+    assert len(worker.jobs) == 1
+
+
+def test_a_steps_loads_run_if_still_wanted_and_the_rest_count_as_cancelled():
+    import time as _time
+
+    from engine.kv_offload import HostEntry, HostTier, OffloadTiers, TierHit
+
+    hits = [TierHit(bytes([i]) * 16, HostEntry(bytes([i]) * 16, data=f"kv{i}"),
+                    MEDIUM_CPU if i % 2 else MEDIUM_DISK) for i in range(5)]
+    transfer, pool = _Transfer(), _Pool(wanted={10, 11, 13})
+    tiers = OffloadTiers(HostTier(0, 64), transfer, _Worker([]))
+    tiers.kv = pool
+    before = _time.perf_counter()
+    tiers.transfer(_Batch(loads=[(hit, 10 + i) for i, hit in enumerate(hits)]))
+    elapsed = _time.perf_counter() - before
+    assert transfer.loaded == [(["kv0", "kv1", "kv3"], [10, 11, 13])]
+    assert pool.finished == [10, 11, 13]
+    assert tiers.stats.loads_cancelled == 2
+    assert tiers.stats.blocks_loaded == {MEDIUM_CPU: 2, MEDIUM_DISK: 1}
+    assert sum(tiers.stats.load_buckets) == 1  # one load per step, however many blocks
+    assert 0 <= tiers.stats.load_seconds_sum <= elapsed
+    tiers.transfer(_Batch(loads=[(hits[0], 10), (hits[2], 12)]))
+    assert tiers.stats.loads_cancelled == 3 and sum(tiers.stats.load_buckets) == 2
+    assert tiers.stats.blocks_loaded == {MEDIUM_CPU: 2, MEDIUM_DISK: 2}

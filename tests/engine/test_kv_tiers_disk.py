@@ -266,3 +266,27 @@ def test_each_block_written_to_disk_is_counted_once(tiny_checkpoints, tmp_path):
     files = len(os.listdir(tmp_path))
     assert files >= 4 and tiers.stats.stores_dropped == 0
     assert tiers.stats.blocks_stored[MEDIUM_DISK] == files
+
+
+def test_disk_writes_are_announced_as_disk_and_counted_like_the_events(tiny_checkpoints,
+                                                                      tmp_path):
+    """A block spilled to disk is a BlockStored event of medium Disk naming its hash; the
+    events' stores per tier match the tiers' own counters."""
+    from engine.kv_events import KVEventRecorder
+
+    llm = disk_llm(tiny_checkpoints["llama"], tmp_path)
+    engine = llm.llm_engine
+    recorder = KVEventRecorder(16)
+    engine.kv.events = recorder
+    events = []
+    for p in prompts(seed=24, count=4, prefix_len=64):
+        llm.generate([p], GREEDY)
+        events += recorder.take()
+        engine.offload.drain()
+    stored = {m: [h for e in events if e[0] == "BlockStored" and e[-1] == m for h in e[1]]
+              for m in ("CPU", "Disk")}
+    stats = engine.offload.stats
+    assert stats.blocks_stored[MEDIUM_DISK] > 0
+    assert len(stored["Disk"]) == stats.blocks_stored[MEDIUM_DISK] == len(os.listdir(tmp_path))
+    assert len(stored["CPU"]) == stats.blocks_stored["CPU"] > 0
+    assert set(stored["Disk"]) <= set(stored["CPU"]), "spilled from the host tier"
