@@ -497,3 +497,23 @@ def test_a_steps_loads_run_if_still_wanted_and_the_rest_count_as_cancelled():
     tiers.transfer(_Batch(loads=[(hits[0], 10), (hits[2], 12)]))
     assert tiers.stats.loads_cancelled == 3 and sum(tiers.stats.load_buckets) == 2
     assert tiers.stats.blocks_loaded == {MEDIUM_CPU: 2, MEDIUM_DISK: 2}
+
+
+def test_the_host_tier_is_an_lru_bounded_by_whole_blocks():
+    from engine.kv_offload import HostEntry, HostTier
+
+    for capacity, block in [(-1, 64), (64, 0)]:
+        with pytest.raises(AssertionError):
+            HostTier(capacity, block)
+    assert HostTier(3, 1).max_entries == 3
+    tier = HostTier(2 * 64 + 63, 64)  # room for two blocks, not three
+    a, b, c = (HostEntry(h * 16, data=h) for h in (b"a", b"b", b"c"))
+    assert tier.insert(a) == [] and tier.insert(b) == []
+    assert tier.get(b"a" * 16) is a  # now the most recent
+    assert tier.insert(c) == [b]
+    assert tier.hashes() == [b"a" * 16, b"c" * 16] and tier.used_bytes == 128
+    tier.check_invariants()
+    # an entry made with its data is ready; one still to be filled is not
+    assert a.loadable and not a.on_disk
+    pending = HostEntry(b"p" * 16)
+    assert not pending.ready.is_set() and not pending.loadable
