@@ -244,3 +244,23 @@ def test_rows_without_a_processor_get_the_callers_logits_back_uncopied():
                                 frequency_penalty=0.0, min_tokens=2), output=(4, 6))]
     sampler = Sampler(eos_token_ids=frozenset({0}), seed=0, device=torch.device("cpu"))
     assert sampler.process(logits, seqs) is logits
+
+
+def test_the_distribution_of_a_greedy_row_is_one_hot_on_its_argmax():
+    """What a speculative verifier reads for a temperature-0 row: all mass on the argmax,
+    next to a sampled row's softmax(logits / T)."""
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(2))
+    seqs = [_seq(SamplingParams(temperature=0)), _seq(SamplingParams(temperature=0.5))]
+    sampler = Sampler(eos_token_ids=frozenset(), seed=0, device=torch.device("cpu"))
+    probs = sampler.distribution(logits, seqs)
+    assert torch.equal(probs[0], torch.nn.functional.one_hot(logits[0].argmax(), VOCAB).float())
+    assert torch.allclose(probs[1], torch.softmax(logits[1] / 0.5, -1))
+
+
+def test_a_forgotten_sequence_leaves_no_seeded_stream_behind():
+    sampler = Sampler(eos_token_ids=frozenset(), seed=0, device=torch.device("cpu"))
+    seq = _seq(SamplingParams(temperature=1.0, seed=7))
+    sampler(torch.zeros(1, VOCAB), [seq])
+    assert set(sampler.snapshot([seq])[1]) == {seq.seq_id}
+    sampler.forget(seq)
+    assert sampler.snapshot([seq]) == (0, {})
