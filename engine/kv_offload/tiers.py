@@ -143,10 +143,12 @@ class OffloadTiers:
         return evicted
 
     def _spill(self, entries: list[HostEntry]) -> None:
-        """Host evictions go to disk: one worker job, after the ones filling them."""
+        """Host evictions go to disk: one worker job, after the ones filling them. A block
+        whose file is there already (read from disk before, by this engine or another on
+        the directory) is not written again: the key is its content, and reading it
+        refreshed its place in the disk tier's LRU."""
         if self.disk is not None:
-            entries = [e for e in entries
-                       if not (e.on_disk and self.disk.path_for(e.block_hash).exists())]
+            entries = [e for e in entries if not self.disk.path_for(e.block_hash).exists()]
         if self.disk is None or not entries:
             return
         if not self.worker.submit(lambda: self._write(entries)):

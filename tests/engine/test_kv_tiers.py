@@ -4,6 +4,7 @@ the engine without tiers (itself equal to transformers: test_greedy_parity.py)."
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from test_prefix_and_cow import _finish_step  # the second half of a step the test scheduled
@@ -464,8 +465,12 @@ def test_stores_the_copy_queue_refuses_are_counted_as_dropped():
     evictions; every refusal adds to stores_dropped (vllm:kv_offload_stores_skipped)."""
     from engine.kv_offload import HostTier, OffloadTiers
 
+    class NoFilesYet:  # a disk tier holding none of these blocks (the writes never run)
+        def path_for(self, block_hash):
+            return Path("/nonexistent-kv-disk") / block_hash.hex()
+
     worker = _Worker([False, True, False, False])
-    tiers = OffloadTiers(HostTier(64, 64), _Transfer(), worker, disk=object())
+    tiers = OffloadTiers(HostTier(64, 64), _Transfer(), worker, disk=NoFilesYet())
     tiers.transfer(_Batch(stores=[(0, b"h1")]))  # the fill refused: 1 dropped
     assert tiers.stats.stores_dropped == 1 and len(tiers.host) == 0
     tiers.transfer(_Batch(stores=[(1, b"h2"), (2, b"h3")]))  # h2 evicted, its write refused

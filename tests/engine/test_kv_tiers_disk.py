@@ -257,10 +257,13 @@ def test_a_step_evicting_many_blocks_spills_them_all(tiny_checkpoints, recompute
 def test_each_block_written_to_disk_is_counted_once(tiny_checkpoints, tmp_path):
     """blocks_stored[Disk] (vllm:kv_offload_blocks_stored{medium="Disk"}) counts the files
     written: with room for all of them, one per file in the directory. A block read back
-    from disk passes through the (empty) host tier without being written again."""
+    from disk passes through the (empty) host tier without being written again, also when
+    the pool evicts it once more (every prefix comes back, so each is loaded and evicted
+    again)."""
     first = prompts(seed=23, count=4, prefix_len=64)
     llm = disk_llm(tiny_checkpoints["llama"], tmp_path, kv_offloading_size=0)
-    run_phases(llm, [[p] for p in first] + [[with_tail(first[0], 50)]])
+    run_phases(llm, [[p] for p in first] + [[with_tail(p, 50)] for p in first]
+               + [[with_tail(first[0], 70)]])
     assert llm.llm_engine.kv.stats().hits_by_medium[MEDIUM_DISK] > 0
     tiers = llm.llm_engine.offload
     files = len(os.listdir(tmp_path))
