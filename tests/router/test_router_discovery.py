@@ -6,12 +6,11 @@ import asyncio
 import time
 
 import httpx
-import kmock
 import pytest
 from router_fakes import FakeBackend
 from router_harness import RouterThread
+from slice_api import endpoint_slice_api
 
-SLICES = "discovery.k8s.io/v1/endpointslices"
 NS = "llm"
 
 
@@ -44,17 +43,7 @@ async def test_pods_join_when_ready_and_leave_when_not(tmp_path, monkeypatch):
 
 
 async def _scenario(tmp_path, monkeypatch, port, a, b, c) -> None:
-    async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
-        emulator.resources[SLICES] = kmock.ResourceInfo(
-            kind="EndpointSlice", namespaced=True,
-            verbs={"get", "list", "watch", "create", "update", "patch", "delete"})
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
-            f"clusters: [{{name: t, cluster: {{server: '{server.url}'}}}}]\n"
-            "users: [{name: t, user: {token: t}}]\n"
-            "contexts: [{name: t, context: {cluster: t, user: t}}]\n")
-        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    async with endpoint_slice_api(tmp_path, monkeypatch) as server:
         api = server.client
         base = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
         # one pod ready, one starting; and a slice of another Service on the same pods
@@ -109,17 +98,7 @@ async def test_precise_follows_the_event_ports_the_endpoint_slices_name(tmp_path
                       "port": int(publisher.endpoint.rsplit(":", 1)[1])},
                      {"name": "kv-replay", "protocol": "TCP",
                       "port": int(publisher.replay_endpoint.rsplit(":", 1)[1])}]
-            async with kmock.KubernetesEmulator() as emulator, \
-                    kmock.Server(emulator) as server:
-                emulator.resources[SLICES] = kmock.ResourceInfo(
-                    kind="EndpointSlice", namespaced=True, verbs={"get", "list", "watch"})
-                kubeconfig = tmp_path / "kubeconfig"
-                kubeconfig.write_text(
-                    "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
-                    f"clusters: [{{name: t, cluster: {{server: '{server.url}'}}}}]\n"
-                    "users: [{name: t, user: {token: t}}]\n"
-                    "contexts: [{name: t, context: {cluster: t, user: t}}]\n")
-                monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+            async with endpoint_slice_api(tmp_path, monkeypatch) as server:
                 body = endpoint_slice("engine-abc", "engine", [("127.0.0.2", True)], port)
                 body["ports"] = ports
                 await server.client.post(

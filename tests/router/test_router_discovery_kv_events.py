@@ -7,15 +7,14 @@ from __future__ import annotations
 import asyncio
 import time
 
-import kmock
 import pytest
 from kubernetes import client
+from slice_api import endpoint_slice_api
 
 from engine.router.discovery import EndpointSliceWatcher, slice_backends
 from engine.router.metrics import RouterMetrics
 from engine.router.pool import BackendPool
 
-SLICES = "discovery.k8s.io/v1/endpointslices"
 NS = "llm"
 HTTP = {"name": "http", "port": 8000, "protocol": "TCP"}
 PUB = {"name": "kv-events", "port": 5557, "protocol": "TCP"}
@@ -76,17 +75,7 @@ async def until(predicate, timeout: float = 20.0) -> None:
 
 @pytest.mark.asyncio
 async def test_watcher_keeps_the_given_endpoint_map_in_step_with_the_pool(tmp_path, monkeypatch):
-    async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
-        emulator.resources[SLICES] = kmock.ResourceInfo(
-            kind="EndpointSlice", namespaced=True,
-            verbs={"get", "list", "watch", "create", "update", "patch", "delete"})
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
-            f"clusters: [{{name: t, cluster: {{server: '{server.url}'}}}}]\n"
-            "users: [{name: t, user: {token: t}}]\n"
-            "contexts: [{name: t, context: {cluster: t, user: t}}]\n")
-        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    async with endpoint_slice_api(tmp_path, monkeypatch) as server:
         base = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
         await server.client.post(base, json=endpoint_slice(
             "engine-a", [("127.0.0.2", True), ("127.0.0.3", False)], [HTTP, PUB, REPLAY]))
