@@ -40,6 +40,7 @@ _KV_SCHEDULER_TESTS = ["tests/engine/test_scheduler_policy.py",
 # The host and disk tiers under the device pool (engine/kv_offload/, hooks in
 # kv_cache_manager.py). Not test_kv_tiers_metrics.py: it starts a server process.
 _KV_TIER_TESTS = ["tests/engine/test_kv_tiers.py",
+                  "tests/engine/test_kv_tiers_units.py",
                   "tests/engine/test_kv_tiers_disk.py"]
 _OPERATOR_TESTS = ["tests/operator/test_operator_manifests.py",
                    "tests/operator/test_operator_engine_contract.py",

@@ -1,0 +1,149 @@
+"""OffloadTiers and HostTier alone (engine/kv_offload/tiers.py, host.py), with stand-ins
+for the transfer, the worker and the KV cache manager: the counters, the load latency
+histogram, refused copies, cancelled loads and the LRU. test_kv_tiers.py runs the tiers
+inside the engine."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.kv_offload import MEDIUM_CPU, MEDIUM_DISK
+
+
+def test_load_latencies_fill_a_cumulative_histogram_as_prometheus_reads_it():
+    """Each observed load adds to the sum and to the one bucket of the first edge it does
+    not exceed (`le`), the last bucket holding what exceeds every edge."""
+    from engine.kv_offload.tiers import LOAD_SECONDS_BUCKETS, TierStats
+
+    stats = TierStats()
+    seconds = [0.00005, 0.0001, 0.0003, 0.003, 0.003, 0.2, 1.0, 7.0]
+    for s in seconds:
+        stats.observe_load(s)
+    assert stats.load_seconds_sum == pytest.approx(sum(seconds))
+    edges = list(LOAD_SECONDS_BUCKETS) + [float("inf")]
+    lower = [float("-inf")] + list(LOAD_SECONDS_BUCKETS)
+    assert stats.load_buckets == [sum(lo < s <= hi for s in seconds)
+                                  for lo, hi in zip(lower, edges)]
+
+
+def test_a_host_copy_still_in_flight_is_no_hit_until_ready():
+    """`find` never hands out a block the worker has not filled yet (the step would load
+    garbage); once ready, it is a CPU hit."""
+    from engine.kv_offload import HostEntry, HostTier, OffloadTiers
+
+    tiers = OffloadTiers(HostTier(4 * 64, 64), transfer=None, worker=None)
+    entry = HostEntry(b"h" * 16)
+    tiers.host.insert(entry)
+    assert tiers.find(b"h" * 16) is None
+    entry.data = "the block"
+    entry.ready.set()
+    hit = tiers.find(b"h" * 16)
+    assert (hit.block_hash, hit.entry, hit.medium) == (b"h" * 16, entry, MEDIUM_CPU)
+    assert tiers.find(b"x" * 16) is None
+
+
+class _Worker:
+    """A copy worker whose queue accepts or refuses each job as scripted (jobs never run)."""
+
+    def __init__(self, answers: list[bool]) -> None:
+        self.answers, self.jobs = list(answers), []
+
+    def submit(self, job) -> bool:
+        ok = self.answers.pop(0)
+        if ok:
+            self.jobs.append(job)
+        return ok
+
+
+class _Transfer:
+    def __init__(self) -> None:
+        self.loaded: list[tuple[list, list[int]]] = []
+
+    def gather(self, block_ids):
+        return list(block_ids)
+
+    def load(self, data, block_ids):
+        self.loaded.append((list(data), list(block_ids)))
+
+
+class _Pool:
+    """The KV cache manager's side of a load: which planned loads are still wanted."""
+
+    def __init__(self, wanted: set[int]) -> None:
+        self.wanted, self.finished, self.events, self.blocks = wanted, [], None, []
+
+    def is_loading(self, block_id, hit) -> bool:
+        return block_id in self.wanted
+
+    def finish_load(self, block_id) -> None:
+        self.finished.append(block_id)
+
+
+class _Batch:
+    def __init__(self, stores=(), loads=()) -> None:
+        self.blocks_to_store, self.blocks_to_load = list(stores), list(loads)
+
+
+def test_stores_the_copy_queue_refuses_are_counted_as_dropped():
+    """A refused fill drops the step's stores; a refused disk write drops the host tier's
+    evictions; every refusal adds to stores_dropped (vllm:kv_offload_stores_skipped)."""
+    from engine.kv_offload import HostTier, OffloadTiers
+
+    class NoFilesYet:  # a disk tier holding none of these blocks (the writes never run)
+        def path_for(self, block_hash):
+            return Path("/nonexistent-kv-disk") / block_hash.hex()
+
+    worker = _Worker([False, True, False, False])
+    tiers = OffloadTiers(HostTier(64, 64), _Transfer(), worker, disk=NoFilesYet())
+    tiers.transfer(_Batch(stores=[(0, b"h1")]))  # the fill refused: 1 dropped
+    assert tiers.stats.stores_dropped == 1 and len(tiers.host) == 0
+    tiers.transfer(_Batch(stores=[(1, b"h2"), (2, b"h3")]))  # h2 evicted, its write refused
+    assert tiers.stats.stores_dropped == 2 and tiers.host.hashes() == [b"h3"]
+    tiers.transfer(_Batch(stores=[(3, b"h4")]))  # the fill refused again
+    assert tiers.stats.stores_dropped == 3 and tiers.host.hashes() == [b"h3"]
+    assert len(worker.jobs) == 1
+
+
+def test_a_steps_loads_run_if_still_wanted_and_the_rest_count_as_cancelled():
+    import time as _time
+
+    from engine.kv_offload import HostEntry, HostTier, OffloadTiers, TierHit
+
+    hits = [TierHit(bytes([i]) * 16, HostEntry(bytes([i]) * 16, data=f"kv{i}"),
+                    MEDIUM_CPU if i % 2 else MEDIUM_DISK) for i in range(5)]
+    transfer, pool = _Transfer(), _Pool(wanted={10, 11, 13})
+    tiers = OffloadTiers(HostTier(0, 64), transfer, _Worker([]))
+    tiers.kv = pool
+    before = _time.perf_counter()
+    tiers.transfer(_Batch(loads=[(hit, 10 + i) for i, hit in enumerate(hits)]))
+    elapsed = _time.perf_counter() - before
+    assert transfer.loaded == [(["kv0", "kv1", "kv3"], [10, 11, 13])]
+    assert pool.finished == [10, 11, 13]
+    assert tiers.stats.loads_cancelled == 2
+    assert tiers.stats.blocks_loaded == {MEDIUM_CPU: 2, MEDIUM_DISK: 1}
+    assert sum(tiers.stats.load_buckets) == 1  # one load per step, however many blocks
+    assert 0 <= tiers.stats.load_seconds_sum <= elapsed
+    tiers.transfer(_Batch(loads=[(hits[0], 10), (hits[2], 12)]))
+    assert tiers.stats.loads_cancelled == 3 and sum(tiers.stats.load_buckets) == 2
+    assert tiers.stats.blocks_loaded == {MEDIUM_CPU: 2, MEDIUM_DISK: 2}
+
+
+def test_the_host_tier_is_an_lru_bounded_by_whole_blocks():
+    from engine.kv_offload import HostEntry, HostTier
+
+    for capacity, block in [(-1, 64), (64, 0)]:
+        with pytest.raises(AssertionError):
+            HostTier(capacity, block)
+    assert HostTier(3, 1).max_entries == 3
+    tier = HostTier(2 * 64 + 63, 64)  # room for two blocks, not three
+    a, b, c = (HostEntry(h * 16, data=h) for h in (b"a", b"b", b"c"))
+    assert tier.insert(a) == [] and tier.insert(b) == []
+    assert tier.get(b"a" * 16) is a  # now the most recent
+    assert tier.insert(c) == [b]
+    assert tier.hashes() == [b"a" * 16, b"c" * 16] and tier.used_bytes == 128
+    tier.check_invariants()
+    # an entry made with its data is ready; one still to be filled is not
+    assert a.loadable and not a.on_disk
+    pending = HostEntry(b"p" * 16)
+    assert not pending.ready.is_set() and not pending.loadable
