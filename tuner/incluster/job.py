@@ -47,8 +47,7 @@ from tuner.measure.promql import PrometheusReader
 from tuner.search.confirm import Baseline, run_confirmation
 from tuner.search.loop import Outcome, run_search
 from tuner.search.space import from_engine_spec
-from tuner.incluster.kv_tier import outside_baseline, with_opt_in
-from tuner.search.space import to_engine_spec as camel
+from tuner.incluster.kv_tier import outside_baseline, trial_spec, with_opt_in
 from tuner.search.sweep import quiet_optuna
 from loadtests.sources.workload_source import WorkloadSource
 
@@ -121,7 +120,7 @@ class Tuning:
         def entry(trial: optuna.Trial, outcome: Outcome) -> None:
             """The trial's line of status.history, kept on the trial in the study."""
             params = outcome.params
-            record = {"trial": trial.number, "params": params, "engine": camel(params),
+            record = {"trial": trial.number, "params": params, **trial_spec(params),
                       "pod": self.pod}
             if outcome.figures is not None:
                 record.update(goodput=round(outcome.figures["goodput"], 4),
@@ -217,8 +216,9 @@ class Tuning:
         self.search(study)
         record = self.confirm(study)
         base = record["arms"][0]
-        self.publish(baseline={"engine": self.target_engine, **arm_goodput(base)},
-                     confirmation=[{"label": a["label"], "engine": camel(a["params"]),
+        outside = {k: v for k, v in trial_spec(base["params"]).items() if k != "engine"}
+        self.publish(baseline={"engine": self.target_engine, **outside, **arm_goodput(base)},
+                     confirmation=[{"label": a["label"], **trial_spec(a["params"]),
                                     "goodputs": [round(g, 4) for g in a["goodput"]],
                                     "failed": [f for f in a["failed"] if f]}
                                    for a in record["arms"]])

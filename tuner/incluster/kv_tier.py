@@ -9,7 +9,8 @@ from typing import Any
 
 from loadtests.workloads import get_workload
 from paged_operator.contract import TuningSpec, search_space
-from tuner.search.space import OUTSIDE_ENGINE, Param, default_value, from_outside_spec
+from tuner.search.space import (OUTSIDE_ENGINE, Param, default_value, engine_values,
+                                from_outside_spec, to_engine_spec)
 
 
 def with_opt_in(tuning: TuningSpec, spec: dict[str, Any]) -> TuningSpec:
@@ -46,3 +47,16 @@ def kv_change(live_spec: dict[str, Any], wanted: dict[str, Any] | None
     if not change:
         return None
     return change, None if live is None else {k: live.get(k) for k in change}
+
+
+def trial_spec(params: dict[str, Any]) -> dict[str, Any]:
+    """A trial's settings as status.history and the confirmation show them: `engine`
+    (spec.engine's keys) and, when the space varies a setting outside spec.engine,
+    `kvCache` with it (offloadGiB 0: no host tier), so a line names everything it ran."""
+    out: dict[str, Any] = {"engine": to_engine_spec(params)}
+    values = engine_values(params)
+    for name, (section, key) in OUTSIDE_ENGINE.items():
+        if name in params:
+            value = values[name]
+            out.setdefault(section, {})[key] = 0 if value is None else float(value)
+    return out
