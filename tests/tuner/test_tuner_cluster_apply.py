@@ -25,8 +25,11 @@ class Run:
                                     capacity=None)
         self.source = SimpleNamespace(document=None)
         self.config_maps: list[str] = []
+        self.live = {"metadata": {"generation": 1, "annotations": {}},
+                     "spec": {"engine": {"maxNumSeqs": 1}}}
         self.cluster = SimpleNamespace(
-            put_config_map=lambda name, data, owner: self.config_maps.append(name))
+            put_config_map=lambda name, data, owner: self.config_maps.append(name),
+            get_service=lambda name: copy.deepcopy(self.live))
 
     def publish(self, **fields) -> None:
         self.status.update(fields)
@@ -213,3 +216,22 @@ def test_the_capacity_runs_with_the_winners_host_tier() -> None:
         (engine, kw)) or {"ratePerReplica": 1.0})
     assert asked == [({"maxNumSeqs": 4}, {"kv_cache": {"offloadGiB": 2.0}})]
     assert run.status["best"]["kvCache"] == {"offloadGiB": 2.0}
+
+
+@pytest.mark.parametrize("live_kv, winner, patched, after", [
+    (None, 0, None, None),                       # off and off: no `kvCache: {}` by hand
+    ({"offloadGiB": 2.0}, 2.0, None, {"offloadGiB": 2.0}),   # what the target has already
+    ({"offloadGiB": 2.0, "disk": DISK}, 0, {"offloadGiB": None}, {"disk": DISK}),
+    (None, 1.0, {"offloadGiB": 1.0}, {"offloadGiB": 1.0}),
+])
+def test_the_recommendation_patches_only_the_host_tier_it_changes(live_kv, winner, patched,
+                                                                    after) -> None:
+    run = Run("Manual")
+    if live_kv is not None:
+        run.live["spec"]["kvCache"] = copy.deepcopy(live_kv)
+    apply_decision(run, kv_record(winner))
+    spec = run.status["recommendation"]["patch"]["spec"]
+    assert spec.get("kvCache") == patched and spec["engine"] == {"maxNumSeqs": 4}
+    applied = copy.deepcopy(run.live)
+    merge(applied, {"spec": spec})   # what `kubectl patch --type=merge` makes of it
+    assert applied["spec"].get("kvCache") == after

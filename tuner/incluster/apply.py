@@ -98,6 +98,14 @@ def apply_decision(run: TuningRun, record: dict, *,
     patch: dict[str, Any] = {"spec": to_spec_patch(arms[label]["params"])}
     engine, target = patch["spec"]["engine"], run.spec.target
     kv_cache = patch["spec"].get("kvCache")   # the host tier, when the space varies it
+    if kv_cache is not None:
+        # only what changes: `kvCache: {offloadGiB: null}` merged into a target without
+        # kvCache would leave `kvCache: {}` when applied by hand
+        kv = kv_change(run.cluster.get_service(target)["spec"], kv_cache)
+        if kv is None:
+            del patch["spec"]["kvCache"]
+        else:
+            patch["spec"]["kvCache"] = kv[0]
     if capacity is not None:
         fields["capacity"] = capacity(
             engine, start=max(arm_goodput(arms[label])["goodput"], floor),
