@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 OUT = Path(__file__).with_name("k8s_proto.json")
-# The objects kubectl and Helm send as protobuf (and what they reach).
+# The objects kubectl and Helm send as protobuf (and what they reach), and their lists.
 ROOTS = [
     "core.v1." + k for k in ("Namespace", "ConfigMap", "Secret", "Service", "ServiceAccount",
                              "Pod", "PersistentVolumeClaim", "Endpoints", "Event")
@@ -31,6 +31,9 @@ ROOTS = [
 ROOTS = ["k8s.io.api." + r for r in ROOTS] + [
     "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinition",
     "k8s.io.apimachinery.pkg.apis.meta.v1.DeleteOptions",
+    # what the server answers: errors as Status, watch events (protobuf_encode.py)
+    "k8s.io.apimachinery.pkg.apis.meta.v1.Status",
+    "k8s.io.apimachinery.pkg.apis.meta.v1.WatchEvent",
 ]
 
 _MESSAGE = re.compile(r"^message (\w+) \{$")
@@ -99,7 +102,7 @@ def build(repos: list[Path]) -> dict[str, list]:
             messages.update(_proto_messages(text, package))
             tags.update(_go_tags(proto.parent, package))
     table: dict[str, list] = {}
-    todo = list(ROOTS)
+    todo = ROOTS + [r + "List" for r in ROOTS if r + "List" in messages]   # LIST answers
     while todo:
         name = todo.pop()
         if name in table:

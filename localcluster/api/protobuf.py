@@ -46,8 +46,8 @@ def _table() -> dict[str, list]:
 def message_of(api_version: str, kind: str) -> str:
     """The protobuf message name of an apiVersion/kind."""
     group, _, version = api_version.rpartition("/")
-    if kind == "DeleteOptions":   # sent in every group's version
-        return _META + kind
+    if kind == "DeleteOptions" or (kind == "Status" and api_version == "v1"):
+        return _META + kind   # DeleteOptions: sent in every group's version
     if group == "apiextensions.k8s.io":
         return f"{_EXT}{kind}"
     if group in _GROUP_PACKAGES:

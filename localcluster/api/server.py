@@ -5,11 +5,13 @@ kmock still parses requests and runs the HTTP server; `_handle` serves every req
 our Store: discovery (core group version "v1", singular names, short names), LIST with
 `kind` and selectors, watches as JSON lines resumable by resourceVersion, Tables for
 `kubectl get`, PUT/PATCH (merge, JSON and strategic), generateName, the status and scale
-subresources, pods/log from the kubelet's log files, and CRDs served once created.
+subresources, pods/log from the kubelet's log files, and CRDs served once created. Bodies
+and answers are JSON or, for built-in kinds, protobuf (negotiate.py; counted on /metrics).
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from pathlib import Path
 from typing import Any, Callable
@@ -18,7 +20,7 @@ import aiohttp.web
 import kmock
 import multidict
 
-from . import dry_run, protobuf, selectors, tables, writes
+from . import dry_run, negotiate, protobuf_encode, selectors, tables, writes
 from .kinds import Catalog, Kind, kinds_of_crd
 from .store import Event, Gone, Store
 from .writes import ApiError
@@ -43,6 +45,7 @@ class ApiServer(kmock.KubernetesEmulator):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.store, self.catalog, self.log_source = Store(), Catalog(), None
+        self.responder = negotiate.Responder()   # JSON or protobuf, counted
         self.store.hooks.append(self._on_event)
         for ns in ("default", "kube-system"):
             writes.create(self.store, self.catalog.find("", "v1", "namespaces"), None,
@@ -72,15 +75,15 @@ class ApiServer(kmock.KubernetesEmulator):
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         raw = request._raw_request
+        error = functools.partial(self.responder.error, raw.headers.get("Accept"))
         try:
             return await self._route(raw, request)
         except ApiError as e:
-            return aiohttp.web.json_response(_status(e.code, e.reason, e.message, e.details),
-                                             status=e.code)
+            return error(_status(e.code, e.reason, e.message, e.details), e.code)
         except ValueError as e:
-            return aiohttp.web.json_response(_status(400, "BadRequest", str(e)), status=400)
+            return error(_status(400, "BadRequest", str(e)), 400)
         except Exception as e:   # a bug here: answer as a real server would, with a Status
-            return aiohttp.web.json_response(_status(500, "InternalError", repr(e)), status=500)
+            return error(_status(500, "InternalError", repr(e)), 500)
 
     async def _route(self, raw: Any, request: kmock.Request) -> aiohttp.web.StreamResponse:
         path = raw.path.rstrip("/") or "/"
@@ -90,6 +93,8 @@ class ApiServer(kmock.KubernetesEmulator):
             return aiohttp.web.Response(text="ok")
         if path == "/version":
             return json_(VERSION)
+        if path == "/metrics":
+            return self.responder.metrics()
         if path == "/api":
             return json_({"kind": "APIVersions", "versions": ["v1"],
                           "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0",
@@ -134,16 +139,7 @@ class ApiServer(kmock.KubernetesEmulator):
     async def _serve(self, raw: Any, request: kmock.Request, kind: Kind, namespace: str | None,
                      name: str | None, sub: str | None) -> aiohttp.web.StreamResponse:
         method, query, store = raw.method, raw.query, self.store
-        data = request.data
-        if raw.content_type == protobuf.CONTENT_TYPE and method in ("POST", "PUT", "DELETE") \
-                and request.body:
-            try:
-                data = protobuf.decode(request.body)
-            except protobuf.ProtobufError as e:
-                raise ApiError(400, "BadRequest", f"the protobuf body cannot be decoded: {e}")
-        elif "protobuf" in (raw.content_type or "") or "cbor" in (raw.content_type or ""):
-            raise ApiError(415, "UnsupportedMediaType", f"the body's content type "
-                           f"{raw.content_type} is not supported for {method}: send JSON")
+        data = negotiate.request_data(raw.content_type, method, request.body, request.data)
         if method in ("POST", "PUT", "PATCH", "DELETE"):   # dryRun=All: admitted, not stored
             store = dry_run.store_for(store, query, data if method == "DELETE" else None)
         warnings: list[str] = []
@@ -153,7 +149,7 @@ class ApiServer(kmock.KubernetesEmulator):
             # each unknown field dropped under fieldValidation=Warn: a Warning header
             headers = multidict.CIMultiDict(
                 ("Warning", "299 - " + json.dumps(w)) for w in warnings)
-            return aiohttp.web.json_response(body, status=status, headers=headers)
+            return self.responder.answer(raw.headers.get("Accept"), body, status, headers)
 
         if sub is not None and sub not in kind.subresources:
             raise ApiError(404, "NotFound", f"{kind.plural} has no subresource {sub}")
@@ -219,6 +215,9 @@ class ApiServer(kmock.KubernetesEmulator):
         initial = raw.query.get("sendInitialEvents") == "true"   # a "watch list" request
         since = int(rv) if rv and rv != "0" and rv.isdigit() and not initial else None
         table = "as=Table" in raw.headers.get("Accept", "")
+        # protobuf frames for a built-in kind when preferred (406 for a CR if nothing else)
+        proto = not table and negotiate.wants_protobuf(raw.headers.get("Accept"), {
+            "apiVersion": kind.api_version, "kind": kind.kind})
 
         def wanted(e: Event) -> bool:
             meta = e.obj["metadata"]
@@ -227,11 +226,15 @@ class ApiServer(kmock.KubernetesEmulator):
                     (name is None or meta["name"] == name) and labels(e.obj) and fields(e.obj))
 
         def encode(type_: str, obj: dict[str, Any]) -> bytes:
-            if table:
+            if proto:
+                return protobuf_encode.watch_frame(type_, obj)
+            if table and type_ in ("ADDED", "MODIFIED", "DELETED"):
                 obj = tables.table(kind, [obj], obj["metadata"]["resourceVersion"])
             return json.dumps({"type": type_, "object": obj}).encode() + b"\n"
 
-        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        content_type = negotiate.WATCH_PROTOBUF if proto else negotiate.JSON
+        self.responder.counts[content_type] += 1
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": content_type})
         await response.prepare(raw)
         try:
             backlog, queue = self.store.subscribe(since)
@@ -250,8 +253,7 @@ class ApiServer(kmock.KubernetesEmulator):
                 mark = {"kind": kind.kind, "apiVersion": kind.api_version, "metadata": {
                     "resourceVersion": self.store.resource_version,
                     "annotations": {"k8s.io/initial-events-end": "true"}}}
-                await response.write(json.dumps({"type": "BOOKMARK", "object": mark}).encode()
-                                     + b"\n")
+                await response.write(encode("BOOKMARK", mark))
             timeout = float(raw.query.get("timeoutSeconds") or 1800)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
