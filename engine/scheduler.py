@@ -106,7 +106,7 @@ class Scheduler:
             room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
         if self.max_model_len is not None:
             room = min(room, self.max_model_len - seq.num_tokens - 1)
-        return self.proposer.propose(seq.token_ids, room) if room > 0 else []
+        return self.proposer.draft(seq, room, len(self.running)) if room > 0 else []
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """At the end of its prompt a request's sample 0 (`parent`) forks into a running

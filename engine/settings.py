@@ -154,6 +154,17 @@ TABLE: tuple[Setting, ...] = (
                 Setting("prompt_lookup_min", int, None, "shortest n-gram matched (default: "
                         "prompt_lookup_max, or 5)", field="promptLookupMin", optional=True,
                         minimum=1, maximum=64),
+                Setting("disable_by_batch_size", int, None, "no drafts in a step while this "
+                        "many sequences or more are running (default: no limit)",
+                        field="disableByBatchSize", optional=True, minimum=1),
+                Setting("min_acceptance_rate", float, None, "a sequence whose drafts' "
+                        "acceptance (moving average) falls below this stops drafting, and "
+                        "probes again now and then (default: off)", field="minAcceptanceRate",
+                        optional=True, minimum=0, maximum=1),
+                Setting("acceptance_probe_interval", int, None, "with min_acceptance_rate: "
+                        "decode steps without drafts before a held-back sequence tries "
+                        "again (default: 16)", field="acceptanceProbeInterval", optional=True,
+                        minimum=1, maximum=4096),
             ), key_rules=(AtMost("prompt_lookup_min", "prompt_lookup_max"),)),
     Setting("kv_events_config", dict, None, "Publish KV cache events (blocks stored in and "
             "removed from the prefix cache), as vLLM's JSON: {\"enable_kv_cache_events\": "
@@ -260,12 +271,17 @@ def _check_object(s: Setting, value: Any, label: str, bad: ValueError, by_field:
     return out
 
 
+_SPEC_GATE_KEYS = ("disable_by_batch_size", "min_acceptance_rate", "acceptance_probe_interval")
+
+
 def _speculative_lookup(config: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's n-gram defaults: an unset bound takes the other's value, both unset 5."""
+    """vLLM's n-gram defaults: an unset bound takes the other's value, both unset 5. The
+    off-switches' keys (engine/spec_decode/gate.py) appear only when set."""
     lo, hi = config["prompt_lookup_min"], config["prompt_lookup_max"]
     if lo is None and hi is None:
         lo = hi = 5
-    return {**config, "prompt_lookup_min": hi if lo is None else lo,
+    out = {k: v for k, v in config.items() if k not in _SPEC_GATE_KEYS or v is not None}
+    return {**out, "prompt_lookup_min": hi if lo is None else lo,
             "prompt_lookup_max": lo if hi is None else hi}
 
 

@@ -6,21 +6,37 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from engine.spec_decode.gate import DraftGate
+
 
 class NgramProposer:
     def __init__(self, *, num_speculative_tokens: int, prompt_lookup_min: int,
-                 prompt_lookup_max: int) -> None:
+                 prompt_lookup_max: int, gate: DraftGate | None = None) -> None:
         assert 1 <= prompt_lookup_min <= prompt_lookup_max and num_speculative_tokens >= 1
         self.k = num_speculative_tokens
         self.min_n = prompt_lookup_min
         self.max_n = prompt_lookup_max
+        self.gate = gate if gate is not None else DraftGate()
 
     @classmethod
     def from_config(cls, config: dict) -> "NgramProposer":
         """From EngineConfig.speculative_config (checked and completed by the settings table)."""
         return cls(num_speculative_tokens=config["num_speculative_tokens"],
                    prompt_lookup_min=config["prompt_lookup_min"],
-                   prompt_lookup_max=config["prompt_lookup_max"])
+                   prompt_lookup_max=config["prompt_lookup_max"],
+                   gate=DraftGate(
+                       min_acceptance_rate=config.get("min_acceptance_rate"),
+                       acceptance_probe_interval=config.get("acceptance_probe_interval") or 16,
+                       disable_by_batch_size=config.get("disable_by_batch_size")))
+
+    def draft(self, seq, room: int, batch_size: int) -> list[int]:
+        """The scheduler's call: drafts for a running decode `seq` (at most `room`) in a step
+        with `batch_size` running sequences, unless the gate holds the sequence back."""
+        if not self.gate.allows(seq, batch_size):
+            return []
+        drafts = self.propose(seq.token_ids, room)
+        self.gate.handed_out(seq, drafts)
+        return drafts
 
     def propose(self, token_ids: list[int], max_tokens: int | None = None) -> list[int]:
         """Up to min(k, max_tokens) drafts to follow `token_ids` (prompt + output), or [].

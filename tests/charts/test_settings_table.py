@@ -93,7 +93,8 @@ def _valid_other_value(s: settings.Setting):
     if s.type is float:
         return 0.5 if (s.maximum or 1) >= 0.5 and s.default != 0.5 else 0.25
     if s.type is dict:  # every key given (nothing left for the engine to fill in)
-        return {k.name: k.choices[-1] if k.choices else int(k.minimum) + 2 for k in s.keys}
+        return {k.name: k.choices[-1] if k.choices else 0.5 if k.type is float
+                else int(k.minimum) + 2 for k in s.keys}
     return (s.default or int(s.minimum or 1)) + 7
 
 
@@ -110,7 +111,9 @@ def test_a_spec_engine_value_reaches_the_engine_through_operator_and_cli():
     engine = space.to_engine_spec(values)
     assert engine == {s.field: _camel(s, values[s.name]) for s in SPEC}
     assert engine["speculative"] == {"method": "ngram", "numSpeculativeTokens": 3,
-                                     "promptLookupMax": 3, "promptLookupMin": 3}
+                                     "promptLookupMax": 3, "promptLookupMin": 3,
+                                     "disableByBatchSize": 3, "minAcceptanceRate": 0.5,
+                                     "acceptanceProbeInterval": 3}
     spec = parse_spec({"model": {"uri": "a/b"}, "engine": engine}, name="svc", namespace="d")
     assert spec.engine.applied() == {**engine, "extraArgs": []}
     args = manifests.deployment(spec)["spec"]["template"]["spec"]["containers"][0]["args"]
