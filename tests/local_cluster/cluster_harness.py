@@ -32,6 +32,18 @@ class LocalCluster:
                                  f"{done.stdout}\n{done.stderr}")
         return done
 
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """bin/helm (Helm 4) against the cluster, with its own cache and config."""
+        home = self.dir / "helm"
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig),
+               "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
+               "HELM_DATA_HOME": str(home / "data")}
+        done = subprocess.run([str(ROOT / "bin" / "helm"), *args], capture_output=True,
+                              text=True, env=env, timeout=120)
+        if check and done.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+        return done
+
     def json(self, *args: str) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json").stdout)
 

@@ -3,14 +3,19 @@ users and our docs rely on, with pods run by the process kubelet (no operator he
 from __future__ import annotations
 
 import json
+import re
 import signal
+import struct
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from cluster_harness import KUBECTL, ROOT, LocalCluster, alive
+from localcluster.api import protobuf
 
 # one local cluster per module: keep the module on one xdist worker
 pytestmark = pytest.mark.xdist_group("local_cluster_kubectl")
@@ -213,3 +218,83 @@ def test_exits_restart_with_last_state_and_the_log_tail(local_cluster: LocalClus
         "logs", "crasher", "-c", "logs", "--previous", check=False).stdout, 15,
         "the previous run's log")
     cluster.kubectl("delete", "pod", "crasher", "--timeout=30s")
+
+
+# ---- answers in protobuf: what kubectl's typed clients and Helm ask for ----
+
+def _answers(cluster: LocalCluster) -> dict[str, int]:
+    """The server's own count of its answers by content type (its /metrics)."""
+    with urllib.request.urlopen(cluster.info["api"] + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {m[0]: int(m[1]) for m in re.findall(r'content_type="([^"]+)"} (\d+)', text)}
+
+
+def _protobuf_answers(cluster: LocalCluster) -> int:
+    return _answers(cluster).get(protobuf.CONTENT_TYPE, 0)
+
+
+def _get(cluster: LocalCluster, path: str, accept: str) -> tuple[int, str, bytes]:
+    request = urllib.request.Request(cluster.info["api"] + path, headers={"Accept": accept})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.headers["Content-Type"], response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers["Content-Type"], e.read()
+
+
+def test_kubectl_and_helm_work_with_protobuf_answers(local_cluster: LocalCluster) -> None:
+    """kubectl's generators, describe and logs use typed clients, and Helm its release
+    Secrets, all asking `application/vnd.kubernetes.protobuf,application/json`: the server
+    answers them in protobuf (counted on its side) and they work as against JSON."""
+    cluster, k = local_cluster, local_cluster.kubectl
+    before = _protobuf_answers(cluster)
+    k("create", "namespace", "pb")
+    k("-n", "pb", "create", "configmap", "pb-cm", "--from-literal=a=1")
+    k("-n", "pb", "create", "secret", "generic", "pb-s", "--from-literal=key=v")
+    k("-n", "pb", "create", "deployment", "pb-d", "--image=example.org/idle:1", "--replicas=0")
+    assert _protobuf_answers(cluster) - before >= 4           # the four created objects
+    again = k("-n", "pb", "create", "configmap", "pb-cm", check=False)   # a Status in protobuf
+    assert again.returncode == 1 and '"pb-cm" already exists' in again.stderr
+    assert cluster.json("-n", "pb", "get", "cm", "pb-cm")["data"] == {"a": "1"}
+    assert cluster.json("-n", "pb", "get", "secret", "pb-s")["data"] == {"key": "dg=="}
+    k("-n", "pb", "apply", "-f", "-", stdin=json.dumps({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "pb-cm"},
+        "data": {"a": "2"}}))
+    assert cluster.json("-n", "pb", "get", "cm", "pb-cm")["data"] == {"a": "2"}
+    described = _protobuf_answers(cluster)
+    assert "Replicas:" in k("-n", "pb", "describe", "deployment", "pb-d").stdout
+    assert _protobuf_answers(cluster) > described             # the Deployment, its lists
+
+    chart = str(ROOT / "charts" / "paged-inference-operator")
+    idle = ["--set", "image.repository=example.org/idle"]
+    helm_from = _protobuf_answers(cluster)
+    cluster.helm("install", "pio", chart, "-n", "pb-helm", "--create-namespace", *idle)
+    cluster.helm("upgrade", "pio", chart, "-n", "pb-helm", "--server-side=false", *idle,
+                 "--set", "resyncSeconds=7")
+    [release] = json.loads(cluster.helm("list", "-n", "pb-helm", "-o", "json").stdout)
+    assert (release["status"], release["revision"]) == ("deployed", "2")
+    assert _protobuf_answers(cluster) - helm_from >= 6        # release Secrets read, written
+    cluster.helm("uninstall", "pio", "-n", "pb-helm", "--wait")
+    assert cluster.json("get", "deploy,sa,secrets", "-n", "pb-helm")["items"] == []
+
+    # the same object either way; custom resources only in JSON; a watch in frames
+    pb = f"{protobuf.CONTENT_TYPE},application/json"
+    code, type_, body = _get(cluster, "/api/v1/namespaces/pb/configmaps/pb-cm", pb)
+    assert (code, type_) == (200, protobuf.CONTENT_TYPE)
+    as_json = cluster.json("-n", "pb", "get", "cm", "pb-cm")
+    assert protobuf.decode(body)["data"] == as_json["data"]
+    assert protobuf.decode(body)["metadata"]["uid"] == as_json["metadata"]["uid"]
+    code, type_, body = _get(cluster, "/api/v1/namespaces/pb/configmaps/nope", pb)
+    assert code == 404 and protobuf.decode(body)["reason"] == "NotFound"
+    k("apply", "-f", str(ROOT / "charts/paged-inference-operator/crds/"))
+    crs = "/apis/serving.pagedinference.dev/v1alpha1/pagedinferenceservices"
+    assert _get(cluster, crs, pb)[:2] == (200, "application/json; charset=utf-8")
+    assert _get(cluster, crs, protobuf.CONTENT_TYPE)[0] == 406
+    code, type_, body = _get(cluster, "/api/v1/namespaces/pb/configmaps?watch=true"
+                             "&timeoutSeconds=1", pb)
+    assert type_ == protobuf.CONTENT_TYPE + ";stream=watch"
+    (size,) = struct.unpack(">I", body[:4])
+    event = protobuf._fields(body[4:4 + size])   # WatchEvent: type, object (RawExtension)
+    assert event[1] == [b"ADDED"]
+    assert protobuf.decode(protobuf._fields(event[2][0])[1][0])["metadata"]["name"] == "pb-cm"
+    k("delete", "namespace", "pb")

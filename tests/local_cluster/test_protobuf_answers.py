@@ -40,6 +40,9 @@ def test_hand_computed_wire_bytes():
     meta = protobuf_encode.encode_message(_META + "ObjectMeta", {
         "name": "a", "creationTimestamp": "1970-01-01T00:02:10Z"})
     assert b"\x42\x05\x08\x82\x01\x10\x00" in meta and b"\x4a" not in meta   # 130 s; no field 9
+    # map entries (field 11) sorted by key, each a key (1) and a value (2)
+    labels = protobuf_encode.encode_message(_META + "ObjectMeta", {"labels": {"b": "2", "a": ""}})
+    assert labels.endswith(b"\x5a\x05\x0a\x01a\x12\x00" + b"\x5a\x06\x0a\x01b\x12\x012")
 
 
 _SCALARS = {"string": lambda n: f"v{n}", "bytes": lambda n: base64.b64encode(bytes([0, n])).decode(),
