@@ -10,6 +10,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from engine.attention import PAGED_ATTENTION, AttentionMetadata
 from engine.config import EngineConfig
+from engine.kv_capacity import KVShape, dtype_name, num_kv_blocks
 from engine.scheduler import ScheduledBatch
 from kernels import get_backend
 
@@ -24,14 +25,9 @@ def pick_device(name: str) -> torch.device:
 
 
 def pick_dtype(name: str, hf_config, device: torch.device) -> torch.dtype:
-    if name != "auto":
-        return _DTYPES[name]
-    if device.type == "cpu":
-        return torch.float32  # CPU half-precision matmuls are slow and inexact
+    """engine.kv_capacity.dtype_name's rule (the tuner sizes pools with it too)."""
     dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
-    if isinstance(dtype, str):
-        dtype = _DTYPES.get(dtype)
-    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+    return _DTYPES[dtype_name(name, dtype, device.type)]
 
 
 def _proc_status_bytes(field: str) -> int | None:
@@ -79,9 +75,10 @@ class ModelRunner:
         if getattr(text, "attn_logit_softcapping", None):
             raise ValueError(f"{text.model_type} needs attention logit soft-capping, which the paged "
                              "attention kernels do not implement; use a model without it")
-        self.num_layers = text.num_hidden_layers
-        self.num_kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-        self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        self.kv_shape = KVShape.of(text)   # engine/kv_capacity.py, shared with the tuner
+        self.num_layers = self.kv_shape.num_layers
+        self.num_kv_heads = self.kv_shape.num_kv_heads
+        self.head_dim = self.kv_shape.head_dim
         self.vocab_size = text.vocab_size
         self.block_size = config.block_size
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -90,7 +87,7 @@ class ModelRunner:
     @property
     def kv_bytes_per_block(self) -> int:
         elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+        return self.kv_shape.bytes_per_block(self.block_size, elem)
 
     def device_memory_bytes(self) -> int:
         if self.device.type == "cuda":
@@ -134,8 +131,9 @@ class ModelRunner:
         weights = self.weight_bytes()
         activations = self.profile_peak_activation_bytes(
             cfg.max_num_batched_tokens, cfg.max_num_seqs)
-        budget = cfg.gpu_memory_utilization * total - weights - activations
-        num_blocks = int(budget // self.kv_bytes_per_block)
+        num_blocks = num_kv_blocks(device_bytes=total, fraction=cfg.gpu_memory_utilization,
+                                   weight_bytes=weights, activation_bytes=activations,
+                                   block_bytes=self.kv_bytes_per_block)
         if num_blocks < 1:
             where = "cpu_memory_gib (--cpu-memory-gib)" if self.device.type == "cpu" else "the GPU"
             raise ValueError(

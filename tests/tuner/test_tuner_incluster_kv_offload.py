@@ -121,7 +121,8 @@ def test_the_job_searches_the_workloads_opt_in_space(tmp_path, monkeypatch, work
 
     body = {"metadata": {"name": "tune"}, "spec": {**BASE, "workload": workload}}
     fake = SimpleNamespace(ns="ns", get_tuning=lambda: body, stopping=SimpleNamespace(
-        is_set=lambda: False), get_service=lambda name: {"spec": {"engine": {}}})
+        is_set=lambda: False), get_service=lambda name: {"spec": {"engine": {}}},
+        write_status=lambda fields: None)
     monkeypatch.setattr(job, "load_client", lambda: None)
     monkeypatch.setattr(job, "Cluster", lambda api, ns, name: fake)
     monkeypatch.setattr(job.cluster_load, "workload_source", lambda spec, **kw: None)

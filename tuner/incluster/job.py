@@ -41,6 +41,7 @@ from tuner.search import study as st
 from tuner.incluster.apply import apply_decision, arm_goodput
 from tuner.incluster.cluster import Cluster, current_namespace, load_client
 from tuner.incluster.service_runner import ServiceRunner
+from tuner.incluster.space_bounds import job_space
 from paged_operator.contract import (API_KEY_FILE_ENV, BY_KEY, INDEX_ENV, STORAGE_URL_ENV,
                                      TuningSpec, parse_tuning)
 from tuner.measure.promql import PrometheusReader
@@ -293,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
         if target is None:
             raise ValueError(f"spec.targetRef.name: no PagedInferenceService {spec.target!r} "
                              f"in namespace {cluster.ns}")
+        spec, searched = job_space(spec, body.get("spec") or {}, target)   # bounded
+        cluster.write_status(searched)
+        for note in searched["searchSpaceNotes"]:
+            log(f"search space: {note}")
         if target["spec"].get("apiKeySecretRef"):   # the load sends it (loadtests.common)
             os.environ["PAGED_API_KEY"] = api_key(target["spec"]["apiKeySecretRef"])
         out_dir = Path(args.out_dir) / args.name
