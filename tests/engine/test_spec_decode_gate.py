@@ -72,6 +72,23 @@ def test_partial_acceptance_counts_as_the_accepted_share():
     assert gate.acceptance(seq) == pytest.approx(1 - EMA_WEIGHT * 0.75)
 
 
+def test_a_step_is_counted_once_and_only_when_it_verified_the_drafts():
+    gate = DraftGate(min_acceptance_rate=0.5)
+    proposer = _proposer(gate)
+    seq = _seq()
+    drafts = proposer.draft(seq, room=8, batch_size=1)
+    seq.token_ids.append(drafts[0])  # one token, equal to the first draft: not verified
+    proposer.draft(seq, room=8, batch_size=1)
+    assert gate.acceptance(seq) == 1.0
+    for _ in range(3):
+        _step(proposer, seq, accept=False)
+    assert not proposer.draft(seq, room=8, batch_size=1)  # the third counted: held back
+    held = gate.acceptance(seq)
+    assert held < 0.5
+    assert not proposer.draft(seq, room=8, batch_size=1)  # nothing new: nothing counted
+    assert gate.acceptance(seq) == held
+
+
 def test_without_min_acceptance_rate_a_rejected_sequence_drafts_every_step():
     proposer = _proposer(DraftGate())
     seq = _seq()
