@@ -19,6 +19,13 @@ GPU gets from host memory.
 
     python benchmarks/bench_kv_tiers.py --models bench,builtin://smollm2-135m-instruct \
         --prefix 2032 --rounds 3 --threads 1
+    python benchmarks/bench_kv_tiers.py --models builtin://smollm2-135m-instruct \
+        --prefix 8176 --configs host,recompute --warmup-prefix 512 --rounds 1 --threads 1
+
+For a prefix past the bench model's 2,048 positions, the bench model is written once more
+with a larger max_position_embeddings (same seed, same weights; kv_bench_common.py).
+`--configs` runs a subset; `--warmup-prefix` shortens the warm-up round (at 8k tokens every
+prefill of SmolLM2 takes about a minute on one CPU thread).
 """
 from __future__ import annotations
 
@@ -34,17 +41,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.kv_bench_common import model_path  # noqa: E402
+
 CONFIGS = ("device", "host", "disk", "recompute")
 TAIL = 8
-
-
-def _model(name: str) -> str:
-    if name != "bench":
-        return name
-    from benchmarks.bench_offline import build_bench_model
-    from engine.builtin_models import model_cache_root
-
-    return str(build_bench_model(model_cache_root()))
 
 
 def _engine(model: str, config: str, prefix: int, block_size: int, disk_root: Path):
@@ -54,8 +54,8 @@ def _engine(model: str, config: str, prefix: int, block_size: int, disk_root: Pa
     blocks = -(-max_len // block_size)
     kw = dict(model=model, block_size=block_size, max_model_len=max_len,
               max_num_batched_tokens=max(2048, max_len), dtype="float32",
-              # "device": room for every prefix; otherwise about one request's worth
-              num_gpu_blocks_override=blocks * (8 if config == "device" else 1) + 2)
+              # "device": room for two requests; otherwise about one request's worth
+              num_gpu_blocks_override=blocks * (2 if config == "device" else 1) + 2)
     if config == "host":
         kw.update(kv_offloading_size=4.0)
     elif config == "disk":
@@ -76,22 +76,29 @@ def _run(engine, request_id: str, ids: list[int]) -> tuple[float, list[int], int
     return time.perf_counter() - start, out.outputs[0].token_ids, out.num_cached_tokens
 
 
+def _model(name: str, args: argparse.Namespace) -> str:
+    return model_path(name, args.prefix + TAIL + 1)
+
+
 def bench_model(name: str, args: argparse.Namespace, disk_root: Path) -> list[str]:
-    model = _model(name)
-    engines = {c: _engine(model, c, args.prefix, args.block_size, disk_root) for c in CONFIGS}
+    model = _model(name, args)
+    configs = args.configs
+    engines = {c: _engine(model, c, args.prefix, args.block_size, disk_root) for c in configs}
     vocab = min(e.info.vocab_size for e in engines.values())
     rng = random.Random(args.seed)
 
     def tokens(n: int) -> list[int]:
         return [rng.randrange(10, vocab) for _ in range(n)]
 
-    times: dict[str, list[float]] = {c: [] for c in CONFIGS}
-    cached: dict[str, list[int]] = {c: [] for c in CONFIGS}
-    for r in range(args.rounds + 1):  # round 0 warms up, uncounted
-        prefix, filler = tokens(args.prefix), tokens(args.prefix + TAIL)
+    times: dict[str, list[float]] = {c: [] for c in configs}
+    cached: dict[str, list[int]] = {c: [] for c in configs}
+    warmup = args.prefix if args.warmup_prefix is None else args.warmup_prefix
+    for r in range(0 if warmup else 1, args.rounds + 1):  # round 0 warms up, uncounted
+        length = warmup if r == 0 else args.prefix
+        prefix, filler = tokens(length), tokens(length + TAIL)
         first, timed = prefix + tokens(TAIL), prefix + tokens(TAIL)
         answers = set()
-        order = CONFIGS if r % 2 == 0 else CONFIGS[::-1]
+        order = configs if r % 2 == 0 else configs[::-1]
         for c in order:
             engine = engines[c]
             _run(engine, f"p{r}", first)
@@ -108,9 +115,9 @@ def bench_model(name: str, args: argparse.Namespace, disk_root: Path) -> list[st
     for engine in engines.values():
         if engine.offload is not None:
             engine.offload.close()
-    med = {c: statistics.median(times[c]) for c in CONFIGS}
+    med = {c: statistics.median(times[c]) for c in configs}
     rows = []
-    for c in CONFIGS:
+    for c in configs:
         rows.append(f"| {name} | {args.prefix} | {c} | {statistics.median(cached[c]):.0f} | "
                     f"{med[c] * 1000:.1f} ({min(times[c]) * 1000:.1f}-{max(times[c]) * 1000:.1f}) "
                     f"| {med['recompute'] / med[c]:.1f}x |")
@@ -119,7 +126,7 @@ def bench_model(name: str, args: argparse.Namespace, disk_root: Path) -> list[st
 
 def bench_replica(name: str, args: argparse.Namespace, disk_root: Path) -> list[str]:
     """A replica started after another filled the shared disk tier, against a cold one."""
-    model = _model(name)
+    model = _model(name, args)
     shared, empty = disk_root / "shared", disk_root / "cold"
     first = _engine(model, "disk", args.prefix, args.block_size, shared)
     rng = random.Random(args.seed)
@@ -167,13 +174,30 @@ def main(argv: list[str] | None = None) -> int:
                    "(see above) instead of the tiers' TTFT")
     p.add_argument("--disk-dir", default=None, help="the disk tier's directory (default: a "
                    "temporary one)")
+    p.add_argument("--configs", default=",".join(CONFIGS), help="which of " + ",".join(CONFIGS)
+                   + " to run (recompute, the ratios' base, always among them)")
+    p.add_argument("--warmup-prefix", type=int, default=None, help="prefix tokens of the "
+                   "uncounted warm-up round (default: --prefix; 0: no warm-up round); a "
+                   "shorter one saves time on long prefixes, not in --replica")
     args = p.parse_args(argv)
+    args.configs = tuple(c.strip() for c in args.configs.split(","))
+    unknown = sorted(set(args.configs) - set(CONFIGS))
+    if unknown or "recompute" not in args.configs or len(set(args.configs)) < len(args.configs):
+        p.error(f"--configs {','.join(args.configs)}: name each of {','.join(CONFIGS)} at most "
+                "once, recompute among them" + (f" (unknown: {unknown})" if unknown else ""))
+    if args.prefix < 1 or args.prefix % args.block_size:
+        p.error(f"--prefix {args.prefix}: give a positive multiple of --block-size "
+                f"{args.block_size}")
+    if args.warmup_prefix is not None and not 0 <= args.warmup_prefix <= args.prefix:
+        p.error(f"--warmup-prefix {args.warmup_prefix}: give 0 to {args.prefix} (--prefix)")
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    warmup = args.prefix if args.warmup_prefix is None or args.replica else args.warmup_prefix
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, CPU, "
-          f"block size {args.block_size}, {args.rounds} rounds (+1 warm-up)")
+          f"block size {args.block_size}, {args.rounds} rounds (+"
+          + (f"1 warm-up of {warmup} tokens)" if warmup else "no warm-up)"))
     if args.replica:
         print("| model | prefix tokens | new replica's disk | first TTFT ms, median (min-max) "
               "| this / cold |")
