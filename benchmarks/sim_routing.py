@@ -34,7 +34,9 @@ def block_hash(seed: int, tenant: int, k: int) -> int:
 
 def simulate(policy, *, replicas: int, blocks: int, tenants: int, zipf: float, users: int,
              warmup: int, requests: int, seed: int, prefill_s: float, decode_s: float,
-             out_tokens: int) -> tuple[float, float, float, float]:
+             out_tokens: int, rate: float | None = None) -> tuple[float, float, float, float]:
+    """Closed loop (`users`), or with `rate` the warm-up closed loop and then the measured
+    requests as Poisson arrivals at `rate` per second, as bench_routing.py --rate."""
     rng = random.Random(seed)
     sizes = [rng.randint(1000, 1600) for _ in range(tenants)]
     weights = [1 / (k + 1) ** zipf for k in range(tenants)]
@@ -45,7 +47,7 @@ def simulate(policy, *, replicas: int, blocks: int, tenants: int, zipf: float, u
     events: list[tuple] = []
     hits = queried = 0
     ttfts: list[float] = []
-    nxt = 0
+    nxt, start_measured = 0, 0.0
 
     def submit(now: float, user: int) -> None:
         nonlocal nxt, hits, queried
@@ -61,14 +63,12 @@ def simulate(policy, *, replicas: int, blocks: int, tenants: int, zipf: float, u
         policy.record(request, backend)
         backend.in_flight += 1
         r = backends.index(backend)
-        cache, held = caches[r], 0
-        for k in range(sizes[tenant] // BLOCK):  # the longest cached run of the prompt's blocks
-            if (tenant, k) not in cache:
-                break
-            cache.move_to_end((tenant, k))
+        cache, held, n = caches[r], 0, sizes[tenant] // BLOCK
+        while held < n and (tenant, held) in cache:  # the longest cached run of the prompt
             held += 1
-        for k in range(held, sizes[tenant] // BLOCK):
-            cache[(tenant, k)] = None
+        for k in reversed(range(n)):  # the engine frees a sequence's blocks tail first:
+            cache[(tenant, k)] = None  # a prompt's head is evicted last
+            cache.move_to_end((tenant, k))
         if precise:  # the KV events, without delay
             policy.index.store(backend.url, hashes[held:])
         while len(cache) > blocks - 2 * backend.in_flight:  # running requests hold blocks too
@@ -80,17 +80,27 @@ def simulate(policy, *, replicas: int, blocks: int, tenants: int, zipf: float, u
         start = max(now, free_at[r])
         first_token = start + (sizes[tenant] - held * BLOCK + 10) * prefill_s
         free_at[r] = first_token + out_tokens * decode_s
-        heapq.heappush(events, (free_at[r], user, r, i >= warmup, first_token - now))
+        heapq.heappush(events, (free_at[r], 1, user, r, i >= warmup, first_token - now))
 
     for user in range(users):
         submit(0.0, user)
     end = 0.0
     while events:
-        end, user, r, measured, ttft = heapq.heappop(events)
+        end, kind, user, r, measured, ttft = heapq.heappop(events)
+        if kind == 0:  # an open-loop arrival
+            submit(end, -1)
+            continue
         backends[r].in_flight -= 1
         if measured:
             ttfts.append(ttft)
-        submit(end, user)
+        if rate is None or nxt < warmup:
+            submit(end, user)
+        elif nxt == warmup and not any(e[1] == 1 for e in events):  # warm-up done: open loop
+            t = start_measured = end
+            for _ in range(requests):
+                t += rng.expovariate(rate)
+                heapq.heappush(events, (t, 0, -1, -1, False, 0.0))
+    end -= start_measured
     ttfts.sort()
     return (hits / queried, ttfts[len(ttfts) // 2], ttfts[int(len(ttfts) * 0.9)],
             len(ttfts) / end)
@@ -104,6 +114,7 @@ VARIANTS = {
     "prefix, one tight bound, ring only": lambda: PrefixPolicy(hit_load_factor=0.25,
                                                                 cache_balance=None),
     "precise (defaults; index = the modelled caches)": lambda: PrecisePolicy(),
+    "precise, footprint = blocks held only": lambda: PrecisePolicy(count_evictions=False),
     "precise, hit factor 2.0": lambda: PrecisePolicy(hit_load_factor=2.0),
     "least-load": lambda: make_policy("least-load"),
     "round-robin": lambda: make_policy("round-robin"),
@@ -119,6 +130,9 @@ def main() -> int:
     p.add_argument("--tenants", type=int, default=16)
     p.add_argument("--zipf", type=float, default=1.1)
     p.add_argument("--users", type=int, default=8)
+    p.add_argument("--rate", type=float, default=None,
+                   help="measured requests as Poisson arrivals at this rate (the warm-up "
+                        "stays closed loop with --users)")
     p.add_argument("--warmup", type=int, default=32)
     p.add_argument("--requests", type=int, default=128)
     p.add_argument("--prefill-s", type=float, default=1 / 3000, help="seconds per prompt token")
@@ -126,7 +140,7 @@ def main() -> int:
     p.add_argument("--out-tokens", type=int, default=8)
     args = p.parse_args()
     common = dict(blocks=args.blocks, tenants=args.tenants, zipf=args.zipf, users=args.users,
-                  warmup=args.warmup, requests=args.requests, prefill_s=args.prefill_s,
+                  warmup=args.warmup, requests=args.requests, rate=args.rate, prefill_s=args.prefill_s,
                   decode_s=args.decode_s, out_tokens=args.out_tokens)
     rows = [(name, [simulate(make(), replicas=args.replicas, seed=s, **common)
                     for s in range(args.seeds)]) for name, make in VARIANTS.items()]

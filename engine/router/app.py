@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engine.router.hashing import CharChunkHasher, EngineBlockHasher, TokenBlockHasher
-from engine.router.kv_index import KVEventFollower
+from engine.router.kv_follower import KVEventFollower
 from engine.router.metrics import RouterMetrics
 from engine.router.policies import PrecisePolicy, RouteRequest, make_policy
 from engine.router.pool import BackendPool, normalize_url

@@ -94,7 +94,7 @@ def hit_bound(backends: Sequence[Backend], load_factor: float, hit_load_factor: 
     return max(load_bound(backends, hit_load_factor), load_bound(backends, load_factor) + 1)
 
 
-def place_new_prefix(ring_order: list[Backend], bound: int, footprint: Mapping[str, int],
+def place_new_prefix(ring_order: list[Backend], bound: int, footprint: Mapping[str, float],
                      cache_balance: float | None) -> tuple[Backend, str]:
     """A new prefix (or one whose holders are all full): its place on the ring, skipping
     backends at the load bound ("overflow") or above the cache-footprint bound
@@ -213,16 +213,19 @@ class PrecisePolicy(Policy):
     most first (of equal runs, more on the device, then on the host tier), under the hit
     bound; a new prefix, or one whose holders are all full, goes
     as in the prefix policy (its place on the ring, the tight bound, and the footprint
-    bound, here the blocks each backend really holds)."""
+    bound). The footprint is each backend's demand on its cache: the blocks it holds plus
+    those it lost recently (KVIndex.demand). The blocks held alone stop growing at the
+    pool's size, so they cannot tell a replica that evicts its tenants in turn from a full
+    one that keeps them; `count_evictions=False` uses them alone (for comparison)."""
 
     name = "precise"
 
     def __init__(self, *, load_factor: float = 0.25, hit_load_factor: float = 1.0,
                  cache_balance: float | None = 0.25, ring_replicas: int = 100,
-                 index: KVIndex | None = None) -> None:
+                 index: KVIndex | None = None, count_evictions: bool = True) -> None:
         check_bounds(load_factor, hit_load_factor, cache_balance)
         self.load_factor, self.hit_load_factor = load_factor, hit_load_factor
-        self.cache_balance = cache_balance
+        self.cache_balance, self.count_evictions = cache_balance, count_evictions
         self.index = KVIndex() if index is None else index
         self.ring = HashRing(replicas=ring_replicas)
 
@@ -235,12 +238,15 @@ class PrecisePolicy(Policy):
         ring_order = [by_url[u] for u in self.ring.walk(key)]
         held = self.index.prefix_blocks(request.hashes, by_url)
 
+        footprint = {url: self.footprint(url) for url in by_url}
+
         def first(pick: Backend, decision: str) -> Choice:
             rest = [b for b in ring_order if b is not pick]
             return Choice([pick, *rest], decision, held[pick.url], {
                 "held": [held[b.url] for b in backends], "bound": bound,
                 "hit_bound": hits_bound, "in_flight": [b.in_flight for b in backends],
-                "footprint": [self.index.size(b.url) for b in backends]})
+                "footprint": [round(footprint[b.url]) for b in backends],
+                "cached": [self.index.size(b.url) for b in backends]})
 
         holders = sorted((i, b) for i, b in enumerate(ring_order) if held[b.url])
         # most blocks of the prefix first; of equal runs, the one with more of them on the
@@ -252,8 +258,10 @@ class PrecisePolicy(Policy):
         for _, b in holders:
             if b.in_flight < hits_bound:
                 return first(b, "prefix_hit")
-        footprint = {url: self.index.size(url) for url in by_url}
         return first(*place_new_prefix(ring_order, bound, footprint, self.cache_balance))
+
+    def footprint(self, url: str) -> float:
+        return self.index.demand(url) if self.count_evictions else self.index.size(url)
 
 
 def make_policy(name: str, *, load_factor: float = 0.25, hit_load_factor: float = 1.0,

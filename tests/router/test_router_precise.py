@@ -12,7 +12,8 @@ from test_router_bounded_load import check_placements
 from engine.block_hash import external_hash
 from engine.kv_events import KVEventRecorder, ZmqKVEventPublisher
 from engine.router.hashing import ring_point
-from engine.router.kv_index import KVEventFollower, KVIndex, connectable
+from engine.router.kv_follower import KVEventFollower, connectable
+from engine.router.kv_index import KVIndex
 from engine.router.policies import PrecisePolicy, RouteRequest, load_bound
 from engine.router.pool import Backend
 
