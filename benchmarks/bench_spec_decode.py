@@ -120,6 +120,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--tuned", action="store_true",
+                   help="off against the tuner's choice of num_speculative_tokens, chosen per "
+                        "workload and concurrency on other requests (benchmarks/"
+                        "spec_decode_tuned.py); --k is then unused")
+    p.add_argument("--calibration-rounds", type=int, default=2,
+                   help="with --tuned: rounds of the choice's calibration requests")
     return p
 
 
@@ -143,15 +149,44 @@ def main(argv: list[str] | None = None) -> int:
         configs[f"k={k}"] = {"method": "ngram", "num_speculative_tokens": k,
                              "prompt_lookup_min": lo, "prompt_lookup_max": hi}
     model = _model_path(args.model)
-    engines = {name: LLMEngine.from_args(
-        model=model, max_model_len=1024, max_num_seqs=max(levels), num_gpu_blocks_override=2048,
-        block_size=16, speculative_config=spec, device="cpu", dtype="float32",
-        cpu_threads=args.threads) for name, spec in configs.items()}
-    tokenizer = next(iter(engines.values())).tokenizer
+
+    def build(spec):
+        # KV for max(levels) sequences of up to 640 tokens (prompts here are < 512)
+        return LLMEngine.from_args(
+            model=model, max_model_len=1024, max_num_seqs=max(levels),
+            num_gpu_blocks_override=max(levels) * 40 + 64, block_size=16,
+            speculative_config=spec, device="cpu", dtype="float32", cpu_threads=args.threads)
+
+    if args.tuned:
+        from benchmarks import spec_decode_tuned
+
+        engines = {}
+
+        def engine_for(k):
+            if k not in engines:
+                engines[k] = build(spec_decode_tuned.spec_config(k, lo, hi))
+            return engines[k]
+
+        tokenizer = engine_for(0).tokenizer
+    else:
+        engines = {name: build(spec) for name, spec in configs.items()}
+        tokenizer = next(iter(engines.values())).tokenizer
     chat = tokenizer.chat_template is not None
+
+    def texts_for(workload, count, seed):
+        texts = prompts(workload, count, seed=seed)
+        if not chat:
+            return texts
+        return [tokenizer.apply_chat_template([{"role": "user", "content": t}],
+                                              tokenize=False, add_generation_prompt=True)
+                for t in texts]
+
     print(f"# {Path(model).name}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
           f"greedy, max_tokens {args.max_tokens}, prompt_lookup {lo}..{hi}; closed loop; "
           f"{args.rounds} rounds, configurations in turn; medians")
+    if args.tuned:
+        spec_decode_tuned.run(args, engine_for, texts_for, run_closed_loop, levels)
+        return 0
     print("| workload | conc | config | out tok/s | TPOT ms | tok/s vs off | TPOT vs off | "
           "accepted % | accepted % per position |")
     print("|---|---:|---|---:|---:|---:|---:|---:|---|")
@@ -162,12 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             tpots: dict[str, list[float]] = {k: [] for k in configs}
             spec_totals = {k: [0, 0, 0, None] for k in configs}
             for r in range(args.rounds):
-                texts = prompts(workload, n, seed=r)
-                if chat:
-                    texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}],
-                                                           tokenize=False,
-                                                           add_generation_prompt=True)
-                             for t in texts]
+                texts = texts_for(workload, n, r)
                 reference = None
                 order = list(configs) if r % 2 == 0 else list(configs)[::-1]
                 for name in order:
