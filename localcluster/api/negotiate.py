@@ -54,6 +54,10 @@ def choice(accept: str | None) -> str:
     return JSON   # nothing the server knows (application/yaml): JSON, as before
 
 
+def _takes_json(accept: str | None) -> bool:
+    return any(mime in _JSON_RANGES for mime, *_ in _ranges(accept or ""))
+
+
 def wants_protobuf(accept: str | None, obj: dict[str, Any]) -> bool:
     """Whether to answer `obj` in protobuf. A kind without a protobuf form (a custom
     resource) asked for in protobuf only: ApiError 406, as from a real server."""
@@ -61,7 +65,7 @@ def wants_protobuf(accept: str | None, obj: dict[str, Any]) -> bool:
         return False
     if protobuf_encode.message_for(obj) is not None:
         return True
-    if not any(mime in _JSON_RANGES for mime, *_ in _ranges(accept or "")):
+    if not _takes_json(accept):
         raise ApiError(406, "NotAcceptable", "only the following media types are accepted "
                        f"for {obj.get('apiVersion')} {obj.get('kind')}: {JSON}")
     return False
@@ -89,9 +93,17 @@ class Responder:
     def answer(self, accept: str | None, body: Any, status: int = 200,
                headers: multidict.CIMultiDict | None = None) -> aiohttp.web.Response:
         if isinstance(body, dict) and wants_protobuf(accept, body):
-            self.counts[PROTOBUF] += 1
-            return aiohttp.web.Response(body=protobuf_encode.encode(body), status=status,
-                                        headers=headers, content_type=PROTOBUF)
+            try:
+                data = protobuf_encode.encode(body)
+            except protobuf.ProtobufError as e:   # a stored value its field cannot hold
+                if not _takes_json(accept):
+                    raise ApiError(500, "InternalError", f"the answer cannot be written in "
+                                   f"protobuf ({e}): accept application/json too") from None
+                self.counts["fallback"] += 1   # JSON, which the client accepts too
+            else:
+                self.counts[PROTOBUF] += 1
+                return aiohttp.web.Response(body=data, status=status, headers=headers,
+                                            content_type=PROTOBUF)
         self.counts[JSON] += 1
         return aiohttp.web.json_response(body, status=status, headers=headers)
 

@@ -41,6 +41,8 @@ _FIELD = re.compile(r"^\s*(optional|repeated)?\s*(map<\s*([\w.]+)\s*,\s*([\w.]+)
                     r"\s+(\w+)\s*=\s*(\d+);")
 _STRUCT = re.compile(r"^type (\w+) struct \{")
 _GOFIELD = re.compile(r'^\s+\w+\s+(\S+)\s+`[^`]*json:"([^"]*)"[^`]*protobuf:"[^"]*name=(\w+)')
+# an embedded struct (`VolumeSource `json:""``): its fields are the parent's in JSON
+_EMBEDDED = re.compile(r'^\s+\*?([\w.]+)\s+`json:"(?:,inline)?"[^`]*protobuf:"([^"]*)"')
 
 
 def _proto_messages(text: str, package: str) -> dict[str, list]:
@@ -71,7 +73,8 @@ def _qualify(type_: str, package: str) -> str:
 
 
 def _go_tags(folder: Path, package: str) -> dict[tuple[str, str], tuple[str, str]]:
-    """(message, proto name) -> (JSON name, flags): p = pointer, k = zero kept by Go's JSON."""
+    """(message, proto name) -> (JSON name, flags): p = pointer, k = zero kept by Go's JSON,
+    i = embedded (JSON name ""): the message's fields are written into its parent's."""
     tags = {}
     for path in sorted(folder.glob("*.go")):
         if path.name.endswith("_test.go") or path.name.startswith("zz_"):
@@ -82,6 +85,11 @@ def _go_tags(folder: Path, package: str) -> dict[tuple[str, str], tuple[str, str
                 struct = f"{package}.{m.group(1)}"
             elif line.startswith("}"):
                 struct = None
+            elif struct and (m := _EMBEDDED.match(line)):
+                type_name, tag = m.group(1).rsplit(".", 1)[-1], m.group(2)
+                name = re.search(r"name=(\w+)", tag)
+                proto_name = name.group(1) if name else type_name[0].lower() + type_name[1:]
+                tags[(struct, proto_name)] = ("", "i")
             elif struct and (m := _GOFIELD.match(line)):
                 go_type, json_tag, proto_name = m.groups()
                 name, *opts = json_tag.split(",")

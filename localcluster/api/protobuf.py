@@ -11,7 +11,9 @@ zero value of a non-pointer `omitempty` field) is left out here too, so the obje
 as the same manifest sent as JSON would. The special types are mapped as their JSON forms
 are: Time and MicroTime to RFC 3339 strings, Quantity to its string, IntOrString to an
 integer or a string, RawExtension and apiextensions' JSON to the JSON they carry, bytes to
-base64, the JSONSchemaPropsOr* unions to their one set side.
+base64, the JSONSchemaPropsOr* unions to their one set side. An embedded Go struct (a
+Volume's VolumeSource, a Probe's handler, LocalObjectReference) has its fields in its
+parent's JSON object.
 """
 from __future__ import annotations
 
@@ -206,6 +208,8 @@ def decode_message(name: str, data: bytes) -> Any:
                 else:
                     items.append(_value(type_, item))
             out[json_name] = items
+        elif "i" in flags:   # an embedded struct (a Probe's handler): fields of the parent
+            out.update(_value(type_, values[-1]))
         else:
             value = _value(type_, values[-1])
             if value is None or ("p" not in flags and "k" not in flags and (

@@ -4,9 +4,9 @@ application/vnd.kubernetes.protobuf`): the inverse of protobuf.py, from the same
 Fields are written as Go's generated marshallers write them, so that a message reads back
 the same in any client and the bytes match kubectl's own: in field-number order; a field
 that is not a pointer always, with its zero value when the JSON object leaves it out (an
-empty nested message, `""`, 0, false); a pointer field, a bytes field and a RawExtension's
-bytes only when set; map entries sorted by key, each with its key and its value; repeated
-scalars unpacked. The special types take their JSON forms back: RFC 3339 strings to
+empty nested message, `""`, 0, false); an embedded struct from its parent's JSON fields; a
+pointer field, a bytes field and a RawExtension's bytes only when set; map entries sorted
+by key, each with its key and its value; repeated scalars unpacked. The special types take their JSON forms back: RFC 3339 strings to
 Timestamps, Quantity strings, IntOrString, Go durations, RawExtension and apiextensions'
 JSON as compact JSON bytes, the JSONSchemaPropsOr* unions.
 
@@ -146,7 +146,8 @@ def encode_message(name: str, obj: Any, where: str = "") -> bytes:
         raise ProtobufError(f"{where or name}: {obj!r} is not an object")
     out = bytearray()
     for number, json_name, label, type_, flags in spec:
-        value, at = obj.get(json_name), f"{where}.{json_name}" if where else json_name
+        at = f"{where}.{json_name}" if where else json_name
+        value = obj if "i" in flags else obj.get(json_name)   # embedded: the parent's fields
         if label == "map":
             key_type, value_type = type_
             for k in sorted(value or {}):

@@ -70,7 +70,9 @@ def sample(name: str, depth: int = 0, number: int = 1):
     out = {}
     for num, json_name, label, type_, flags in _table()[name]:
         deep = depth >= 3
-        if label == "map":
+        if "i" in flags:   # an embedded struct: its fields in this object
+            out.update(sample(type_, depth + 1, num))
+        elif label == "map":
             if not deep:
                 out[json_name] = {k: sample(type_[1], depth + 1, num + i)
                                   for i, k in enumerate(["b", "a"])}
@@ -166,3 +168,14 @@ def test_custom_resources_stay_json_and_refuse_protobuf_only():
     assert raised.value.code == 406 and "application/json" in raised.value.message
     assert negotiate.wants_protobuf(PB, {"apiVersion": "v1", "kind": "Secret"})
     assert not negotiate.wants_protobuf(JSON, {"apiVersion": "v1", "kind": "Secret"})
+
+
+def test_an_object_protobuf_cannot_hold_is_answered_in_json_if_the_client_takes_it():
+    responder = negotiate.Responder()
+    odd = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"creationTimestamp": "soon"}}
+    answer = responder.answer(f"{PB},{JSON}", odd)
+    assert answer.content_type == JSON and responder.counts == {"fallback": 1, JSON: 1}
+    with pytest.raises(ApiError, match="cannot be written in protobuf .*soon"):
+        responder.answer(PB, odd)
+    assert responder.answer(PB, {**odd, "metadata": {}}).content_type == PB
+    assert responder.counts[PB] == 1
