@@ -17,6 +17,7 @@ Workloads (distinct prompts per request, so the prefix cache does not help one c
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import sys
@@ -120,6 +121,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--gate", default=None,
+                   help='also each k with these off-switch keys, e.g. '
+                        '\'{"min_acceptance_rate": 0.3}\' (engine/spec_decode/gate.py)')
     p.add_argument("--tuned", action="store_true",
                    help="off against the tuner's choice of num_speculative_tokens, chosen per "
                         "workload and concurrency on other requests (benchmarks/"
@@ -148,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     for k in (int(x) for x in args.k.split(",")):
         configs[f"k={k}"] = {"method": "ngram", "num_speculative_tokens": k,
                              "prompt_lookup_min": lo, "prompt_lookup_max": hi}
+        if args.gate:
+            configs[f"k={k} gated"] = {**configs[f"k={k}"], **json.loads(args.gate)}
     model = _model_path(args.model)
 
     def build(spec):
