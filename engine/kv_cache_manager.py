@@ -7,8 +7,9 @@ exactly one of three states:
              by a later request until evicted (least recently freed first)
   free       ref_count == 0, no hash
 With KV tiers (engine/kv_offload/) an evicted cached block is copied below the pool, and a
-prefix run goes on into those tiers: such a hit gets a fresh block whose KV the model
-runner loads before the step's forward ("loading": used, no hash until loaded).
+prefix run goes on into those tiers: such a hit gets a fresh block that a load worker
+fills while the request waits ("loading": used, held by the request and by its load job,
+no hash until loaded; engine/kv_offload/loads.py).
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ class KVCacheManager:
         self.events: KVEventRecorder | None = None
         # KV tiers under the pool (engine/kv_offload/); None: evicted blocks are gone
         self.offload: OffloadTiers | None = None
-        self._loading: dict[int, TierHit] = {}  # block id -> the hit loaded into it
+        self._loading: dict[int, TierHit] = {}  # block id -> the hit its load job writes
         self.hits_by_medium = {"GPU": 0}
 
     def attach_offload(self, tiers: OffloadTiers) -> None:
@@ -121,7 +122,6 @@ class KVCacheManager:
         assert block.ref_count > 0, f"double free of block {block_id}"
         block.ref_count -= 1
         if block.ref_count == 0:
-            self._loading.pop(block_id, None)  # its request is gone: the load is not wanted
             if block.block_hash is not None:
                 self._evictable[block_id] = None
             else:
@@ -176,7 +176,7 @@ class KVCacheManager:
 
     # ---- check/act pairs ------------------------------------------------------------------
     def can_admit(self, seq: Sequence, hits: list[int | TierHit], num_new_tokens: int) -> bool:
-        on_device = [b for b in hits if isinstance(b, int)]
+        on_device = [b for b in hits if type(b) is int]
         needed = self.blocks_for(len(hits) * self.block_size + num_new_tokens) - len(on_device)
         reclaimed = sum(1 for b in on_device if self.blocks[b].ref_count == 0)
         return needed <= self.num_available - reclaimed
@@ -185,44 +185,75 @@ class KVCacheManager:
         """First allocation of a waiting sequence: reuse the cached prefix, add fresh blocks.
         Returns the number of tokens the cache already holds (the caller's computed count)."""
         assert not seq.block_table and seq.num_computed_tokens == 0
+        assert all(type(h) is int for h in hits), "tier hits are admitted by admit_loading"
         assert self.can_admit(seq, hits, num_new_tokens)
-        for hit in hits:  # device hits first: a fresh block must not be taken from them
-            if isinstance(hit, int):
-                self._share(self.blocks[hit])
-        seq.block_table = [hit if isinstance(hit, int) else self._load_into_new_block(hit)
-                           for hit in hits]
+        for hit in hits:
+            self._share(self.blocks[hit])
+        seq.block_table = list(hits)
         num_cached = len(hits) * self.block_size
-        if self.enable_prefix_caching:
-            self.prefix_queries += seq.num_tokens
-            self.prefix_hits += num_cached
-            for hit in hits:
-                medium = "GPU" if isinstance(hit, int) else hit.medium
-                self.hits_by_medium[medium] += self.block_size
+        self._count_hits(seq, hits)
         needed = self.blocks_for(num_cached + num_new_tokens) - len(hits)
         seq.block_table.extend(self._take().block_id for _ in range(needed))
         return num_cached
 
-    # ---- loads from the tiers below (engine/kv_offload/tiers.py) ----------------------------
-    def _load_into_new_block(self, hit: TierHit) -> int:
-        block = self._take()
-        self._loading[block.block_id] = hit
-        return block.block_id
+    def _count_hits(self, seq: Sequence, hits: list[int | TierHit]) -> None:
+        if self.enable_prefix_caching:
+            self.prefix_queries += seq.num_tokens
+            self.prefix_hits += len(hits) * self.block_size
+            for hit in hits:
+                medium = "GPU" if type(hit) is int else hit.medium
+                self.hits_by_medium[medium] += self.block_size
 
-    def planned_loads(self) -> list[tuple[TierHit, int]]:
-        """(hit, device block) of every load not yet done, for the step's batch."""
-        return [(hit, block_id) for block_id, hit in self._loading.items()]
+    # ---- loads from the tiers below (engine/kv_offload/loads.py) ----------------------------
+    def admit_loading(self, seq: Sequence, hits: list[int | TierHit], num_new_tokens: int
+                      ) -> tuple[list[tuple[TierHit, int]], list[int]]:
+        """Admit a waiting sequence whose prefix run reaches the tiers: its block table is
+        the run, device hits shared and each tier hit in a fresh block that its load job
+        also holds (`end_load` drops that). Room for its first `num_new_tokens` is checked
+        too, not taken. Returns the loads, (hit, block), and their block-table positions."""
+        assert not seq.block_table and seq.num_computed_tokens == 0
+        assert self.can_admit(seq, hits, num_new_tokens)
+        for hit in hits:  # device hits first: a fresh block must not be taken from them
+            if type(hit) is int:
+                self._share(self.blocks[hit])
+        loads, positions = [], []
+        for i, hit in enumerate(hits):
+            if type(hit) is int:
+                seq.block_table.append(hit)
+                continue
+            block = self._take()
+            block.ref_count += 1  # the load job's
+            self._loading[block.block_id] = hit
+            seq.block_table.append(block.block_id)
+            loads.append((hit, block.block_id))
+            positions.append(i)
+        self._count_hits(seq, hits)
+        return loads, positions
 
-    def is_loading(self, block_id: int, hit: TierHit) -> bool:
-        return self._loading.get(block_id) is hit
-
-    def finish_load(self, block_id: int) -> None:
-        """The block now holds its hit's KV: register it in the prefix cache."""
+    def end_load(self, block_id: int, register: bool) -> None:
+        """The load job is done with the block: if `register`, it holds its hit's KV and
+        joins the prefix cache; the job's reference goes (the block is free if its request
+        went meanwhile)."""
         h = self._loading.pop(block_id).block_hash
         block = self.blocks[block_id]
-        if h not in self._hash_to_block:
+        if register and h not in self._hash_to_block and block.ref_count > 1:
             block.block_hash, self._hash_to_block[h] = h, block_id
             if self.events is not None:
                 self.events.copied(h, "GPU")
+        self._release(block_id)
+
+    def keep_prefix(self, seq: Sequence, num_blocks: int, media: dict[int, str]) -> None:
+        """After its loads: seq keeps the first num_blocks of its run (a load failed at the
+        next one); the rest go back and are no hits (they will be computed). `media`: the
+        tier of each loaded position (the others were device hits)."""
+        dropped = range(num_blocks, len(seq.block_table))
+        if self.enable_prefix_caching:
+            for i in dropped:
+                self.prefix_hits -= self.block_size
+                self.hits_by_medium[media.get(i, "GPU")] -= self.block_size
+        for block_id in reversed(seq.block_table[num_blocks:]):
+            self._release(block_id)
+        del seq.block_table[num_blocks:]
 
     def _needs_cow(self, seq: Sequence) -> bool:
         """Will the next write land in a partially filled block that another sequence shares?"""
@@ -281,6 +312,8 @@ class KVCacheManager:
         for seq in live:
             for block_id in seq.block_table:
                 refs[block_id] += 1
+        for block_id in self._loading:  # the load job's reference
+            refs[block_id] += 1
         free = set(self._free)
         assert len(free) == len(self._free), "a block is twice in the free list"
         for block in self.blocks:
@@ -296,7 +329,8 @@ class KVCacheManager:
             if block.block_hash is not None:
                 assert self._hash_to_block[block.block_hash] == block.block_id
         assert len(self._hash_to_block) == sum(b.block_hash is not None for b in self.blocks)
-        for block_id in self._loading:  # held by the request it loads for, not yet cached
-            assert self.blocks[block_id].ref_count > 0 and self.blocks[block_id].block_hash is None
+        for block_id in self._loading:  # held by its load job, not yet cached
+            assert self.blocks[block_id].block_hash is None, \
+                f"block {block_id} is in the prefix cache while its load is not done"
         if self.offload is not None:
             self.offload.check_invariants(self)

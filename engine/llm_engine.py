@@ -199,7 +199,7 @@ class LLMEngine:
         faults (the accelerator itself is broken) still raise.
         """
         batch = self.scheduler.schedule()
-        if self.offload is not None:  # evicted blocks copied out, then tier hits loaded in
+        if self.offload is not None:  # evicted blocks copied out, then new loads started
             self.offload.transfer(batch)
         self.last_step_shape = (len(batch.seqs), batch.num_tokens)  # (sequences, tokens)
         if not batch.seqs:
@@ -373,11 +373,12 @@ class LLMEngine:
     def get_stats(self) -> EngineStats:
         kv = self.kv.stats()
         running = {s.request_id for s in self.scheduler.running}
-        waiting = {s.request_id for s in self.scheduler.waiting} - running
+        waiting = {s.request_id for s in self.scheduler.live_sequences()} - running
         return EngineStats(
             num_requests_running=len(running), num_requests_waiting=len(waiting),
             num_seqs_running=len(self.scheduler.running),
-            num_seqs_waiting=len(self.scheduler.waiting), kv_cache_usage=kv.usage,
+            num_seqs_waiting=len(self.scheduler.waiting) + len(self.scheduler.loading),
+            kv_cache_usage=kv.usage,
             num_blocks=kv.num_blocks, block_size=self.kv.block_size, num_free_blocks=kv.num_free,
             num_cached_blocks=kv.num_cached, num_used_blocks=kv.num_used,
             prefix_cache_queries=kv.prefix_queries, prefix_cache_hits=kv.prefix_hits,

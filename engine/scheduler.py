@@ -7,6 +7,12 @@ out, the lowest-priority running sequence is preempted by recompute: its blocks 
 freed and it goes back to the waiting queue in its original order; on readmission its
 prefix-cached blocks make the recompute cheap.
 
+With KV tiers (engine/kv_offload/), a waiting sequence whose prefix run reaches the tiers
+below the pool is admitted into its blocks and waits for their loads (`loading`) while
+other sequences' steps run; a later step that finds its loads done (polled at the start,
+never waited for while there is other work) runs it as a prefill of the rest. If the load
+queue is full, the sequence is admitted with its device hits only and recomputes the rest.
+
 With speculative decoding, a running decode also carries the proposer's drafts: its row
 computes 1 + len(drafts) tokens (they count against the token budget and need their KV
 slots, and never take the budget or the blocks another running sequence needs).
@@ -32,7 +38,8 @@ class ScheduledBatch:
     # they are included in num_new_tokens
     draft_token_ids: list[list[int]] = field(default_factory=list)
     # KV tiers (engine/kv_offload/): (block, hash) the pool evicted, to copy below it before
-    # this step writes them, and (tier hit, block) to load before the forward
+    # this step writes them, and (tier hit, block) of the loads admitted in this step,
+    # started after that copy (they finish in a later step; no sequence of this batch)
     blocks_to_store: list[tuple[int, bytes]] = field(default_factory=list)
     blocks_to_load: list[tuple[Any, int]] = field(default_factory=list)
 
@@ -56,6 +63,8 @@ class Scheduler:
         self.policy = policy
         self.waiting: list[Sequence] = []  # sorted by sort_key
         self.running: list[Sequence] = []  # in admission order
+        self.loading: list[Sequence] = []  # admitted, waiting for their loads
+        self._loads: dict[int, Any] = {}  # seq_id -> its LoadJob (engine/kv_offload/loads.py)
         self.num_preemptions = 0
 
     def _key(self, seq: Sequence) -> tuple[int, int, int]:
@@ -66,14 +75,16 @@ class Scheduler:
         bisect.insort(self.waiting, seq, key=self._key)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.loading)
 
     def live_sequences(self) -> list[Sequence]:
-        return self.running + self.waiting
+        return self.running + self.waiting + self.loading
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Retire a sequence (stopped, length or abort) and release its blocks."""
-        if seq.status is SequenceStatus.RUNNING:
+        if seq.seq_id in self._loads:
+            self._drop_load(seq)
+        elif seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
@@ -119,7 +130,10 @@ class Scheduler:
         self.running.append(child)
 
     def _preempt(self, seq: Sequence) -> None:
-        self.running.remove(seq)
+        if seq.seq_id in self._loads:
+            self._drop_load(seq)
+        else:
+            self.running.remove(seq)
         self.kv.free(seq)
         seq.num_computed_tokens = 0
         self.num_preemptions += 1
@@ -130,7 +144,49 @@ class Scheduler:
         """A request's n samples fork off after its prefill: their seats are reserved."""
         return 1 if seq.has_forked else seq.params.n
 
+    # ---- loads from the KV tiers ------------------------------------------------------------
+    def _drop_load(self, seq: Sequence) -> None:
+        """seq leaves while loading: its job is cancelled (the caller frees seq's blocks)."""
+        self.loading.remove(seq)
+        self.kv.offload.cancel_load(self._loads.pop(seq.seq_id))
+
+    def _poll_loads(self) -> None:
+        """Sequences whose loads are done run from now on, from their first block not
+        loaded (all loaded: the prompt's last token; a load failed: that block)."""
+        for job in self.kv.offload.poll():
+            seq = job.seq
+            del self._loads[seq.seq_id]
+            self.loading.remove(seq)
+            kept = job.kept_blocks()
+            self.kv.keep_prefix(seq, kept, {p: hit.medium for p, (hit, _) in
+                                            zip(job.positions, job.loads)})
+            seq.num_computed_tokens = kept * self.kv.block_size
+            if not seq.has_forked and seq.num_output_tokens == 0:
+                seq.num_cached_tokens = seq.num_computed_tokens
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+
+    def _admit_loading(self, seq: Sequence, hits: list, num_new: int) -> None:
+        loads, positions = self.kv.admit_loading(seq, hits, num_new)
+        self._loads[seq.seq_id] = self.kv.offload.plan_load(seq, loads, positions)
+        self.loading.append(seq)
+
     def schedule(self) -> ScheduledBatch:
+        if self.kv.offload is None:
+            return self._schedule()
+        self._poll_loads()
+        batch = self._schedule()
+        if not batch.seqs and not batch.blocks_to_load and self._loads:
+            # nothing to run but loads in flight: wait for one instead of spinning
+            if self.kv.offload.wait_for_load(timeout=0.1):
+                self._poll_loads()
+                more = self._schedule()
+                more.blocks_to_store[:0] = batch.blocks_to_store
+                more.preempted[:0] = batch.preempted
+                batch = more
+        return batch
+
+    def _schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         scheduled: set[int] = set()
@@ -147,6 +203,7 @@ class Scheduler:
             num_new += len(drafts)
             while not self.kv.can_append(seq, num_new):
                 candidates = [s for s in self.running if s.seq_id not in scheduled]
+                candidates += self.loading
                 victim = max(candidates, key=self._key)
                 self._preempt(victim)
                 batch.preempted.append(victim)
@@ -162,27 +219,34 @@ class Scheduler:
                 i += 1
 
         # 2. Waiting sequences, unless this step already had to preempt.
-        seats_taken = sum(self._seats(s) for s in self.running)
+        seats_taken = sum(self._seats(s) for s in self.running + self.loading)
         while not batch.preempted and self.waiting and budget > 0:
             seq = self.waiting[0]
             if seats_taken + self._seats(seq) > self.max_num_seqs:
                 break
             hits = self.kv.lookup_prefix(seq)
+            first_tier = next((i for i, h in enumerate(hits) if type(h) is not int), None)
+            if first_tier is not None and not self.kv.offload.can_plan_load():
+                hits = hits[:first_tier]  # the load queue is full: recompute instead
+                first_tier = None
             num_new = min(seq.num_tokens - len(hits) * self.kv.block_size, budget)
             if not self.kv.can_admit(seq, hits, num_new):
                 break
             self.waiting.pop(0)
+            seats_taken += self._seats(seq)
+            if first_tier is not None:
+                self._admit_loading(seq, hits, num_new)
+                continue
             seq.num_computed_tokens = self.kv.admit(seq, hits, num_new)
             if not seq.has_forked and seq.num_output_tokens == 0:
                 seq.num_cached_tokens = seq.num_computed_tokens
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            seats_taken += self._seats(seq)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
             batch.draft_token_ids.append([])
             budget -= num_new
         if self.kv.offload is not None:
             batch.blocks_to_store = self.kv.offload.take_stores()
-            batch.blocks_to_load = self.kv.planned_loads()
+            batch.blocks_to_load = self.kv.offload.planned_loads()
         return batch

@@ -14,6 +14,7 @@ __all__ = ["HostEntry", "HostTier", "MEDIUM_CPU", "MEDIUM_DISK", "MEDIUM_GPU", "
            "TierHit", "TierStats", "make_offload"]
 
 GIB = 2**30
+LOAD_QUEUE_JOBS = 64  # requests whose loads may wait for the load worker at once
 
 
 def make_offload(config: Any, runner: Any, kv: Any, model_path: str) -> OffloadTiers | None:
@@ -38,6 +39,7 @@ def make_offload(config: Any, runner: Any, kv: Any, model_path: str) -> OffloadT
                                                    block_shape=transfer.block_shape),
                         block_shape=transfer.block_shape, dtype=runner.dtype)
     tiers = OffloadTiers(HostTier(int(host_gib * GIB), transfer.block_bytes), transfer,
-                         TransferWorker(), disk)
+                         TransferWorker(), disk,
+                         load_worker=TransferWorker(LOAD_QUEUE_JOBS, name="kv-load"))
     kv.attach_offload(tiers)
     return tiers

@@ -1,28 +1,35 @@
 """The tiers under the device pool, as the KV cache manager and the engine see them.
 
-Engine thread only (no torch here: the transfer and the disk tier are handed in).
+Engine thread, except the jobs run by the two workers (no torch here: the transfer and the
+disk tier are handed in).
 
 - Store: the pool evicts a full, hashed block (`evicted`, during scheduling). The
   scheduler hands the step's evictions to the engine with the batch (`blocks_to_store`);
   before anything of the step writes to the pool, `transfer` snapshots those blocks
   (`KVTransfer.gather`), indexes them in the host tier as not yet ready, and queues the
-  copy for the worker, which fills and readies them. A host eviction spills the block to
-  disk (a worker job after the one filling it).
+  copy for the store worker, which fills and readies them. A host eviction spills the
+  block to disk (a store-worker job after the one filling it).
 - Lookup: after the device pool's run, `find` looks each next block up in the host tier
-  (ready entries only), then on disk (a whole, verified file; promoted into the host tier).
-- Load: the KV cache manager admits a hit into a fresh device block and plans the load
-  (`blocks_to_load` of the batch); `transfer` copies the planned loads still wanted (an
-  aborted request's are not) into their blocks before the step's forward, and the manager
-  then registers the loaded blocks in the prefix cache.
+  (ready entries only), then on disk (a file under the block's name: read and checked by
+  the load, promoted into the host tier once loaded).
+- Load (engine/kv_offload/loads.py): the scheduler admits a request with tier hits into
+  fresh device blocks and plans one job (`plan_load`); `transfer` starts it after the
+  step's store snapshot; the load worker copies, and `poll`, at the start of a later step,
+  registers the loaded blocks in the prefix cache and hands the request back to the
+  scheduler. A block that fails to load (a file found bad by then) and the ones after it
+  are recomputed.
 """
 from __future__ import annotations
 
 import bisect
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.kv_offload.host import HostEntry, HostTier
+from engine.kv_offload.loads import LoadJob, LoadState
 
 
 class BlockPool(Protocol):
@@ -31,9 +38,7 @@ class BlockPool(Protocol):
     blocks: list[Any]
     events: Any
 
-    def is_loading(self, block_id: int, hit: "TierHit") -> bool: ...
-
-    def finish_load(self, block_id: int) -> None: ...
+    def end_load(self, block_id: int, register: bool) -> None: ...
 
 # vLLM's medium names (vllm/v1/kv_offload/mediums.py), also in KV events
 MEDIUM_GPU, MEDIUM_CPU, MEDIUM_DISK = "GPU", "CPU", "Disk"
@@ -55,7 +60,8 @@ class TierStats:
     blocks_stored: dict[str, int] = field(default_factory=lambda: {MEDIUM_CPU: 0, MEDIUM_DISK: 0})
     blocks_loaded: dict[str, int] = field(default_factory=lambda: {MEDIUM_CPU: 0, MEDIUM_DISK: 0})
     stores_dropped: int = 0  # the worker's queue was full
-    loads_cancelled: int = 0  # the request was gone before its load ran
+    loads_cancelled: int = 0  # blocks whose request was gone before its load was done
+    loads_failed: int = 0  # blocks recomputed: their read failed (or one before them did)
     load_seconds_sum: float = 0.0
     load_buckets: list[int] = field(default_factory=lambda: [0] * (len(LOAD_SECONDS_BUCKETS) + 1))
 
@@ -65,11 +71,17 @@ class TierStats:
 
 
 class OffloadTiers:
-    def __init__(self, host: HostTier, transfer: Any, worker: Any, disk: Any = None) -> None:
+    def __init__(self, host: HostTier, transfer: Any, worker: Any, disk: Any = None,
+                 load_worker: Any = None) -> None:
         self.host, self.io, self.worker, self.disk = host, transfer, worker, disk
+        self.load_worker = load_worker  # its own thread: loads never queue behind disk writes
         self.block_bytes = host.block_bytes
         self.kv: BlockPool | None = None  # set by KVCacheManager.attach_offload
         self._stores: list[tuple[int, bytes]] = []  # (device block, hash) evicted this step
+        self._planned: list[LoadJob] = []  # loads admitted this step, started by transfer
+        self._lock = threading.Lock()  # a job's state: the engine thread vs the load worker
+        self._done: queue.SimpleQueue[LoadJob] = queue.SimpleQueue()  # posted by the worker
+        self._taken: list[LoadJob] = []  # taken off _done by wait_for_load, not yet polled
         self.stats = TierStats()
 
     # ---- scheduling (KV cache manager) -------------------------------------------------------
@@ -86,30 +98,117 @@ class OffloadTiers:
         entry = self.host.get(block_hash)
         if entry is not None:
             return TierHit(block_hash, entry, MEDIUM_CPU) if entry.loadable else None
-        if self.disk is None:
+        if self.disk is None or not self.disk.path_for(block_hash).exists():
             return None
-        data = self.disk.read(block_hash)
-        if data is None:
-            return None
-        entry = HostEntry(block_hash, data, on_disk=True)
-        self._spill(self._insert(entry))  # promoted: the next lookup finds it in host memory
-        return TierHit(block_hash, entry, MEDIUM_DISK)
+        return TierHit(block_hash, HostEntry(block_hash), MEDIUM_DISK)  # read by the load
+
+    # ---- loads (scheduler, then the step, then the load worker) ------------------------------
+    def can_plan_load(self) -> bool:
+        """Room in the load worker's bounded queue for one more job this step."""
+        return self.load_worker.free_slots() > len(self._planned)
+
+    def plan_load(self, seq: Any, loads: list[tuple[TierHit, int]], positions: list[int]
+                  ) -> LoadJob:
+        job = LoadJob(seq, loads, positions)
+        self._planned.append(job)
+        return job
+
+    def planned_loads(self) -> list[tuple[TierHit, int]]:
+        """(hit, device block) of the loads admitted this step, not yet started."""
+        return [pair for job in self._planned for pair in job.loads]
+
+    def cancel_load(self, job: LoadJob) -> None:
+        """The request is gone (aborted, preempted): a job the worker has not begun gives
+        its blocks back now and is skipped; a running one keeps them until it is done."""
+        with self._lock:
+            if job.state in (LoadState.PLANNED, LoadState.QUEUED):
+                if job.state is LoadState.PLANNED:
+                    self._planned.remove(job)
+                job.state = LoadState.CANCELLED
+            else:
+                job.cancelled = True
+                return
+        self._end(job, kept=0)
+        self.stats.loads_cancelled += len(job.loads)
+
+    def _start_loads(self) -> None:
+        planned, self._planned = self._planned, []
+        for job in planned:
+            job.state = LoadState.QUEUED
+            if not self.load_worker.submit(lambda job=job: self._run_load(job)):
+                job.state = LoadState.DONE  # no room after all: the request recomputes
+                self._done.put(job)
+
+    def _run_load(self, job: LoadJob) -> None:
+        """Load worker: read the blocks (disk files checked), copy them into the pool."""
+        with self._lock:
+            if job.state is LoadState.CANCELLED:
+                return
+            job.state = LoadState.RUNNING
+        start = time.perf_counter()
+        try:
+            for hit, _ in job.loads:
+                data = hit.entry.data if hit.medium == MEDIUM_CPU else self.disk.read(
+                    hit.block_hash)
+                if data is None:
+                    break  # a bad file: this block and the ones after it are recomputed
+                job.read.append(data)
+            if job.read:
+                self.io.load(job.read, job.block_ids[:len(job.read)])
+            job.num_loaded = len(job.read)
+        finally:
+            job.seconds = time.perf_counter() - start
+            with self._lock:
+                job.state = LoadState.DONE
+            self._done.put(job)
+
+    def wait_for_load(self, timeout: float) -> bool:
+        """Blocks until a load is done (or timeout): for a step with nothing else to do."""
+        try:
+            self._taken.append(self._done.get(timeout=timeout))
+            return True
+        except queue.Empty:
+            return False
+
+    def poll(self) -> list[LoadJob]:
+        """The loads done since the last poll, without waiting; their blocks are in the
+        prefix cache now. Returns the jobs whose request still waits for them."""
+        jobs, self._taken = self._taken, []
+        while True:
+            try:
+                jobs.append(self._done.get_nowait())
+            except queue.Empty:
+                break
+        wanted = []
+        for job in jobs:
+            if job.cancelled:  # its request went while it ran: discarded
+                self._end(job, kept=0)
+                self.stats.loads_cancelled += len(job.loads)
+                continue
+            self._end(job, kept=job.num_loaded)
+            self.stats.observe_load(job.seconds)
+            self.stats.loads_failed += len(job.loads) - job.num_loaded
+            for (hit, _), data in zip(job.loads, job.read):
+                self.stats.blocks_loaded[hit.medium] += 1
+                if hit.medium == MEDIUM_DISK and hit.block_hash not in self.host:
+                    hit.entry.data, hit.entry.on_disk = data, True  # promoted to host memory
+                    hit.entry.ready.set()
+                    self._spill(self._insert(hit.entry))
+            wanted.append(job)
+        return wanted
+
+    def _end(self, job: LoadJob, kept: int) -> None:
+        for i, block_id in enumerate(job.block_ids):
+            self.kv.end_load(block_id, register=i < kept)
 
     # ---- the step's transfers (engine, before the forward) -------------------------------------
     def transfer(self, batch: Any) -> None:
+        """The evicted blocks snapshotted and queued for the host tier, then this step's
+        loads started (after the snapshot: a load may overwrite a block just evicted)."""
         if batch.blocks_to_store:
             self._store(batch.blocks_to_store)
-        kv = self.kv
-        loads = [(hit, b) for hit, b in batch.blocks_to_load if kv.is_loading(b, hit)]
-        self.stats.loads_cancelled += len(batch.blocks_to_load) - len(loads)
-        if not loads:
-            return
-        start = time.perf_counter()
-        self.io.load([hit.entry.data for hit, _ in loads], [b for _, b in loads])
-        self.stats.observe_load(time.perf_counter() - start)
-        for hit, block_id in loads:
-            self.stats.blocks_loaded[hit.medium] += 1
-            kv.finish_load(block_id)
+        if self._planned:
+            self._start_loads()
 
     def _store(self, stores: list[tuple[int, bytes]]) -> None:
         stores = [(b, h) for b, h in stores if h not in self.host]
@@ -165,11 +264,16 @@ class OffloadTiers:
 
     # ---- upkeep --------------------------------------------------------------------------------
     def drain(self) -> None:
-        """Waits for every queued copy and disk write (tests, benchmarks, shutdown)."""
+        """Waits for every queued copy, disk write and load (tests, benchmarks, shutdown);
+        the next step polls the loads."""
         self.worker.drain()
+        if self.load_worker is not None:
+            self.load_worker.drain()
 
     def close(self) -> None:
         self.worker.close()
+        if self.load_worker is not None:
+            self.load_worker.close()
 
     def check_invariants(self, kv: BlockPool) -> None:
         self.host.check_invariants()

@@ -2,18 +2,24 @@
 
 One interface, two implementations:
 - `CPUTransfer`: the pool is in host memory already; `gather` is one index copy on the
-  step thread, the worker cuts it into one tensor per block.
+  step thread, the store worker cuts it into one tensor per block; `load`, on the load
+  worker, copies host blocks into their pool blocks while the step thread runs other
+  requests' steps (the blocks are the load's alone until it returns).
 - `CUDATransfer`: `gather` indexes the pool on a side stream into a device buffer (the
   compute stream waits only for that), then copies it to pinned host memory without
-  blocking; the worker waits for that copy's event. Loads go host -> device on the compute
-  stream, so the step's forward, queued after them, reads the loaded blocks.
+  blocking; the store worker waits for that copy's event. `load`, on the load worker,
+  stages the blocks in pinned memory and copies them host -> device and into the pool on
+  a second side stream (after the work already queued on the compute and store streams,
+  which may still read or write those blocks), then waits for its event: once it
+  returns, the blocks are written, and any later step sees them.
 
 The pool is `[2, num_layers, num_blocks, block_size, kv_heads, head_dim]`
 (model_runner.allocate_kv_cache); a block's copy is `[2, num_layers, block_size, kv_heads,
 head_dim]`, contiguous.
 
 `TransferWorker` runs jobs in order on one thread behind a bounded queue: the step thread
-never waits for it (a full queue refuses the job, and the caller counts a dropped store).
+never waits for it (a full queue refuses the job: the caller counts a dropped store, or the
+scheduler recomputes instead of loading). Stores and loads have one worker each.
 """
 from __future__ import annotations
 
@@ -45,7 +51,7 @@ class KVTransfer(ABC):
 
     @abstractmethod
     def load(self, blocks: Sequence[torch.Tensor], block_ids: Sequence[int]) -> None:
-        """Step thread, before the step's forward: host copies into these device blocks."""
+        """Load worker: host copies into these device blocks; returns once written."""
 
 
 class CPUTransfer(KVTransfer):
@@ -67,7 +73,9 @@ class CUDATransfer(KVTransfer):
 
     def __init__(self, pool: torch.Tensor) -> None:
         super().__init__(pool)
-        self.stream = torch.cuda.Stream(device=pool.device)
+        self.stream = torch.cuda.Stream(device=pool.device)  # stores
+        self.load_stream = torch.cuda.Stream(device=pool.device)
+        self.compute = torch.cuda.current_stream(pool.device)  # the engine thread's
 
     def gather(self, block_ids: Sequence[int]) -> tuple[torch.Tensor, Any]:
         compute = torch.cuda.current_stream(self.pool.device)
@@ -96,9 +104,16 @@ class CUDATransfer(KVTransfer):
         staging = torch.empty((len(blocks), *self.block_shape), dtype=self.pool.dtype,
                               pin_memory=True)
         torch.stack(list(blocks), dim=0, out=staging)
-        on_device = staging.to(self.pool.device, non_blocking=True)  # compute stream
-        idx = torch.tensor(block_ids, dtype=torch.int64, device=self.pool.device)
-        self.pool.index_copy_(2, idx, on_device.permute(1, 2, 0, 3, 4, 5))
+        idx = torch.tensor(block_ids, dtype=torch.int64).pin_memory()
+        with torch.cuda.stream(self.load_stream):
+            self.load_stream.wait_stream(self.compute)  # earlier steps' writes to the blocks
+            self.load_stream.wait_stream(self.stream)  # the store snapshots of evicted ones
+            on_device = staging.to(self.pool.device, non_blocking=True)
+            idx_dev = idx.to(self.pool.device, non_blocking=True)
+            self.pool.index_copy_(2, idx_dev, on_device.permute(1, 2, 0, 3, 4, 5))
+            loaded = torch.cuda.Event()
+            loaded.record(self.load_stream)
+        loaded.synchronize()  # the staging buffers may go, the blocks are written
 
 
 def make_transfer(pool: torch.Tensor) -> KVTransfer:
@@ -108,10 +123,10 @@ def make_transfer(pool: torch.Tensor) -> KVTransfer:
 class TransferWorker:
     """One thread running jobs in submission order; the queue holds `max_jobs` at most."""
 
-    def __init__(self, max_jobs: int = 256) -> None:
+    def __init__(self, max_jobs: int = 256, name: str = "kv-offload") -> None:
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=max_jobs)
         self.failures = 0
-        self._thread = threading.Thread(target=self._run, daemon=True, name="kv-offload")
+        self._thread = threading.Thread(target=self._run, daemon=True, name=name)
         self._thread.start()
 
     def submit(self, job: Callable[[], None]) -> bool:
@@ -121,6 +136,10 @@ class TransferWorker:
             return True
         except queue.Full:
             return False
+
+    def free_slots(self) -> int:
+        """Jobs that submit would accept now (at least: only the worker takes them off)."""
+        return self._queue.maxsize - self._queue.qsize()
 
     def drain(self) -> None:
         """Waits until every job submitted so far has run (tests and benchmarks)."""

@@ -108,62 +108,8 @@ def test_preemption_and_a_mixed_batch_match_the_oracle(tiny_checkpoints, oracle)
     assert hits[MEDIUM_CPU] > 0 and hits[MEDIUM_GPU] > 0
 
 
-def test_abort_while_blocks_load_frees_everything(tiny_checkpoints, oracle):
-    path = tiny_checkpoints["llama"]
-    engine = LLMEngine.from_args(model=path, block_size=16, num_gpu_blocks_override=10,
-                                 max_model_len=128, kv_offloading_size=block_gib(16, 20))
-    first = prompts(seed=5, count=3, prefix_len=64)
-    for i, p in enumerate(first):  # each evicts the one before into the host tier
-        engine.add_request(f"warm{i}", p["prompt_token_ids"], GREEDY)
-        while engine.has_unfinished_requests():
-            engine.step()
-        engine.offload.drain()
-    again = with_tail(first[0], 99)["prompt_token_ids"]
-    engine.add_request("again", again, GREEDY)
-    batch = engine.scheduler.schedule()
-    num_loads = len(batch.blocks_to_load)
-    assert num_loads >= 2, "the prefix's evicted blocks should load from the host tier"
-    loading = [b for _, b in batch.blocks_to_load]
-    engine.abort_request("again")
-    engine.check_no_leaks()
-    assert all(engine.kv.blocks[b].ref_count == 0 and engine.kv.blocks[b].block_hash is None
-               for b in loading), "an aborted request's loading blocks go back unregistered"
-    assert engine.kv.planned_loads() == []
-    engine.offload.transfer(batch)  # what the step would have done: the stale loads are skipped
-    assert engine.offload.stats.loads_cancelled == num_loads
-    engine.check_no_leaks()
-    assert engine.get_stats().num_used_blocks == 0
-    # the prefix still loads correctly afterwards
-    engine.add_request("after", again, GREEDY)
-    final = None
-    while engine.has_unfinished_requests():
-        final = next((o for o in engine.step() if o.finished), final)
-    assert final.num_cached_tokens == 64
-    assert final.outputs[0].token_ids == oracle([[{"prompt_token_ids": again}]])[0]
-
-
-def test_a_request_scheduled_with_loads_runs_them_before_its_forward(tiny_checkpoints, oracle):
-    """The loads are part of the step that admits the request (a step never reads a block
-    that is still to be loaded)."""
-    engine = LLMEngine.from_args(model=tiny_checkpoints["qwen2"], block_size=16,
-                                 num_gpu_blocks_override=10, max_model_len=128,
-                                 kv_offloading_size=block_gib(16, 20))
-    ref = LLM(model=tiny_checkpoints["qwen2"], block_size=16, num_gpu_blocks_override=64,
-              max_model_len=128, enable_prefix_caching=False)
-    first = prompts(seed=6, count=3, prefix_len=64)
-    for i, p in enumerate(first):
-        engine.add_request(f"w{i}", p["prompt_token_ids"], GREEDY)
-        while engine.has_unfinished_requests():
-            engine.step()
-        engine.offload.drain()
-    again = with_tail(first[0], 7)
-    engine.add_request("again", again["prompt_token_ids"], GREEDY)
-    batch = engine.scheduler.schedule()
-    assert batch.blocks_to_load and batch.num_tokens == 5  # only the tail is computed
-    out = _finish_step(engine, batch)
-    while engine.has_unfinished_requests():
-        out = next((o for o in engine.step() if o.finished), out)
-    assert out.outputs[0].token_ids == tokens(ref.generate([again], GREEDY))[0]
+# abort, preemption and failure while blocks load, and loads off the step:
+# test_kv_tiers_async.py
 
 
 def test_invariants_hold_across_tiers_after_every_step(tiny_checkpoints):
@@ -356,8 +302,8 @@ def test_the_byte_counters_are_blocks_times_the_block_size(tiny_checkpoints):
 
 def test_invariants_hold_while_blocks_load_and_catch_a_loading_block_in_the_cache(
         tiny_checkpoints):
-    """Between scheduling and the step's loads, each loading block is held by its request
-    and not yet in the prefix cache; a loading block found cached is caught."""
+    """Between scheduling and the end of its load, each loading block is held by its
+    request and its load job and is not in the prefix cache; one found cached is caught."""
     engine = LLMEngine.from_args(model=tiny_checkpoints["llama"], block_size=16,
                                  num_gpu_blocks_override=10, max_model_len=128,
                                  kv_offloading_size=block_gib(16, 20))
@@ -373,8 +319,9 @@ def test_invariants_hold_while_blocks_load_and_catch_a_loading_block_in_the_cach
     engine.check_no_leaks()
     hit, block_id = batch.blocks_to_load[0]
     kv = engine.kv
+    assert kv.blocks[block_id].ref_count == 2
     kv.blocks[block_id].block_hash, kv._hash_to_block[b"early"] = b"early", block_id
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="in the prefix cache while its load"):
         engine.check_no_leaks()
     kv.blocks[block_id].block_hash = None
     del kv._hash_to_block[b"early"]

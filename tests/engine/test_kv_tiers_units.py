@@ -68,16 +68,13 @@ class _Transfer:
 
 
 class _Pool:
-    """The KV cache manager's side of a load: which planned loads are still wanted."""
+    """The KV cache manager's side of a load: which blocks each finished load registered."""
 
-    def __init__(self, wanted: set[int]) -> None:
-        self.wanted, self.finished, self.events, self.blocks = wanted, [], None, []
+    def __init__(self) -> None:
+        self.ended, self.events, self.blocks = [], None, []
 
-    def is_loading(self, block_id, hit) -> bool:
-        return block_id in self.wanted
-
-    def finish_load(self, block_id) -> None:
-        self.finished.append(block_id)
+    def end_load(self, block_id, register) -> None:
+        self.ended.append((block_id, register))
 
 
 class _Batch:
@@ -105,28 +102,49 @@ def test_stores_the_copy_queue_refuses_are_counted_as_dropped():
     assert len(worker.jobs) == 1
 
 
-def test_a_steps_loads_run_if_still_wanted_and_the_rest_count_as_cancelled():
-    import time as _time
-
+def test_loads_run_on_the_worker_and_are_counted_when_polled():
+    """A job loads its blocks in order up to the first that cannot be read; the poll ends
+    each block's load (registering the loaded ones), counts them by tier, observes one
+    latency per job; a cancelled job's blocks end unregistered and count as cancelled."""
     from engine.kv_offload import HostEntry, HostTier, OffloadTiers, TierHit
+    from engine.kv_offload.transfer import TransferWorker
+
+    class Disk:
+        def read(self, block_hash):
+            return None if block_hash == b"\x03" * 16 else f"disk{block_hash[0]}"
 
     hits = [TierHit(bytes([i]) * 16, HostEntry(bytes([i]) * 16, data=f"kv{i}"),
-                    MEDIUM_CPU if i % 2 else MEDIUM_DISK) for i in range(5)]
-    transfer, pool = _Transfer(), _Pool(wanted={10, 11, 13})
-    tiers = OffloadTiers(HostTier(0, 64), transfer, _Worker([]))
+                    MEDIUM_CPU) for i in range(5)]
+    hits[1] = TierHit(b"\x01" * 16, HostEntry(b"\x01" * 16), MEDIUM_DISK)
+    hits[3] = TierHit(b"\x03" * 16, HostEntry(b"\x03" * 16), MEDIUM_DISK)  # a bad file
+    transfer, pool, worker = _Transfer(), _Pool(), TransferWorker(4, name="kv-load-unit")
+    tiers = OffloadTiers(HostTier(4 * 64, 64), transfer, _Worker([]), disk=Disk(),
+                         load_worker=worker)
     tiers.kv = pool
-    before = _time.perf_counter()
-    tiers.transfer(_Batch(loads=[(hit, 10 + i) for i, hit in enumerate(hits)]))
-    elapsed = _time.perf_counter() - before
-    assert transfer.loaded == [(["kv0", "kv1", "kv3"], [10, 11, 13])]
-    assert pool.finished == [10, 11, 13]
-    assert tiers.stats.loads_cancelled == 2
+    assert tiers.can_plan_load()
+    job = tiers.plan_load("seq", [(h, 10 + i) for i, h in enumerate(hits)], [0, 1, 2, 4, 5])
+    gone = tiers.plan_load("seq2", [(hits[0], 20)], [0])
+    assert tiers.planned_loads() == job.loads + gone.loads
+    tiers.cancel_load(gone)  # planned, never started
+    assert pool.ended == [(20, False)] and tiers.stats.loads_cancelled == 1
+    tiers.transfer(_Batch())
+    worker.drain()
+    assert transfer.loaded == [(["kv0", "disk1", "kv2"], [10, 11, 12])]
+    assert tiers.poll() == [job] and job.num_loaded == 3 and job.kept_blocks() == 4
+    assert pool.ended[1:] == [(10, True), (11, True), (12, True), (13, False), (14, False)]
     assert tiers.stats.blocks_loaded == {MEDIUM_CPU: 2, MEDIUM_DISK: 1}
-    assert sum(tiers.stats.load_buckets) == 1  # one load per step, however many blocks
-    assert 0 <= tiers.stats.load_seconds_sum <= elapsed
-    tiers.transfer(_Batch(loads=[(hits[0], 10), (hits[2], 12)]))
-    assert tiers.stats.loads_cancelled == 3 and sum(tiers.stats.load_buckets) == 2
-    assert tiers.stats.blocks_loaded == {MEDIUM_CPU: 2, MEDIUM_DISK: 2}
+    assert tiers.stats.loads_failed == 2 and sum(tiers.stats.load_buckets) == 1
+    assert tiers.host.get(b"\x01" * 16).data == "disk1", "a disk hit is promoted once loaded"
+    assert tiers.poll() == []
+    # cancelled while the worker runs it: ends unregistered when polled
+    late = tiers.plan_load("seq3", [(hits[0], 30)], [0])
+    tiers.transfer(_Batch())
+    worker.drain()
+    tiers.cancel_load(late)
+    assert tiers.stats.loads_cancelled == 1
+    assert tiers.poll() == [] and pool.ended[-1] == (30, False)
+    assert tiers.stats.loads_cancelled == 2 and tiers.stats.blocks_loaded[MEDIUM_CPU] == 2
+    worker.close()
 
 
 def test_the_host_tier_is_an_lru_bounded_by_whole_blocks():
