@@ -151,8 +151,12 @@ def test_a_given_search_space_is_searched_as_given_with_notes(llama) -> None:
     ({"model": {"uri": "builtin://default"}, "resources": {"gpus": 2}},
      "runs on 2 GPU(s), whose memory its spec does not say"),
     ({"model": {"uri": "/no/such/dir"}, "resources": {"gpus": 0}}, "not a directory"),
+    ({"model": {"uri": "hf://org/model"}, "resources": {"gpus": 0}},
+     "org/model is on the Hugging Face hub and the Job's pod is offline"),
 ])
-def test_what_the_job_cannot_know_keeps_the_tables_ranges_and_says_why(spec, words) -> None:
+def test_what_the_job_cannot_know_keeps_the_tables_ranges_and_says_why(spec, words,
+                                                                       monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     tuning, status = space_for({}, {"spec": spec})
     assert tuning.space == parse_tuning(BASE).space
     assert words in status["searchSpaceNotes"][0]

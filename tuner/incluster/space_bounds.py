@@ -14,8 +14,10 @@ trial measures, from the target's spec (its memory, engine settings) and the mod
   blocks) are dropped;
 - maxNumSeqs: at most the pool's blocks at the highest fraction and smallest block size
   (each running sequence holds a block at least);
-- maxNumBatchedTokens: at most the pool's tokens (each scheduled token takes a KV slot),
-  and at least maxNumSeqs' low end (the engine's rule: batched tokens >= sequences).
+- maxNumBatchedTokens: at most the pool's tokens (each scheduled token takes a KV slot).
+  Its low end stays: prefill is always chunked, so the engine needs no step to hold a
+  maxModelLen prompt, and its rule (batched tokens >= sequences) is one between the two
+  settings, which the caps keep satisfiable (the pool's blocks <= its tokens).
 
 Activations are counted as zero (the engine measures them at start-up), so a value is left
 out only when no combination with it can start; a combination the engine then refuses is
@@ -202,10 +204,6 @@ def bound(space: tuple[Param, ...], pool: Pool, *, fraction_cap: float | None,
             new = _clamp(p, *wanted[p.name])
             if p.choices is None and new.low > new.high and p.name in (SEQS, TOKENS):
                 new = dataclasses.replace(new, low=new.high)   # the cap below the table's low
-        if p.name == TOKENS and SEQS in params:   # the engine's rule, against the new seqs
-            seqs_low = next(q for q in out if q.name == SEQS)
-            floor = min(_values(seqs_low, None))
-            new = _clamp(new, floor, None) if not _empty(new) else new
         if _empty(new):
             raise DoesNotFit(f"{p.name}: no value of {_show(p)} is left: {reasons[p.name]}")
         if new != p:
