@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cluster_harness import KUBECTL, ROOT, LocalCluster, alive
-from localcluster.api import protobuf
+from localcluster.api import negotiate, protobuf
 
 # one local cluster per module: keep the module on one xdist worker
 pytestmark = pytest.mark.xdist_group("local_cluster_kubectl")
@@ -337,4 +337,23 @@ def test_kubectl_and_helm_work_with_protobuf_answers(local_cluster: LocalCluster
     event = protobuf._fields(body[4:4 + size])   # WatchEvent: type, object (RawExtension)
     assert event[1] == [b"ADDED"]
     assert protobuf.decode(protobuf._fields(event[2][0])[1][0])["metadata"]["name"] == "pb-cm"
+    # kubectl events -w: a typed watch in protobuf frames, decoded by kubectl itself
+    out, watches = cluster.dir / "events-w.out", _answers(cluster)[negotiate.WATCH_PROTOBUF]
+    with open(out, "w") as sink:
+        watch = subprocess.Popen([str(KUBECTL), "-n", "pb", "events", "-w"], stdout=sink,
+                                 stderr=subprocess.STDOUT,
+                                 env={"KUBECONFIG": str(cluster.kubeconfig), "PATH": "/usr/bin"})
+    try:
+        cluster.wait_for(lambda: _answers(cluster)[negotiate.WATCH_PROTOBUF] > watches, 20,
+                         "kubectl events -w to watch")
+        k("-n", "pb", "create", "-f", "-", stdin=json.dumps({
+            "apiVersion": "v1", "kind": "Event", "metadata": {"name": "pb-e.1"},
+            "involvedObject": {"kind": "Deployment", "name": "pb-e", "namespace": "pb"},
+            "reason": "Watched", "message": "framed in protobuf", "type": "Normal",
+            "count": 1, "lastTimestamp": "2026-01-02T03:04:05Z"}))
+        cluster.wait_for(lambda: "framed in protobuf" in out.read_text(), 20,
+                         "the event through kubectl's protobuf watch")
+    finally:
+        watch.terminate()
+        watch.wait(timeout=10)
     k("delete", "namespace", "pb")
