@@ -112,6 +112,9 @@ def bench_model(name: str, args: argparse.Namespace, disk_root: Path) -> list[st
                 times[c].append(seconds)
                 cached[c].append(num_cached)
         assert len(answers) == 1, f"configurations disagree: {answers}"
+        if r:  # each round as it ends, so a run cut short still shows what it measured
+            print(f"# {name} round {r}: " + ", ".join(
+                f"{c} {times[c][-1] * 1000:.1f} ms" for c in configs), file=sys.stderr, flush=True)
     for engine in engines.values():
         if engine.offload is not None:
             engine.offload.close()
