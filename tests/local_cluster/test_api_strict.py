@@ -267,15 +267,7 @@ def test_kubectl_create_generators_are_stored_as_their_manifests(local_cluster: 
 
 
 def helm(cluster: LocalCluster, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    home = cluster.dir / "helm"
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
-           "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
-           "HELM_DATA_HOME": str(home / "data")}
-    done = subprocess.run([str(ROOT / "bin" / "helm"), *args], capture_output=True, text=True,
-                          env=env, timeout=120)
-    if check and done.returncode != 0:
-        raise AssertionError(f"helm {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
-    return done
+    return cluster.helm(*args, check=check)
 
 
 CHART = str(ROOT / "charts" / "paged-inference-operator")
