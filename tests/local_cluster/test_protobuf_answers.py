@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -18,11 +19,28 @@ from test_protobuf_bodies import DEPLOYMENT, SECRET, SERVICE
 PB, JSON = negotiate.PROTOBUF, negotiate.JSON
 
 
-@pytest.mark.parametrize("body", [DEPLOYMENT, SERVICE, SECRET], ids=["deploy", "svc", "secret"])
+CAPTURED = dict(line.split() for line in (Path(__file__).parent / "kubectl_protobuf_bodies.txt")
+                .read_text().splitlines() if not line.startswith("#"))
+BODIES = {"deployment": DEPLOYMENT, "service": SERVICE, "secret": SECRET,
+          **{command.replace("_", " "): bytes.fromhex(h) for command, h in CAPTURED.items()}}
+
+
+@pytest.mark.parametrize("body", BODIES.values(), ids=BODIES.keys())
 def test_kubectl_bodies_are_written_back_byte_for_byte(body):
     """kubectl (Go's marshallers) is the oracle: zero fields written, map keys sorted,
-    empty Time, IntOrString's three fields, the envelope's empty encoding and type."""
+    empty Time, IntOrString's three fields, embedded structs (an Ingress rule's paths),
+    the envelope's empty encoding and type."""
     assert protobuf_encode.encode(protobuf.decode(body)) == body
+
+
+def test_captured_bodies_read_as_their_manifests():
+    def body(command: str) -> dict:
+        return protobuf.decode(next(b for name, b in BODIES.items() if command in name))
+    pdb, ingress = body("create poddisruptionbudget"), body("create ingress")
+    assert pdb["spec"] == {"minAvailable": "50%", "selector": {"matchLabels": {"app": "x"}}}
+    [rule] = ingress["spec"]["rules"]
+    assert rule["host"] == "foo.com" and rule["http"]["paths"][0]["backend"]["service"] == {
+        "name": "svc1", "port": {"number": 8080}}
 
 
 def test_hand_computed_wire_bytes():
