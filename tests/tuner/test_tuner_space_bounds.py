@@ -143,6 +143,12 @@ def test_a_given_search_space_is_searched_as_given_with_notes(llama) -> None:
     notes = [n for n in status["searchSpaceNotes"] if "searched as given" in n]
     assert any("gpu_memory_utilization 0.5,0.9 -> 0.9" in n for n in notes)
     assert any("max_num_seqs 8,512 -> 8" in n for n in notes)
+    # values that can start but cannot matter (more sequences than blocks) do not fail it
+    given = {"searchSpace": {"maxNumSeqs": [512]}}
+    tuning, status = space_for(given, target(llama["path"], cpu_gib=device / GIB))
+    assert tuning.space == (Param("max_num_seqs", choices=(512,)),)
+    assert any("max_num_seqs 512 -> none: the pool holds" in n
+               for n in status["searchSpaceNotes"])
 
 
 @pytest.mark.parametrize("spec, words", [

@@ -181,15 +181,13 @@ def bound(space: tuple[Param, ...], pool: Pool, *, fraction_cap: float | None,
     low = min(pool.min_fraction(b) for b in sizes)
     blocks = max(pool.blocks(top, b) for b in sizes)          # at the smallest block size
     tokens = max(pool.blocks(top, b) * b for b in sizes)
-    wanted = {BLOCK: (min(sizes), max(sizes)), FRACTION: (low, cap), SEQS: (None, blocks),
-              TOKENS: (None, tokens)}
+    wanted = {FRACTION: (low, cap), SEQS: (None, blocks), TOKENS: (None, tokens)}
     reasons = {
         BLOCK: f"a maxModelLen {pool.max_model_len} sequence in whole blocks must fit "
                f"beside the weights at fraction {top:g}",
-        FRACTION: f"one maxModelLen {pool.max_model_len} sequence needs "
-                  f"{_gib(pool.min_fraction(min(sizes, key=pool.min_fraction)) * pool.device_bytes)}"
-                  f" with the weights ({_gib(pool.weight_bytes)}) of {_gib(pool.device_bytes)}"
-                  + (f"; at most {cap:.3g}{why_cap}" if fraction_cap is not None else ""),
+        FRACTION: f"the weights ({_gib(pool.weight_bytes)}) and one maxModelLen "
+                  f"{pool.max_model_len} sequence need {_gib(low * pool.device_bytes)}"
+                  f"{why_cap}",
         SEQS: f"the pool holds {blocks} blocks at fraction {top:g}, and a running sequence "
               "takes one at least",
         TOKENS: f"the pool holds {tokens} tokens at fraction {top:g}, and a scheduled token "
@@ -204,10 +202,10 @@ def bound(space: tuple[Param, ...], pool: Pool, *, fraction_cap: float | None,
             new = _clamp(p, *wanted[p.name])
             if p.choices is None and new.low > new.high and p.name in (SEQS, TOKENS):
                 new = dataclasses.replace(new, low=new.high)   # the cap below the table's low
-        if _empty(new):
+        if _empty(new) and p.name == FRACTION:   # no trial could start
             raise DoesNotFit(f"{p.name}: no value of {_show(p)} is left: {reasons[p.name]}")
-        if new != p:
-            notes.append(f"{p.name} {_show(p)} -> {_show(new)}: {reasons[p.name]}")
+        if new != p:   # (a given space's choices all above a cap: none, in the note)
+            notes.append(f"{p.name} {_show(p)} -> {_show(new) or 'none'}: {reasons[p.name]}")
         out.append(new)
     return tuple(out), notes
 
