@@ -212,3 +212,35 @@ def test_a_bad_cpu_memory_names_where_it_is_set() -> None:
     with pytest.raises(ValueError, match="^spec.env PAGED_CPU_MEMORY_GIB must be a number"):
         target_memory({"resources": {"gpus": 0},
                        "env": [{"name": "PAGED_CPU_MEMORY_GIB", "value": "lots"}]})
+
+
+def test_a_hub_model_is_read_from_its_config_and_safetensors_metadata(tmp_path,
+                                                                      monkeypatch) -> None:
+    """No weights are fetched: config.json and the parameter counts per dtype."""
+    import huggingface_hub
+    from types import SimpleNamespace
+
+    from tuner.incluster.model_facts import Unknown
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"text_config": {
+        "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+        "head_dim": 128, "hidden_size": 2048, "max_position_embeddings": 40960,
+        "torch_dtype": "bfloat16"}}))
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download",
+                        lambda repo, name: asked.append((repo, name)) or str(config))
+    monkeypatch.setattr(huggingface_hub, "get_safetensors_metadata", lambda repo:
+                        SimpleNamespace(parameter_count={"BF16": 1_000_000, "F32": 24}))
+    facts = model_facts("hf://org/model")
+    assert asked == [("org/model", "config.json")]
+    assert facts.parameters == 1_000_024 and facts.config_dtype == "bfloat16"
+    assert facts.kv_shape.bytes_per_token(2) == 2 * 28 * 8 * 128 * 2
+    assert facts.max_position_embeddings == 40960
+
+    def refused(repo):
+        raise OSError("401 Unauthorized")
+    monkeypatch.setattr(huggingface_hub, "get_safetensors_metadata", refused)
+    facts = model_facts("org/model")
+    assert isinstance(facts, Unknown) and "401 Unauthorized" in facts.why
