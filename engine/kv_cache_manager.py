@@ -236,7 +236,7 @@ class KVCacheManager:
         went meanwhile)."""
         h = self._loading.pop(block_id).block_hash
         block = self.blocks[block_id]
-        if register and h not in self._hash_to_block and block.ref_count > 1:
+        if register and h not in self._hash_to_block:
             block.block_hash, self._hash_to_block[h] = h, block_id
             if self.events is not None:
                 self.events.copied(h, "GPU")

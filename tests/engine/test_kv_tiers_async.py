@@ -202,6 +202,8 @@ def test_a_full_load_queue_recomputes_instead_of_waiting(tiny_checkpoints, oracl
     engine.add_request("b", tails[1], GREEDY)
     engine.step()  # b's job fills the queue
     engine.add_request("c", tails[2], GREEDY)
+    hits = engine.kv.lookup_prefix(engine.scheduler.waiting[0])
+    assert [getattr(h, "medium", "GPU") for h in hits] == [MEDIUM_CPU] * 4
     batch = engine.scheduler.schedule()
     assert [s.request_id for s in batch.seqs] == ["c"] and batch.num_tokens == len(tails[2])
     assert not batch.blocks_to_load
