@@ -11,9 +11,9 @@ sizes and times), dtype, block size, the layer layout and the format version. It
 Writers write a temporary file and `os.replace` it, so a reader sees a whole file or none.
 A file that is short, corrupt (CRC) or of another format/namespace is a miss, never KV.
 A failed write (a full disk: ENOSPC, or any OSError) skips that block, counts it and logs
-once. The size bound holds with several writers: after each write the writer re-reads the
-directory's sizes and deletes the least recently used files (oldest mtime; a hit refreshes
-it) until the directory fits.
+once. The size bound holds with several writers: after each write the writer re-lists the
+directory (sizes of names it has seen are remembered) and, when the total exceeds the bound,
+deletes the least recently used files (oldest mtime; a hit refreshes it) until it fits.
 """
 from __future__ import annotations
 
@@ -80,6 +80,7 @@ class DiskTier:
         self.files_evicted = 0
         self.blocks_read = self.bytes_read = 0
         self.bad_files = {"truncated": 0, "corrupt": 0, "foreign": 0}
+        self._sizes: dict[str, int] = {}  # file name -> bytes, as of the last scan
         self.usage_bytes = self._scan_and_trim()
         self._warned = False
 
@@ -129,32 +130,43 @@ class DiskTier:
 
     def _scan_and_trim(self) -> int:
         """Re-reads the directory (every writer's files), deletes the least recently used
-        until the total fits the bound; returns the total."""
-        files, total, now = [], 0, time.time()
+        until the total fits the bound; returns the total. A file's size is read once (a
+        name is a digest of its content's key, so the size stays); the times only when the
+        bound is exceeded: a write lists the directory, it does not stat every file."""
         try:
-            entries = list(os.scandir(self.root))
+            names = os.listdir(self.root)
         except OSError:
             return self.usage_bytes
-        for entry in entries:
-            try:
-                st = entry.stat()
-            except OSError:
-                continue  # another writer removed it
-            if entry.name.startswith(".tmp-"):
-                if now - st.st_mtime > STALE_TMP_SECONDS:
-                    _unlink(entry.path)
-                continue
-            if entry.name.endswith(SUFFIX):
-                files.append((st.st_mtime, entry.path, st.st_size))
-                total += st.st_size
+        sizes, total, now = {}, 0, time.time()
+        for name in names:
+            if name.startswith(".tmp-"):
+                st = _stat(self.root / name)
+                if st is not None and now - st.st_mtime > STALE_TMP_SECONDS:
+                    _unlink(self.root / name)
+            elif name.endswith(SUFFIX):
+                size = self._sizes.get(name)
+                if size is None:
+                    st = _stat(self.root / name)
+                    if st is None:
+                        continue  # another writer removed it
+                    size = st.st_size
+                sizes[name] = size
+                total += size
+        self._sizes = sizes
         if total > self.capacity_bytes:
+            files = []
+            for name, size in sizes.items():
+                st = _stat(self.root / name)
+                if st is not None:
+                    files.append((st.st_mtime, name, size))
             files.sort()
-            for _, path, size in files:
+            for _, name, size in files:
                 if total <= self.capacity_bytes:
                     break
-                if _unlink(path):
+                if _unlink(self.root / name):
                     self.files_evicted += 1
                 total -= size  # gone, whoever removed it
+                del self._sizes[name]
         return total
 
     def _warn_once(self, message: str) -> None:
@@ -196,6 +208,13 @@ class DiskTier:
     def _bad(self, path: Path, why: str) -> None:
         self.bad_files[why] += 1
         _unlink(path)
+        return None
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except OSError:
         return None
 
 

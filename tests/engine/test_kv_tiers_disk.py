@@ -113,6 +113,26 @@ def test_the_bound_holds_with_two_writing_processes(tmp_path):
     assert 0 < sum(sizes) <= capacity and all(s == file_bytes for s in sizes)
 
 
+def test_the_bound_trims_the_least_recently_used_and_counts_other_writers_files(tmp_path):
+    disk = tier(tmp_path, capacity=3 * tier(tmp_path).file_bytes)
+    fb = disk.file_bytes
+    for i, h in enumerate((b"a", b"b", b"c")):
+        disk.write(h * 16, block(i))
+        os.utime(disk.path_for(h * 16), (1000 + i, 1000 + i))
+    assert disk.read(b"a" * 16) is not None  # a hit: a is the most recent now
+    disk.write(b"d" * 16, block(3))
+    assert [disk.path_for(h * 16).exists() for h in (b"a", b"b", b"c", b"d")] == [
+        True, False, True, True] and disk.usage_bytes == 3 * fb
+    os.unlink(disk.path_for(b"c" * 16))  # another writer removed one, and added a big one
+    (tmp_path / ("f" * 64 + ".kvb")).write_bytes(b"x" * 2 * fb)
+    os.utime(tmp_path / ("f" * 64 + ".kvb"), (2000, 2000))
+    os.utime(disk.path_for(b"d" * 16), (1200, 1200))
+    os.utime(disk.path_for(b"a" * 16), (1500, 1500))
+    disk.write(b"e" * 16, block(4))  # 5 blocks' bytes: d (1200), then a (1500) go
+    assert not disk.path_for(b"a" * 16).exists() and not disk.path_for(b"d" * 16).exists()
+    assert disk.usage_bytes == 3 * fb and disk.files_evicted == 3
+
+
 # ---- engines on a disk tier ------------------------------------------------------------------
 
 def block_gib(blocks: int) -> float:
