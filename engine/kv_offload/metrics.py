@@ -44,14 +44,21 @@ def collector(tiers: OffloadTiers, model_name: str) -> Any:
             yield from (stored, loaded, nbytes)
 
             seconds = family(HistogramMetricFamily, "vllm:kv_offload_load_seconds",
-                             "Time a step spent loading KV blocks from the tiers into the "
-                             "device pool, before its forward.")
+                             "Time the load worker spent on one request's KV blocks (reading "
+                             "disk files, copying into the device pool), off the steps.")
             cumulative, buckets = 0, []
             for edge, count in zip((*LOAD_SECONDS_BUCKETS, float("inf")), stats.load_buckets):
                 cumulative += count
                 buckets.append((str(edge) if edge != float("inf") else "+Inf", cumulative))
             seconds.add_metric([model_name], buckets, stats.load_seconds_sum)
             yield seconds
+            missed = family(CounterMetricFamily, "vllm:kv_offload_blocks_not_loaded",
+                            "Tier hits not loaded: the request went first (cancelled), or the "
+                            "block or one before it could not be read (failed: recomputed).",
+                            ("reason",))
+            missed.add_metric([model_name, "cancelled"], stats.loads_cancelled)
+            missed.add_metric([model_name, "failed"], stats.loads_failed)
+            yield missed
 
             usage = family(GaugeMetricFamily, "vllm:kv_offload_usage_bytes",
                            "Bytes a KV tier holds (the disk tier: the whole shared "

@@ -242,6 +242,12 @@ def test_a_disk_file_found_bad_by_its_load_is_recomputed(tiny_checkpoints, oracl
     assert out.num_cached_tokens == 16 and disk.bad_files["corrupt"] == 1
     stats = engine.offload.stats
     assert stats.blocks_loaded[MEDIUM_DISK] == 1 and stats.loads_failed == 3
+    from engine.kv_offload.metrics import collector
+
+    family = next(f for f in collector(engine.offload, "m").collect()
+                  if f.name == "vllm:kv_offload_blocks_not_loaded")
+    assert {s.labels["reason"]: s.value for s in family.samples} == {"cancelled": 0,
+                                                                     "failed": 3}
     hits = engine.kv.stats()
     assert hits.hits_by_medium[MEDIUM_DISK] == 16 and hits.prefix_hits == sum(
         hits.hits_by_medium.values())

@@ -47,5 +47,7 @@ def test_tier_metrics_count_stores_loads_and_hits(tmp_path):
             m["vllm:kv_offload_capacity_bytes{medium=CPU}"]
         assert 0 < m["vllm:kv_offload_cpu_cache_usage_perc"] <= 1
         assert m["vllm:kv_offload_disk_bad_files_total{reason=corrupt}"] == 0
+        assert m["vllm:kv_offload_blocks_not_loaded_total{reason=failed}"] == 0
+        assert m["vllm:kv_offload_blocks_not_loaded_total{reason=cancelled}"] == 0
     finally:
         server.stop()
