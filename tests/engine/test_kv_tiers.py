@@ -171,7 +171,9 @@ def test_the_cpu_transfer_round_trips_blocks_and_the_cuda_one_fills_the_interfac
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
 def test_the_cuda_transfer_round_trips_blocks_through_pinned_memory():
     """scripts/gpu_check.sh runs this: snapshot on the side stream, the pool overwritten by
-    the compute stream right after, the worker's copies intact, loads in compute order."""
+    the compute stream right after, the worker's copies intact; loads on the load worker,
+    on their own stream after the compute stream's queued writes to the same blocks, done
+    when `load` returns."""
     import torch
 
     from engine.kv_offload.transfer import CUDATransfer, TransferWorker, make_transfer
@@ -186,10 +188,12 @@ def test_the_cuda_transfer_round_trips_blocks_through_pinned_memory():
     worker.submit(lambda: copies.extend(io.split(snapshot)))
     worker.drain()
     assert all(c.is_pinned() for c in copies)
-    io.load(copies, [0, 1, 2])
-    torch.cuda.synchronize()
+    pool[:, :, [0, 1, 2]] = 7  # an earlier step's writes to the blocks the load fills
+    worker.submit(lambda: io.load(copies, [0, 1, 2]))
+    worker.drain()
     for dst, src in zip([0, 1, 2], [40, 3, 17]):
         assert torch.equal(pool[:, :, dst], before[:, :, src])
+    worker.close()
 
 
 @pytest.mark.parametrize("kwargs, message", [
