@@ -115,6 +115,8 @@ VARIANTS = {
                                                                 cache_balance=None),
     "precise (defaults; index = the modelled caches)": lambda: PrecisePolicy(),
     "precise, footprint = blocks held only": lambda: PrecisePolicy(count_evictions=False),
+    "precise, cache balance 0.25 (the default before run 17)":
+        lambda: PrecisePolicy(cache_balance=0.25),
     "precise, hit factor 2.0": lambda: PrecisePolicy(hit_load_factor=2.0),
     "least-load": lambda: make_policy("least-load"),
     "round-robin": lambda: make_policy("round-robin"),

@@ -37,7 +37,7 @@ class RouterConfig:
     policy: str = "prefix"
     load_factor: float = 0.25
     hit_load_factor: float = 1.0
-    cache_balance: float | None = 0.25
+    cache_balance: float | None | str = "default"  # per policy: policies.CACHE_BALANCE
     chunk_chars: int = 128
     max_chunks: int = 256
     table_size: int = 200_000

@@ -12,9 +12,11 @@ from engine.listen import listen_socket
 from engine.router.policies import POLICIES
 
 
-def _balance(text: str) -> float | None:
+def _balance(text: str) -> float | None | str:
     if text.strip().lower() == "off":
         return None
+    if text == "default":  # the per-policy default (policies.CACHE_BALANCE)
+        return text
     try:
         value = float(text)
     except ValueError:
@@ -46,10 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hit-load-factor", type=float, default=1.0,
                    help="prefix policy: the same bound for a backend that already holds the "
                         "request's prefix or session (looser: a cached prefix is cheap)")
-    p.add_argument("--cache-balance", type=_balance, default=0.25, metavar="EPS|off",
-                   help="prefix policy: a new prefix skips a backend holding more than "
-                        "(1+EPS) x the mean of the chunks the router sent each backend; "
-                        "'off' places new prefixes by the hash ring alone")
+    p.add_argument("--cache-balance", type=_balance, default="default", metavar="EPS|off",
+                   help="prefix and precise policies: a new prefix skips a backend whose cache "
+                        "footprint is above (1+EPS) x the mean (prefix: the chunks the router "
+                        "sent each backend; precise: the blocks each holds plus those it lost "
+                        "recently); 'off' places new prefixes by the hash ring alone "
+                        "(default: 0.25 for prefix, 0 for precise)")
     p.add_argument("--chunk-chars", type=int, default=128,
                    help="prefix policy: characters per hashed chunk")
     p.add_argument("--max-chunks", type=int, default=256,

@@ -8,7 +8,7 @@ import pytest
 
 from engine.router.hashing import ring_point
 from engine.router.kv_index import KVIndex
-from engine.router.policies import PrecisePolicy, RouteRequest
+from engine.router.policies import PrecisePolicy, RouteRequest, make_policy
 from engine.router.pool import Backend
 
 
@@ -67,7 +67,7 @@ def ring_owned_by(policy: PrecisePolicy, url: str) -> RouteRequest:
 def test_a_new_prefix_skips_a_full_replica_that_evicts_its_tenants(count_evictions):
     backends = [Backend(f"http://127.0.0.{i + 2}:8000") for i in range(4)]
     thrashing = backends[1]
-    policy = PrecisePolicy(count_evictions=count_evictions)  # cache balance 0.25
+    policy = PrecisePolicy(count_evictions=count_evictions, cache_balance=0.25)
     policy.choose(RouteRequest([1]), backends)  # sets up the ring
     for i, b in enumerate(backends):  # every replica holds 100 blocks
         policy.index.store(b.url, range(10_000 * i, 10_000 * i + 100))
@@ -104,3 +104,28 @@ def test_an_evicting_replica_takes_new_prefixes_again_once_its_losses_decay():
     # b's own losses now weigh more than a's: the ring's owner takes it again
     choice = policy.choose(request, backends)
     assert choice.order[0] is a and choice.decision == "hash"
+
+
+def test_by_default_precise_places_a_new_prefix_at_or_below_the_mean_footprint():
+    # run 16's decision log: a new tenant's ring owner (replica 2) counted 437 of 400-block
+    # pools against 252, 256 and 462: within 1.25 x the mean (440), so it took a sixth
+    # tenant and evicted its others' tails in turn while replicas 0 and 1 had room
+    backends = [Backend(f"http://127.0.0.{i + 2}:8000") for i in range(4)]
+    made = make_policy("precise", cache_balance="default")  # the CLI's default
+    assert made.cache_balance == 0.0 and make_policy("prefix").cache_balance == 0.25
+    for policy, owner_takes_it in ((made, False), (PrecisePolicy(), False),
+                                   (PrecisePolicy(cache_balance=0.25), True)):
+        policy.choose(RouteRequest([1]), backends)
+        for i, n in enumerate((252, 256, 437, 462)):
+            policy.index.store(backends[i].url, range(10_000 * i, 10_000 * i + n))
+        choice = policy.choose(ring_owned_by(policy, backends[2].url), backends)
+        assert (choice.order[0] is backends[2]) == owner_takes_it
+        if not owner_takes_it:
+            assert choice.order[0] in backends[:2] and choice.decision == "balance"
+    # at the mean exactly is within the bound: the ring's owner keeps it
+    policy = PrecisePolicy()
+    policy.choose(RouteRequest([1]), backends)
+    for i, n in enumerate((200, 400, 300, 300)):
+        policy.index.store(backends[i].url, range(10_000 * i, 10_000 * i + n))
+    choice = policy.choose(ring_owned_by(policy, backends[2].url), backends)
+    assert choice.order[0] is backends[2] and choice.decision == "hash"
