@@ -101,7 +101,17 @@ def test_preemption_and_a_mixed_batch_match_the_oracle(tiny_checkpoints, oracle)
     phases = [first[:4], first[4:], mixed]
     llm = tiered(tiny_checkpoints["llama"], 16, pool_blocks=12, host_blocks=40,
                  max_num_seqs=6, max_num_batched_tokens=64)
+    scheduler, overlapped = llm.llm_engine.scheduler, []
+    schedule = scheduler.schedule
+
+    def recording():  # steps that ran some requests while others' loads were in flight
+        batch = schedule()
+        overlapped.append(bool(batch.seqs and scheduler.loading))
+        return batch
+
+    scheduler.schedule = recording
     assert run_phases(llm, phases) == oracle(phases)
+    assert any(overlapped), "loads should have been in flight beside running requests"
     engine = llm.llm_engine
     assert engine.scheduler.num_preemptions > 0, "the small pool should have forced preemption"
     hits = engine.kv.stats().hits_by_medium
