@@ -11,6 +11,8 @@ import json
 import math
 from typing import Any
 
+from engine import settings as engine_settings
+
 from . import kv_cache, kv_events
 from .contract import MANAGED_BY
 from .fields import quantity_value
@@ -160,6 +162,18 @@ def _cpu_threads_env(spec: ServiceSpec) -> list[dict[str, Any]]:
     return [{"name": "PAGED_CPU_THREADS", "value": str(max(1, math.floor(cores)))}]
 
 
+def _cpu_memory_env(spec: ServiceSpec) -> list[dict[str, Any]]:
+    """A CPU-only engine (gpus: 0) with spec.resources.memory sizes its pool within it
+    (kv_cache.cpu_device_gib): the engine's own default (2 GiB) in a smaller container
+    would be killed for its memory. spec.env or extraArgs --cpu-memory-gib win."""
+    gib = None if spec.gpus else kv_cache.cpu_device_gib(spec.memory)
+    flag = engine_settings.SETTINGS["cpu_memory_gib"]
+    if gib is None or any(e.get("name") == flag.env for e in spec.env) or any(
+            a == flag.flag or a.startswith(flag.flag + "=") for a in spec.engine.extra_args):
+        return []
+    return [{"name": flag.env, "value": f"{gib:.6g}"}]
+
+
 CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "privileged": False,
                       "readOnlyRootFilesystem": True, "runAsNonRoot": True,
                       "capabilities": {"drop": ["ALL"]}}
@@ -175,7 +189,7 @@ def deployment(spec: ServiceSpec) -> dict[str, Any]:
            {"name": "HOME", "value": "/tmp"},
            {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
            {"name": "TRITON_CACHE_DIR", "value": "/tmp/.triton"},
-           *_cpu_threads_env(spec),
+           *_cpu_threads_env(spec), *_cpu_memory_env(spec),
            *[dict(e) for e in spec.env]]
     container = {
         "name": "engine", "image": spec.image, "imagePullPolicy": spec.image_pull_policy,

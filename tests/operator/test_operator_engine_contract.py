@@ -79,6 +79,40 @@ def test_cpu_engine_threads_follow_the_cpu_request(monkeypatch, resources, env, 
     assert got == (int(threads) if threads else None)
 
 
+@pytest.mark.parametrize("resources, env, extra, gib", [
+    ({"gpus": 0, "memory": "4Gi"}, [], [], 4 - 0.75),      # less the engine's runtime
+    ({"gpus": 0, "memory": "1536Mi"}, [], [], 1.5 - 0.75),
+    ({"gpus": 0, "memory": "512Mi"}, [], [], 0.5 / 4),     # at least a quarter of it
+    ({"gpus": 0, "memory": "4Gi"}, [{"name": "PAGED_CPU_MEMORY_GIB", "value": "3"}], [], 3),
+    ({"gpus": 0, "memory": "4Gi"}, [], ["--cpu-memory-gib", "1"], 1),   # extraArgs win
+    ({"gpus": 0, "memory": "4Gi"}, [], ["--cpu-memory-gib=1.5"], 1.5),
+    ({"gpus": 0}, [], [], 2.0),                            # no memory: the engine's default
+    ({"gpus": 1, "memory": "4Gi"}, [], [], 2.0),           # a GPU's memory is the GPU's
+])
+def test_a_cpu_engine_sizes_its_pool_within_the_containers_memory(monkeypatch, resources, env,
+                                                                   extra, gib):
+    """gpuMemoryUtilization is a fraction of the engine's CPU memory; in a container with
+    spec.resources.memory that memory is the container's less the runtime's, so a pod of
+    1Gi is not given the engine's 2 GiB default (and killed for it)."""
+    from engine.entrypoints.cli import add_serve_arguments, engine_kwargs
+    from paged_operator.kv_cache import CPU_RUNTIME_GIB
+
+    assert CPU_RUNTIME_GIB == 0.75
+    spec = parse_spec({"model": {"uri": "pvc://models/qwen"}, "resources": resources,
+                       "env": env, "engine": {"extraArgs": extra}},
+                      name="svc", namespace="default")
+    container = manifests.deployment(spec)["spec"]["template"]["spec"]["containers"][0]
+    monkeypatch.delenv("PAGED_CPU_MEMORY_GIB", raising=False)
+    for e in container["env"]:
+        monkeypatch.setenv(e["name"], e["value"])
+    parser = argparse.ArgumentParser(prog="python -m engine serve")
+    add_serve_arguments(parser)
+    got = engine_kwargs(parser.parse_args(container["args"])).get("cpu_memory_gib")
+    from engine.config import EngineConfig
+    assert (got if got is not None else EngineConfig().cpu_memory_gib) == pytest.approx(gib)
+    assert [e["name"] for e in container["env"]].count("PAGED_CPU_MEMORY_GIB") <= 1
+
+
 def test_builtin_model_and_api_key_file_reach_the_engine_cli(tmp_path):
     """builtin:// goes through unchanged, the key only as a file path (never in argv)."""
     from engine.entrypoints.cli import build_parser

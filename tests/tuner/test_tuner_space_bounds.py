@@ -120,13 +120,13 @@ def test_a_large_target_keeps_the_tables_ranges(llama) -> None:
 
 @pytest.mark.parametrize("memory, cpu_gib, fix", [
     (None, "tiny", "raise the engine's CPU memory (spec.env PAGED_CPU_MEMORY_GIB)"),
-    ("small", None, "raise spec.resources.memory above"),
-    ("between", None, "set spec.env PAGED_CPU_MEMORY_GIB to at most spec.resources.memory"),
+    ("small", None, "raise spec.resources.memory above"),   # the operator's derivation
+    ("between", "two", "set spec.env PAGED_CPU_MEMORY_GIB to at most spec.resources.memory"),
 ])
 def test_a_target_that_fits_at_no_fraction_fails_naming_what_to_change(llama, memory,
                                                                       cpu_gib, fix) -> None:
     need = llama["weights"] + MAX_LEN * llama["kv"]
-    sizes = {"tiny": need / 0.96 / GIB, "small": f"{int(need * 0.9)}",
+    sizes = {"tiny": need / 0.96 / GIB, "small": f"{int(need * 0.9)}", "two": 2.0,
              "between": f"{int(need * 1.2)}"}   # fits, but 0.5 x 2 GiB is above the limit
     tgt = target(llama["path"], cpu_gib=sizes.get(cpu_gib), memory=sizes.get(memory))
     with pytest.raises(ValueError) as info:
@@ -200,12 +200,26 @@ def test_a_dropped_fraction_is_one_the_engine_refuses_to_start_with(llama) -> No
     ({"engine": {"extraArgs": ["--cpu-memory-gib=5"]},
       "env": [{"name": "PAGED_CPU_MEMORY_GIB", "value": "3"}]}, 5, "extraArgs"),
     ({"engine": {"extraArgs": ["--cpu-memory-gib", "0.5"]}}, 0.5, "extraArgs"),
-    ({}, 2, "the engine's default"),
+    ({}, 0.25, "spec.resources.memory less the engine's runtime"),   # as the operator sets
 ])
 def test_the_engines_cpu_memory_is_read_as_the_engine_reads_it(spec, gib, where) -> None:
     memory = target_memory({"resources": {"gpus": 0, "memory": "1Gi"}, **spec})
     assert memory.device_bytes == gib * GIB and memory.limit_bytes == GIB
     assert where in memory.device_label
+
+
+def test_without_a_memory_limit_the_engines_default_is_its_cpu_memory() -> None:
+    memory = target_memory({"resources": {"gpus": 0}})
+    assert memory.device_bytes == 2 * GIB and memory.limit_bytes is None
+    assert "the engine's default" in memory.device_label
+
+
+def test_the_memory_to_ask_for_gives_the_engine_what_it_needs() -> None:
+    from paged_operator.kv_cache import cpu_device_gib, memory_for_cpu_device
+    for gib in (0.05, 0.25, 0.3, 1.0, 6.5):
+        asked = memory_for_cpu_device(gib)
+        assert cpu_device_gib(f"{asked * 1024:.0f}Mi") == pytest.approx(gib, abs=1e-3)
+        assert cpu_device_gib(f"{(asked - 0.01) * 1024:.0f}Mi") < gib
 
 
 def test_a_bad_cpu_memory_names_where_it_is_set() -> None:

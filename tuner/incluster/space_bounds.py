@@ -38,6 +38,7 @@ from engine import settings as engine_settings
 from engine.kv_capacity import DTYPE_BYTES, blocks_for, dtype_name, num_kv_blocks
 from paged_operator.contract import TuningSpec
 from paged_operator.fields import quantity_value
+from paged_operator.kv_cache import CPU_RUNTIME_GIB, cpu_device_gib, memory_for_cpu_device
 from tuner.incluster.model_facts import ModelFacts, Unknown, model_facts
 from tuner.search.space import Param
 
@@ -55,6 +56,7 @@ class TargetMemory:
     device_bytes: float | None    # the engine's device memory: on CPU cpu_memory_gib, on
     device_label: str             # a GPU unknown (None); and how to name it to the user
     limit_bytes: float | None     # spec.resources.memory (the container's, without offloadGiB)
+    from_limit: bool = False      # device_bytes derived from limit_bytes, as the operator does
 
 
 def _arg(args: list[str], flag: str) -> str | None:
@@ -78,11 +80,16 @@ def target_memory(spec: dict[str, Any]) -> TargetMemory:
     given, where = _arg(args, CPU_MEMORY.flag), f"spec.engine.extraArgs {CPU_MEMORY.flag}"
     if given is None and env.get(CPU_MEMORY.env):
         given, where = env[CPU_MEMORY.env], f"spec.env {CPU_MEMORY.env}"
-    gib = engine_settings.parse_text(CPU_MEMORY, given, where) if given is not None \
-        else CPU_MEMORY.default
-    if given is None:
-        where = f"the engine's default; set spec.env {CPU_MEMORY.env}"
-    return TargetMemory(True, gib * GIB, f"{gib:g} GiB of CPU memory ({where})", limit)
+    derived = cpu_device_gib(resources.get("memory"))   # what the operator gives the pod
+    if given is not None:
+        gib = engine_settings.parse_text(CPU_MEMORY, given, where)
+    elif derived is not None:
+        gib, where = derived, (f"spec.resources.memory less the engine's runtime, "
+                               f"{CPU_RUNTIME_GIB:g} GiB; or set spec.env {CPU_MEMORY.env}")
+    else:
+        gib, where = CPU_MEMORY.default, f"the engine's default; set spec.env {CPU_MEMORY.env}"
+    return TargetMemory(True, gib * GIB, f"{gib:g} GiB of CPU memory ({where})", limit,
+                        from_limit=given is None and derived is not None)
 
 
 @dataclass(frozen=True)
@@ -259,7 +266,10 @@ def bounded_space(space: tuple[Param, ...], *, given: bool, target: str,
         need = min(pool.min_fraction(b) for b in _values(params.get(BLOCK), defaults[BLOCK])
                    ) * pool.device_bytes
         top = max(_values(params.get(FRACTION), defaults[FRACTION]))
-        if need > top * pool.device_bytes:
+        if need > top * pool.device_bytes and memory.from_limit:
+            fix = (f"raise spec.resources.memory above "
+                   f"{memory_for_cpu_device(need / top / GIB):.3g} GiB")
+        elif need > top * pool.device_bytes:
             fix = (f"raise the engine's CPU memory (spec.env {CPU_MEMORY.env}) above "
                    f"{_gib(need / top)}" + (" and spec.resources.memory with it" if cap else ""))
         elif memory.limit_bytes and need > memory.limit_bytes:
