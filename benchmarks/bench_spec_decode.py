@@ -128,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="off against the tuner's choice of num_speculative_tokens, chosen per "
                         "workload and concurrency on other requests (benchmarks/"
                         "spec_decode_tuned.py); --k is then unused")
-    p.add_argument("--calibration-rounds", type=int, default=2,
+    p.add_argument("--calibration-rounds", type=int, default=3,
                    help="with --tuned: rounds of the choice's calibration requests")
     return p
 

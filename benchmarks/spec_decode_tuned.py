@@ -4,8 +4,9 @@ Per workload and concurrency, in two phases on different requests:
 
 1. Choice, on calibration requests (seeds 1000 + r): every value of the tuner's own search
    range for num_speculative_tokens (tuner/search/space.py: the settings table's `tune`, 0 =
-   off) serves the same requests, configurations in turn, for `--calibration-rounds`
-   rounds; the tuner's own statistics (tuner/search/stats.py) turn the per-round output
+   off) serves the same max(3, concurrency) requests, configurations in turn, for
+   `--calibration-rounds` rounds (3 by default: with 2, Student's t of 12.7 leaves
+   intervals too wide for any but huge, steady gains); the tuner's own statistics (tuner/search/stats.py) turn the per-round output
    tok/s into paired gains over off with 95 % intervals, and its decision rule picks the
    candidate with the highest lower bound above 1, else keeps off (0).
 2. Measurement, on held-out requests (seeds 0 .. rounds - 1, the plain table's): off and
@@ -68,7 +69,7 @@ def run(args, engine_for, texts_for, run_closed_loop, levels: list[int]) -> None
     choices = []
     for workload in args.workloads.split(","):
         for c in levels:
-            n_cal = max(2, c)
+            n_cal = max(3, c)
 
             def serve(k, r):
                 texts = texts_for(workload, n_cal, 1000 + r)
