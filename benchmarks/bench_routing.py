@@ -46,7 +46,9 @@ from routing_phases import added_latency, burst, phase, restart
 VARIANTS = {"prefix-ring-only": ["--policy", "prefix", "--cache-balance", "off"],
             "prefix-one-bound": ["--policy", "prefix", "--hit-load-factor", "0.25"],
             "prefix-hit-2": ["--policy", "prefix", "--hit-load-factor", "2.0"],
-            "precise-hit-2": ["--policy", "precise", "--hit-load-factor", "2.0"]}
+            "precise-hit-2": ["--policy", "precise", "--hit-load-factor", "2.0"],
+            # precise's footprint bound before run 17 (its default is now the mean)
+            "precise-balance-0.25": ["--policy", "precise", "--cache-balance", "0.25"]}
 
 
 def print_tables(rows: list[dict], latency: dict, args) -> None:
