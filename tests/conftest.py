@@ -13,6 +13,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Must be set before torch is first imported; subprocesses inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# Without CUDA the Triton kernels run under Triton's interpreter (tests/kernels/conftest.py).
+# Triton reads TRITON_INTERPRET when triton.language and the kernels are decorated, and
+# importing the engine imports triton.language, so it is set here, before any test module
+# is collected: set only by tests/kernels/conftest.py, a module of tests/engine that
+# imported the engine at collection made every interpreted kernel fail ("Cannot call
+# @triton.jit'd outside of the scope of a kernel") in a run of the whole suite.
+import torch  # noqa: E402  (after OMP_NUM_THREADS)
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
 # The operator's resync period is the interval of a kopf.timer, read from the environment
 # when paged_operator is imported. tests/operator runs the operator in this process and
 # needs a short one, so it is imported here, before any test module can import it, with

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from engine.kv_capacity import KVShape, blocks_for, dtype_name, num_kv_blocks
-from engine.model_runner import pick_dtype
 
 
 @pytest.mark.parametrize("requested, config_dtype, device, want", [
@@ -18,6 +17,10 @@ from engine.model_runner import pick_dtype
     ("float16", "bfloat16", "cpu", "float16"),
 ])
 def test_the_runner_and_the_tuner_pick_one_dtype(requested, config_dtype, device, want):
+    # imported here: engine.model_runner brings in triton.language, which must come after
+    # tests/kernels/conftest.py sets TRITON_INTERPRET (else its interpreted kernels fail)
+    from engine.model_runner import pick_dtype
+
     assert dtype_name(requested, config_dtype, device) == want
     config = type("Config", (), {"dtype": config_dtype})()
     assert pick_dtype(requested, config, torch.device(device)) == getattr(torch, want)
