@@ -69,7 +69,13 @@ class Subscriber:
         self.ctx = zmq.Context.instance()
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt_string(zmq.SUBSCRIBE, info["topic"])
+        # PUB drops what it sends before a subscriber's subscription reaches it: wait for
+        # the connection's handshake, after which the SUB sends its subscription at once
+        monitor = self.sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self.sub.connect(info["endpoint"])
+        assert monitor.poll(10_000), "the SUB socket did not connect"
+        self.sub.disable_monitor()
+        monitor.close(linger=0)
         self.replay = self.ctx.socket(zmq.DEALER)
         self.replay.connect(info["replay_endpoint"])
         self.batches: dict[int, bytes] = {}  # seq -> payload, as received live
@@ -210,42 +216,57 @@ def test_snapshot_rebuilds_the_cache_state_for_a_subscriber_that_starts_late(eng
 
 def test_a_full_queue_drops_counts_and_then_rebases_every_subscriber():
     recorder = KVEventRecorder(block_size=2)
-    gate, sending = threading.Event(), threading.Event()
+    armed, gate, sending = threading.Event(), threading.Event(), threading.Event()
 
     class Slow(ZmqKVEventPublisher):
         def _send(self, *args: Any) -> None:
-            sending.set()
-            gate.wait(10)
+            if armed.is_set():   # not batch 0, which the constructor sends itself
+                sending.set()
+                gate.wait(10)
             super()._send(*args)
 
     publisher = Slow({**EVENTS, "max_queue_size": 1}, recorder)
     sub = Subscriber(publisher.info())
     try:
-        assert sending.wait(10)              # the thread holds batch 0, the queue is empty
+        # PUB drops what it sends before the subscription reaches it: probe batches (a
+        # block stored and removed: no state) until one arrives
+        n = 0
+        while n == 0 or not sub.sub.poll(100):
+            assert n < 100, "the subscription never reached the publisher"
+            recorder.stored(b"w" * 16, None, [7, 8])
+            recorder.removed(b"w" * 16)
+            publisher.flush()
+            n += 1
+        sub.drain(n)
+        armed.set()
         recorder.stored(b"a" * 16, None, [1, 2])
-        publisher.flush()                    # batch 1 waits in the queue
+        publisher.flush()                    # batch n+1: the thread takes it and holds it
+        assert sending.wait(10)              # ... so the queue is empty
         recorder.stored(b"b" * 16, b"a" * 16, [3, 4])
         recorder.removed(b"a" * 16)
-        publisher.flush()                    # batch 2: dropped
-        assert publisher.batches_dropped == 1
+        publisher.flush()                    # batch n+2 waits in the queue
+        assert publisher.batches_dropped == 0
         recorder.stored(b"c" * 16, None, [5, 6])
-        publisher.flush()                    # still full: dropped too
+        publisher.flush()                    # batch n+3: dropped
+        assert publisher.batches_dropped == 1
+        publisher.flush()                    # batch n+4, a rebase: still full, dropped too
         assert publisher.batches_dropped == 2
         gate.set()
-        # the thread took batch 1: the queue has room
-        wait_for(lambda: 1 in [s for s, _ in sub.ask((1).to_bytes(8, "big"))])
-        publisher.flush()                    # batch 4: the rebase
-        seqs = sub.drain(4)
-        assert 2 not in sub.batches and 3 not in sub.batches  # the gap subscribers see
-        _, rebase = decode_batch(sub.batches[4])
+        # the thread sent batches n+1 and n+2: the queue has room
+        since = (n + 1).to_bytes(8, "big")
+        wait_for(lambda: n + 2 in [s for s, _ in sub.ask(since)])
+        publisher.flush()                    # batch n+5: the rebase
+        seqs = sub.drain(n + 5)
+        assert n + 3 not in sub.batches and n + 4 not in sub.batches  # the gap subscribers see
+        _, rebase = decode_batch(sub.batches[n + 5])
         assert rebase[0] == ["AllBlocksCleared"]
         state: dict[int, Any] = {}
         apply_events(state, rebase)
         assert state == {external_hash(b"b" * 16): (external_hash(b"a" * 16), (3, 4)),
                          external_hash(b"c" * 16): (None, (5, 6))}
-        assert seqs[-1] == 4
+        assert seqs == [n + 1, n + 2, n + 5]
         # the replay buffer has the hole too; the snapshot is the rebased state
-        assert [s for s, _ in sub.ask((1).to_bytes(8, "big"))] == [1, 4]
+        assert [s for s, _ in sub.ask(since)] == [n + 1, n + 2, n + 5]
         (_, snap), = sub.ask(SNAPSHOT_REQUEST)
         snap_state: dict[int, Any] = {}
         apply_events(snap_state, decode_batch(snap)[1])
