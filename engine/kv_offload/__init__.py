@@ -4,6 +4,7 @@ move; host.py, disk.py and transfer.py are the parts."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from engine.kv_offload.host import HostEntry, HostTier
@@ -15,6 +16,7 @@ __all__ = ["HostEntry", "HostTier", "MEDIUM_CPU", "MEDIUM_DISK", "MEDIUM_GPU", "
 
 GIB = 2**30
 LOAD_QUEUE_JOBS = 64  # requests whose loads may wait for the load worker at once
+MODEL_IDS_DIR = ".model-ids"  # in kv_disk_dir: the weight files' content digests
 
 
 def make_offload(config: Any, runner: Any, kv: Any, model_path: str) -> OffloadTiers | None:
@@ -35,8 +37,9 @@ def make_offload(config: Any, runner: Any, kv: Any, model_path: str) -> OffloadT
     if config.kv_disk_dir is not None:
         dtype = str(runner.dtype).removeprefix("torch.")
         disk = DiskTier(config.kv_disk_dir, int(config.kv_disk_size * GIB),
-                        namespace=namespace_digest(model_path=model_path, dtype=dtype,
-                                                   block_shape=transfer.block_shape),
+                        namespace=namespace_digest(
+                            model_path=model_path, dtype=dtype, block_shape=transfer.block_shape,
+                            cache_dir=Path(config.kv_disk_dir) / MODEL_IDS_DIR),
                         block_shape=transfer.block_shape, dtype=runner.dtype)
     tiers = OffloadTiers(HostTier(int(host_gib * GIB), transfer.block_bytes), transfer,
                          TransferWorker(), disk,

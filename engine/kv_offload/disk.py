@@ -1,8 +1,9 @@
 """The disk tier: one file per block in a directory that several engines may share.
 
 A file's name is a digest of (namespace, block hash); the namespace digests everything
-that makes one block's KV differ between engines: the model (path, config, weight files'
-sizes and times), dtype, block size, the layer layout and the format version. Its bytes:
+that makes one block's KV differ between engines: the model (its config and the SHA-256 of
+each weight file's content, wherever the files lie), dtype, block size, the layer layout
+and the format version. Its bytes:
 
     header  magic "PKVB", format version, dtype, block shape, namespace, key, payload
             length, CRC-32 of the payload (HEADER below)
@@ -28,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from engine.kv_offload.model_identity import model_identity
+
 logger = logging.getLogger("engine.kv_offload")
 
 FORMAT_VERSION = 1
@@ -38,17 +41,14 @@ HEADER = struct.Struct("<4sH16s5I32s32sQI")
 STALE_TMP_SECONDS = 300  # a temporary file this old belongs to a writer that died
 
 
-def namespace_digest(*, model_path: str, dtype: str, block_shape: tuple[int, ...]) -> bytes:
-    """What must match for two engines to share a block (see the module docstring)."""
+def namespace_digest(*, model_path: str, dtype: str, block_shape: tuple[int, ...],
+                     cache_dir: str | os.PathLike | None = None) -> bytes:
+    """What must match for two engines to share a block (see the module docstring). The
+    model counts by its content (engine/kv_offload/model_identity.py), not its path, so
+    replicas that hold the same checkpoint in different places share their blocks;
+    `cache_dir` keeps the weight files' digests."""
     h = hashlib.sha256(f"paged-kv v{FORMAT_VERSION}|{dtype}|{block_shape}".encode())
-    root = Path(model_path)
-    h.update(str(root.resolve()).encode())
-    for path in sorted(root.glob("*")):
-        if path.name == "config.json":
-            h.update(path.read_bytes())
-        elif path.suffix in (".safetensors", ".bin", ".pt", ".gguf"):
-            st = path.stat()
-            h.update(f"{path.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    h.update(model_identity(model_path, cache_dir))
     return h.digest()
 
 

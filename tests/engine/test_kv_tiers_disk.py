@@ -6,6 +6,7 @@ import errno
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -167,12 +168,26 @@ def test_a_batch_mixing_device_host_disk_and_compute_matches_the_oracle(tiny_che
     assert all(hits[m] > 0 for m in ("GPU", "CPU", "Disk")), hits
 
 
-def test_a_restarted_engine_finds_its_prefixes_on_disk(tiny_checkpoints, recompute, tmp_path):
+def block_files(root) -> list[os.DirEntry]:
+    """The block files in a disk tier's directory (not its .model-ids cache)."""
+    return [e for e in os.scandir(root) if e.name.endswith(".kvb")]
+
+
+@pytest.mark.parametrize("where", ["same path", "a copy elsewhere"])
+def test_a_restarted_engine_finds_its_prefixes_on_disk(tiny_checkpoints, recompute, tmp_path,
+                                                       where):
+    """Also a replica whose copy of the checkpoint lies elsewhere, with other file times (a
+    pod that downloaded it into its own volume): the namespace is the model's content."""
+    disk_dir = tmp_path / "kv"
     first = prompts(seed=13, count=4, prefix_len=64)
-    run_phases(disk_llm(tiny_checkpoints["llama"], tmp_path, kv_offloading_size=0),
+    run_phases(disk_llm(tiny_checkpoints["llama"], disk_dir, kv_offloading_size=0),
                [[p] for p in first] + [prompts(seed=14, count=3, prefix_len=64)])
     again = [[with_tail(p, 30 + i)] for i, p in enumerate(first)]
-    restarted = disk_llm(tiny_checkpoints["llama"], tmp_path)
+    model = tiny_checkpoints["llama"]
+    if where != "same path":
+        model = str(shutil.copytree(model, tmp_path / "elsewhere" / "llama",
+                                    copy_function=shutil.copy))  # new mtimes
+    restarted = disk_llm(model, disk_dir)
     assert run_phases(restarted, again) == recompute(again)
     assert restarted.llm_engine.kv.stats().hits_by_medium[MEDIUM_DISK] >= 4 * 64
 
@@ -182,7 +197,7 @@ def test_damaged_files_never_give_wrong_tokens(tiny_checkpoints, recompute, tmp_
     first = prompts(seed=15, count=4, prefix_len=64)
     run_phases(disk_llm(tiny_checkpoints["llama"], tmp_path, kv_offloading_size=0),
                [[p] for p in first] + [prompts(seed=16, count=3, prefix_len=64)])
-    for entry in os.scandir(tmp_path):
+    for entry in block_files(tmp_path):
         raw = open(entry.path, "rb").read()
         with open(entry.path, "wb") as f:  # the payload as huge floats, or cut short
             f.write(raw[:HEADER.size] + b"\x7e" * (len(raw) - HEADER.size)
@@ -286,7 +301,7 @@ def test_each_block_written_to_disk_is_counted_once(tiny_checkpoints, tmp_path):
                + [[with_tail(first[0], 70)]])
     assert llm.llm_engine.kv.stats().hits_by_medium[MEDIUM_DISK] > 0
     tiers = llm.llm_engine.offload
-    files = len(os.listdir(tmp_path))
+    files = len(block_files(tmp_path))
     assert files >= 4 and tiers.stats.stores_dropped == 0
     assert tiers.stats.blocks_stored[MEDIUM_DISK] == files
 
@@ -310,6 +325,6 @@ def test_disk_writes_are_announced_as_disk_and_counted_like_the_events(tiny_chec
               for m in ("CPU", "Disk")}
     stats = engine.offload.stats
     assert stats.blocks_stored[MEDIUM_DISK] > 0
-    assert len(stored["Disk"]) == stats.blocks_stored[MEDIUM_DISK] == len(os.listdir(tmp_path))
+    assert len(stored["Disk"]) == stats.blocks_stored[MEDIUM_DISK] == len(block_files(tmp_path))
     assert len(stored["CPU"]) == stats.blocks_stored["CPU"] > 0
     assert set(stored["Disk"]) <= set(stored["CPU"]), "spilled from the host tier"
