@@ -68,7 +68,9 @@ def merge(into: dict, patch: dict) -> dict:
     for key, value in patch.items():
         if value is None:
             into.pop(key, None)
-        elif isinstance(value, dict) and isinstance(into.get(key), dict):
+        elif isinstance(value, dict):  # a new object too: its nulls are dropped, not kept
+            if not isinstance(into.get(key), dict):
+                into[key] = {}
             merge(into[key], value)
         else:
             into[key] = copy.deepcopy(value)
