@@ -9,7 +9,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "LLM": "engine.llm", "LLMEngine": "engine.llm_engine", "EngineStats": "engine.llm_engine",
+    "LLM": "engine.llm", "LLMEngine": "engine.llm_engine", "EngineStats": "engine.outputs",
     "EngineConfig": "engine.config", "SamplingParams": "engine.sampling_params",
     "RequestOutput": "engine.outputs", "CompletionOutput": "engine.outputs",
     "RequestMetrics": "engine.outputs",
@@ -20,8 +20,8 @@ __all__ = ["LLM", "LLMEngine", "EngineConfig", "EngineStats", "SamplingParams",
 if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.llm import LLM
-    from engine.llm_engine import EngineStats, LLMEngine
-    from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+    from engine.llm_engine import LLMEngine
+    from engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
     from engine.sampling_params import SamplingParams
 
 

@@ -6,14 +6,14 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
 from engine.config import EngineConfig, RuntimeInfo
+from engine.batch_execution import execute_batch
 from engine.kv_cache_manager import KVCacheManager
 from engine.kv_events import make_publisher
 from engine.kv_offload import make_offload
 from engine.output_processor import OutputProcessor, RequestState
-from engine.outputs import RequestMetrics, RequestOutput
+from engine.outputs import EngineStats, RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence
@@ -31,33 +31,6 @@ def _locked(method):
         with self.lock:
             return method(self, *args, **kwargs)
     return wrapper
-
-
-@dataclass
-class EngineStats:
-    num_requests_running: int
-    num_requests_waiting: int
-    num_seqs_running: int
-    num_seqs_waiting: int
-    kv_cache_usage: float  # used blocks / all blocks
-    num_blocks: int
-    block_size: int
-    num_free_blocks: int
-    num_cached_blocks: int
-    num_used_blocks: int
-    prefix_cache_queries: int  # tokens
-    prefix_cache_hits: int  # tokens
-    num_preemptions: int
-    cow_copies: int
-    evictions: int
-    prompt_tokens: int
-    generation_tokens: int
-    # speculative decoding (vLLM's spec_decode counters): rows that carried drafts, drafts
-    # verified, drafts accepted, and accepted at each draft position (0 = first draft)
-    spec_num_drafts: int = 0
-    spec_num_draft_tokens: int = 0
-    spec_num_accepted_tokens: int = 0
-    spec_num_accepted_tokens_per_pos: tuple[int, ...] = ()
 
 
 class LLMEngine:
@@ -210,7 +183,7 @@ class LLMEngine:
             m.first_scheduled_time = m.first_scheduled_time or now
         snapshot = self.sampler.snapshot(batch.seqs)
         try:
-            done = [(batch, self._run(batch))]
+            done = [(batch, execute_batch(self.runner, self.sampler, batch))]
             failed: dict[str, Exception] = {}
         except Exception as exc:  # noqa: BLE001 - isolated below, re-raised if global
             self._raise_if_global(exc)
@@ -228,62 +201,6 @@ class LLMEngine:
             self.kv_events.flush()  # this step's stored/removed blocks, without waiting
         return outputs
 
-    def _run(self, batch: ScheduledBatch
-             ) -> tuple[list[tuple[Sequence, Sequence | None, tuple]], dict[int, list], dict]:
-        """Model and sampler, without committing anything: (sample seq, its parent if it is a
-        new fork, (token, logprob, top logprobs)) for each sampled sequence, the prompt
-        logprobs of this step's chunks by seq_id, and the verified drafts by seq_id."""
-        from engine.spec_decode.verifier import verify
-
-        prompt_logits: dict = {}
-        if any(s.wants_prompt_logits for s in batch.seqs):
-            logits, rows = self.runner.execute(batch, prompt_logits)
-        else:
-            logits, rows = self.runner.execute(batch)
-        # seq_id -> logprob entries of the prompt tokens this chunk's positions predict
-        prompt_lps = {}
-        for i, lg in prompt_logits.items():
-            seq = batch.seqs[i]
-            c = seq.num_computed_tokens
-            prompt_lps[seq.seq_id] = self.sampler.prompt_logprobs(
-                lg, seq.token_ids[c + 1:c + 1 + lg.shape[0]], seq.params.prompt_logprobs)
-        sample_seqs: list[Sequence] = []
-        parents: list[Sequence | None] = []
-        sample_rows: list[int] = []
-        drafts = batch.draft_token_ids or [[]] * len(batch.seqs)
-        spec_seqs, spec_drafts, spec_rows = [], [], []
-        row = 0
-        while row < len(rows):  # a row with d drafts has 1 + d logits rows
-            i = rows[row]
-            seq = batch.seqs[i]
-            if drafts[i]:
-                spec_seqs.append(seq)
-                spec_drafts.append(drafts[i])
-                spec_rows += range(row, row + 1 + len(drafts[i]))
-                row += 1 + len(drafts[i])
-                continue
-            sample_seqs.append(seq)
-            parents.append(None)
-            sample_rows.append(row)
-            if seq.params.n > 1 and not seq.has_forked:  # the prompt ended: fork n samples
-                for index in range(1, seq.params.n):
-                    sample_seqs.append(seq.fork(index))
-                    parents.append(seq)
-                    sample_rows.append(row)
-            row += 1
-        verified = {}
-        if spec_seqs:
-            results = verify(self.sampler, logits[spec_rows], spec_seqs, spec_drafts)
-            verified = {s.seq_id: v for s, v in zip(spec_seqs, results)}
-        if not sample_seqs:
-            return [], prompt_lps, verified
-        if sample_rows != list(range(logits.shape[0])):  # not every row once, in order
-            logits = logits[sample_rows]
-        r = self.sampler(logits, sample_seqs)
-        return [(s, parent, token) for s, parent, token in zip(
-            sample_seqs, parents, zip(r.token_ids, r.logprobs, r.top_logprobs))], prompt_lps, \
-            verified
-
     def _run_each_request(self, batch: ScheduledBatch):
         """The failed step again, one request's sequences at a time (in batch order, so a
         copy-on-write copy still precedes the write into its source block)."""
@@ -299,7 +216,7 @@ class LLMEngine:
                                  draft_token_ids=[batch.draft_token_ids[i] for i in idx]
                                  if batch.draft_token_ids else [])
             try:
-                done.append((sub, self._run(sub)))
+                done.append((sub, execute_batch(self.runner, self.sampler, sub)))
             except Exception as exc:  # noqa: BLE001
                 self._raise_if_global(exc)
                 logger.exception("request %s failed its step", request_id)

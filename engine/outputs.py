@@ -44,3 +44,30 @@ class RequestOutput:
     # Set (a short message) when the engine failed this request: it comes out once, finished,
     # with its unfinished samples' finish_reason "error"; other requests carry on.
     error: str | None = None
+
+
+@dataclass
+class EngineStats:
+    num_requests_running: int
+    num_requests_waiting: int
+    num_seqs_running: int
+    num_seqs_waiting: int
+    kv_cache_usage: float  # used blocks / all blocks
+    num_blocks: int
+    block_size: int
+    num_free_blocks: int
+    num_cached_blocks: int
+    num_used_blocks: int
+    prefix_cache_queries: int  # tokens
+    prefix_cache_hits: int  # tokens
+    num_preemptions: int
+    cow_copies: int
+    evictions: int
+    prompt_tokens: int
+    generation_tokens: int
+    # speculative decoding (vLLM's spec_decode counters): rows that carried drafts, drafts
+    # verified, drafts accepted, and accepted at each draft position (0 = first draft)
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_num_accepted_tokens_per_pos: tuple[int, ...] = ()
