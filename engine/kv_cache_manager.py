@@ -14,10 +14,10 @@ no hash until loaded; engine/kv_offload/loads.py).
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.block_hash import hash_block  # shared with the router (engine/block_hash.py)
+from engine.kv_blocks import Block, KVCacheStats, check_kv_invariants
 from engine.sequence import Sequence
 
 if TYPE_CHECKING:
@@ -25,31 +25,6 @@ if TYPE_CHECKING:
     from engine.kv_offload import OffloadTiers, TierHit
 
 __all__ = ["Block", "KVCacheManager", "KVCacheStats", "hash_block"]
-
-
-@dataclass
-class Block:
-    block_id: int
-    ref_count: int = 0
-    block_hash: bytes | None = None
-
-
-@dataclass
-class KVCacheStats:
-    num_blocks: int
-    num_free: int
-    num_cached: int
-    num_used: int
-    prefix_queries: int  # prompt tokens looked up
-    prefix_hits: int  # of which found in the cache (any tier)
-    evictions: int
-    cow_copies: int
-    # prefix_hits by tier (GPU, CPU, Disk); left out of ==
-    hits_by_medium: dict[str, int] | None = field(default=None, compare=False)
-
-    @property
-    def usage(self) -> float:
-        return self.num_used / self.num_blocks if self.num_blocks else 0.0
 
 
 class KVCacheManager:
@@ -308,29 +283,4 @@ class KVCacheManager:
 
     # ---- invariants (tests call this after every step) -------------------------------------
     def check_invariants(self, live: list[Sequence]) -> None:
-        refs = [0] * self.num_blocks
-        for seq in live:
-            for block_id in seq.block_table:
-                refs[block_id] += 1
-        for block_id in self._loading:  # the load job's reference
-            refs[block_id] += 1
-        free = set(self._free)
-        assert len(free) == len(self._free), "a block is twice in the free list"
-        for block in self.blocks:
-            assert block.ref_count == refs[block.block_id], (
-                f"block {block.block_id}: ref_count {block.ref_count} != {refs[block.block_id]} users")
-            in_free = block.block_id in free
-            in_evictable = block.block_id in self._evictable
-            if block.ref_count:
-                assert not in_free and not in_evictable
-            else:
-                assert in_free != in_evictable
-                assert in_evictable == (block.block_hash is not None)
-            if block.block_hash is not None:
-                assert self._hash_to_block[block.block_hash] == block.block_id
-        assert len(self._hash_to_block) == sum(b.block_hash is not None for b in self.blocks)
-        for block_id in self._loading:  # held by its load job, not yet cached
-            assert self.blocks[block_id].block_hash is None, \
-                f"block {block_id} is in the prefix cache while its load is not done"
-        if self.offload is not None:
-            self.offload.check_invariants(self)
+        check_kv_invariants(self, live)
