@@ -34,7 +34,8 @@ def block_hash(seed: int, tenant: int, k: int) -> int:
 
 def simulate(policy, *, replicas: int, blocks: int, tenants: int, zipf: float, users: int,
              warmup: int, requests: int, seed: int, prefill_s: float, decode_s: float,
-             out_tokens: int, rate: float | None = None) -> tuple[float, float, float, float]:
+             out_tokens: int, rate: float | None = None, event_lag: bool = False
+             ) -> tuple[float, float, float, float]:
     """Closed loop (`users`), or with `rate` the warm-up closed loop and then the measured
     requests as Poisson arrivals at `rate` per second, as bench_routing.py --rate."""
     rng = random.Random(seed)
@@ -69,7 +70,7 @@ def simulate(policy, *, replicas: int, blocks: int, tenants: int, zipf: float, u
         for k in reversed(range(n)):  # the engine frees a sequence's blocks tail first:
             cache[(tenant, k)] = None  # a prompt's head is evicted last
             cache.move_to_end((tenant, k))
-        if precise:  # the KV events, without delay
+        if precise and not event_lag:  # the KV events, without delay
             policy.index.store(backend.url, hashes[held:])
         while len(cache) > blocks - 2 * backend.in_flight:  # running requests hold blocks too
             t, k = cache.popitem(last=False)[0]
@@ -81,12 +82,19 @@ def simulate(policy, *, replicas: int, blocks: int, tenants: int, zipf: float, u
         first_token = start + (sizes[tenant] - held * BLOCK + 10) * prefill_s
         free_at[r] = first_token + out_tokens * decode_s
         heapq.heappush(events, (free_at[r], 1, user, r, i >= warmup, first_token - now))
+        if precise and event_lag:  # the engine reports the blocks once its prefill ran
+            heapq.heappush(events, (first_token, 2, (tenant, held, n), r, False, 0.0))
 
     for user in range(users):
         submit(0.0, user)
     end = 0.0
     while events:
         end, kind, user, r, measured, ttft = heapq.heappop(events)
+        if kind == 2:  # stored events arrive: the blocks computed that are still cached
+            tenant, held, n = user
+            policy.index.store(backends[r].url, [block_hash(seed, tenant, k) for k in
+                                                 range(held, n) if (tenant, k) in caches[r]])
+            continue
         if kind == 0:  # an open-loop arrival
             submit(end, -1)
             continue
@@ -140,12 +148,17 @@ def main() -> int:
     p.add_argument("--prefill-s", type=float, default=1 / 3000, help="seconds per prompt token")
     p.add_argument("--decode-s", type=float, default=0.03, help="seconds per output token")
     p.add_argument("--out-tokens", type=int, default=8)
+    p.add_argument("--event-lag", action="store_true",
+                   help="`precise` learns a request's blocks when its prefill ends (as the "
+                        "engines' KV events), not when it is placed")
+    p.add_argument("--only", default=None, help="variants whose name contains this")
     args = p.parse_args()
     common = dict(blocks=args.blocks, tenants=args.tenants, zipf=args.zipf, users=args.users,
                   warmup=args.warmup, requests=args.requests, rate=args.rate, prefill_s=args.prefill_s,
-                  decode_s=args.decode_s, out_tokens=args.out_tokens)
+                  decode_s=args.decode_s, out_tokens=args.out_tokens, event_lag=args.event_lag)
     rows = [(name, [simulate(make(), replicas=args.replicas, seed=s, **common)
-                    for s in range(args.seeds)]) for name, make in VARIANTS.items()]
+                    for s in range(args.seeds)]) for name, make in VARIANTS.items()
+            if args.only is None or args.only in name]
     rows.append(("one large replica (reference)", [
         simulate(make_policy("round-robin"), replicas=1, seed=s,
                  **{**common, "blocks": args.blocks * args.replicas}) for s in range(args.seeds)]))
