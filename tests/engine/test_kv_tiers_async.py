@@ -202,6 +202,10 @@ def test_a_full_load_queue_recomputes_instead_of_waiting(tiny_checkpoints, oracl
     engine.add_request("b", tails[1], GREEDY)
     engine.step()  # b's job fills the queue
     engine.add_request("c", tails[2], GREEDY)
+    # c's first three blocks were still in the pool after the warm-up; a's and b's blocks
+    # evicted them, and their copies to the host tier may still be in flight (a lookup
+    # skips an entry that is not ready): wait for the store worker, not the load worker
+    engine.offload.worker.drain()
     hits = engine.kv.lookup_prefix(engine.scheduler.waiting[0])
     assert [getattr(h, "medium", "GPU") for h in hits] == [MEDIUM_CPU] * 4
     batch = engine.scheduler.schedule()
