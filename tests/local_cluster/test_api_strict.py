@@ -392,7 +392,8 @@ def test_killing_the_active_operator_hands_over_without_duplicates(local_cluster
     assert len(replicasets) == SERVICES
     # the killed replica came back (restartPolicy Always) with a lower priority: it waits
     def recorded_again() -> bool:   # absent between its old record's expiry and the new one
-        peers = _peers(cluster)
-        return active in peers and peers[active]["priority"] < peers[standby]["priority"]
+        peers = _peers(cluster)   # (either record may lapse for a moment on a busy machine)
+        return active in peers and standby in peers and \
+            peers[active]["priority"] < peers[standby]["priority"]
     cluster.wait_for(recorded_again, 60, "the restarted replica to record itself")
     helm(cluster, "uninstall", "ha", "-n", HA_NS)
