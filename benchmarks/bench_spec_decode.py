@@ -8,7 +8,10 @@ machine slows them alike; the table gives medians over rounds and ratios against
 
 Workloads (distinct prompts per request, so the prefix cache does not help one config):
 - summarize: a document, then a request to restate it (the answer copies the prompt);
-- code: a Python module, then a request to return it with type hints (copies, edits);
+- code: a Python module, then a request to return it with a docstring added to each
+  function (copies, and writes new text);
+- code-edit: the same kind of module, then a request to return it with type hints added
+  (copies, with small edits on each signature);
 - chat: a short question (little to copy).
 
     python benchmarks/bench_spec_decode.py --model builtin://smollm2-135m-instruct \
@@ -61,6 +64,9 @@ def prompts(workload: str, count: int, seed: int) -> list[str]:
         elif workload == "code":
             out.append(f"{_module(rng, 4)}\nReturn the whole module above unchanged, adding a "
                        "docstring to each function.")
+        elif workload == "code-edit":
+            out.append(f"{_module(rng, 4)}\nReturn the whole module above unchanged, adding "
+                       "type hints to every function's parameters and return value.")
         elif workload == "chat":
             a, b = rng.sample(_NOUNS, 2)
             out.append(f"In a few sentences, how should a city decide between a new {a} and "
