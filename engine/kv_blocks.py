@@ -3,10 +3,9 @@ the tests check after every engine step (engine/kv_cache_manager.py keeps the po
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.kv_cache_manager import KVCacheManager
     from engine.sequence import Sequence
 
 
@@ -35,8 +34,9 @@ class KVCacheStats:
         return self.num_used / self.num_blocks if self.num_blocks else 0.0
 
 
-def check_kv_invariants(kv: KVCacheManager, live: list[Sequence]) -> None:
-    """Every block used (its ref count = the live block tables' and load jobs' references),
+def check_kv_invariants(kv: Any, live: list[Sequence]) -> None:
+    """`kv`: the KVCacheManager (its private lists are read here, nothing is changed).
+    Every block used (its ref count = the live block tables' and load jobs' references),
     cached (unused, hashed, evictable) or free (unused, no hash), exactly one of them; the
     hash table matches; a loading block is not yet cached; and the tiers' own invariants."""
     refs = [0] * kv.num_blocks
