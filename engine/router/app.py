@@ -36,7 +36,7 @@ class RouterConfig:
     port_name: str | None = None
     policy: str = "prefix"
     load_factor: float = 0.25
-    hit_load_factor: float = 1.0
+    hit_load_factor: float | None = None  # None: per policy (policies.make_policy)
     cache_balance: float | None | str = "default"  # per policy: policies.CACHE_BALANCE
     chunk_chars: int = 128
     max_chunks: int = 256

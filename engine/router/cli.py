@@ -45,9 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-factor", type=float, default=0.25,
                    help="prefix policy: a new prefix skips a backend at (1+this) x mean "
                         "in-flight requests or more")
-    p.add_argument("--hit-load-factor", type=float, default=1.0,
-                   help="prefix policy: the same bound for a backend that already holds the "
-                        "request's prefix or session (looser: a cached prefix is cheap)")
+    p.add_argument("--hit-load-factor", type=float, default=None,
+                   help="prefix and precise policies: the same bound for a backend that "
+                        "already holds the request's prefix or session (looser: a cached "
+                        "prefix is cheap; default: 1.0 for prefix; for precise 2.0 with four "
+                        "backends or more, else 1.0)")
     p.add_argument("--cache-balance", type=_balance, default="default", metavar="EPS|off",
                    help="prefix and precise policies: a new prefix skips a backend whose cache "
                         "footprint is above (1+EPS) x the mean (prefix: the chunks the router "

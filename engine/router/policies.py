@@ -27,6 +27,19 @@ POLICIES = ("prefix", "least-load", "round-robin", "precise")
 CACHE_BALANCE = {"prefix": 0.25, "precise": 0.0}
 
 
+def precise_hit_load_factor(num_backends: int) -> float:
+    """`precise`'s bound for holders of a prefix when `--hit-load-factor` is not given:
+    2.0 with four backends or more, else 1.0 (the prefix policy's). At 16 req/s on four
+    replicas, 1.0 turned hot tenants' holders away at low bounds (e.g. 3 in flight against
+    [0, 0, 1]: the bound ceil(2 x 5/4) = 3) and the misses fed each other: 82.8 % of one
+    large replica's prefix hits and P90 TTFT 0.21x round-robin, against 98.4 % and 0.02x
+    with 2.0 (docs/benchmarks/routing.md, run 19; 98.2-99.9 % against 93-96 % at 2 req/s,
+    runs 10 and 11). With N backends a factor of N - 1 or more lifts the bound entirely
+    (ceil((1+eps_h) x mean) is then never below a holder's count), so 2.0 is kept for N >= 4,
+    where a holder may still take at most 3/N of what is in flight."""
+    return 2.0 if num_backends >= 4 else 1.0
+
+
 @dataclass
 class RouteRequest:
     hashes: list[int] = field(default_factory=list)  # chained prefix hashes of the prompt
@@ -119,9 +132,11 @@ def place_new_prefix(ring_order: list[Backend], bound: int, footprint: Mapping[s
 
 
 
-def check_bounds(load_factor: float, hit_load_factor: float, cache_balance: float | None) -> None:
+def check_bounds(load_factor: float, hit_load_factor: float | None,
+                 cache_balance: float | None) -> None:
     """The bounded-load settings the affinity policies share; ValueError naming the flag."""
-    for flag, value in (("--load-factor", load_factor), ("--hit-load-factor", hit_load_factor),
+    for flag, value in (("--load-factor", load_factor),
+                        ("--hit-load-factor", 0.0 if hit_load_factor is None else hit_load_factor),
                         ("--cache-balance", 0.0 if cache_balance is None else cache_balance)):
         if value < 0:
             raise ValueError(f"{flag} must be >= 0, got {value}")
@@ -217,7 +232,8 @@ class PrecisePolicy(Policy):
     request's prefix its prefix cache holds (the KV index that the engines' KV events keep,
     engine/router/kv_index.py; `hashes` are the engine's own block hashes of the request),
     most first (of equal runs, more on the device, then on the host tier), under the hit
-    bound; a new prefix, or one whose holders are all full, goes
+    bound (`hit_load_factor`; None: `precise_hit_load_factor` of the backends' count); a new
+    prefix, or one whose holders are all full, goes
     as in the prefix policy (its place on the ring, the tight bound, and the footprint
     bound). The footprint is each backend's demand on its cache: the blocks it holds plus
     those it lost recently (KVIndex.demand). The blocks held alone stop growing at the
@@ -226,7 +242,7 @@ class PrecisePolicy(Policy):
 
     name = "precise"
 
-    def __init__(self, *, load_factor: float = 0.25, hit_load_factor: float = 1.0,
+    def __init__(self, *, load_factor: float = 0.25, hit_load_factor: float | None = None,
                  cache_balance: float | None = CACHE_BALANCE["precise"], ring_replicas: int = 100,
                  index: KVIndex | None = None, count_evictions: bool = True) -> None:
         check_bounds(load_factor, hit_load_factor, cache_balance)
@@ -239,7 +255,9 @@ class PrecisePolicy(Policy):
         by_url = {b.url: b for b in backends}
         self.ring.set_nodes(by_url)
         bound = load_bound(backends, self.load_factor)
-        hits_bound = hit_bound(backends, self.load_factor, self.hit_load_factor)
+        hit_factor = (precise_hit_load_factor(len(backends)) if self.hit_load_factor is None
+                      else self.hit_load_factor)
+        hits_bound = hit_bound(backends, self.load_factor, hit_factor)
         key = request.hashes[0] if request.hashes else ring_point(request.session or "")
         ring_order = [by_url[u] for u in self.ring.walk(key)]
         held = self.index.prefix_blocks(request.hashes, by_url)
@@ -270,13 +288,14 @@ class PrecisePolicy(Policy):
         return self.index.demand(url) if self.count_evictions else self.index.size(url)
 
 
-def make_policy(name: str, *, load_factor: float = 0.25, hit_load_factor: float = 1.0,
+def make_policy(name: str, *, load_factor: float = 0.25, hit_load_factor: float | None = None,
                 cache_balance: float | None | str = "default", table_size: int = 200_000
                 ) -> Policy:
     if cache_balance == "default":
         cache_balance = CACHE_BALANCE.get(name)
     if name == "prefix":
-        return PrefixPolicy(load_factor=load_factor, hit_load_factor=hit_load_factor,
+        return PrefixPolicy(load_factor=load_factor,
+                            hit_load_factor=1.0 if hit_load_factor is None else hit_load_factor,
                             cache_balance=cache_balance, table_size=table_size)
     if name == "precise":
         return PrecisePolicy(load_factor=load_factor, hit_load_factor=hit_load_factor,

@@ -40,7 +40,9 @@ def random_requests(rng: random.Random, n: int) -> list[RouteRequest]:
 def check_placements(policy: Policy, *, seed: int, n_backends: int, load_factor: float,
                      hit_load_factor: float, steps: int = 400) -> set[str]:
     """Places random requests (some finishing each step) and asserts both bounds on every
-    pick; returns the decisions seen, so a test can say which paths it covered."""
+    pick; returns the decisions seen, so a test can say which paths it covered.
+    `hit_load_factor` is the factor the bound is checked with (the policy's own, or what
+    its default comes to for `n_backends`)."""
     rng = random.Random(seed)
     backends = [Backend(f"http://10.0.0.{i}:8000") for i in range(n_backends)]
     open_requests: list[Backend] = []

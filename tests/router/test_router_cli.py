@@ -52,7 +52,8 @@ def test_cache_balance_takes_a_number_or_off():
     from engine.router.cli import build_parser
 
     parse = lambda *a: build_parser().parse_args(["--backends", "http://a:1", *a])  # noqa: E731
-    assert parse().cache_balance == "default" and parse().hit_load_factor == 1.0
+    assert parse().cache_balance == "default" and parse().hit_load_factor is None  # per policy
+    assert parse("--hit-load-factor", "2").hit_load_factor == 2.0
     assert parse("--cache-balance", "off").cache_balance is None
     assert parse("--cache-balance", "0.5").cache_balance == 0.5
 

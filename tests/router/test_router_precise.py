@@ -14,7 +14,8 @@ from engine.kv_events import KVEventRecorder, ZmqKVEventPublisher
 from engine.router.hashing import ring_point
 from engine.router.kv_follower import KVEventFollower, connectable
 from engine.router.kv_index import KVIndex
-from engine.router.policies import PrecisePolicy, RouteRequest, load_bound
+from engine.router.policies import (PrecisePolicy, RouteRequest, load_bound,
+                                    precise_hit_load_factor)
 from engine.router.pool import Backend
 
 
@@ -119,7 +120,7 @@ def test_at_low_load_a_holder_with_a_request_in_flight_takes_the_next_one_too():
     # mean with the new request is 2/4, so ceil(1.25 * 0.5) and ceil(2 * 0.5) are both 1
     # and the holder counted as full: the request went to a replica that had to prefill it
     backends = pool(4)
-    policy = PrecisePolicy()  # the default bounds
+    policy = PrecisePolicy(hit_load_factor=1.0)  # the prefix policy's default too
     request = RouteRequest([21, 22, 23, 24])
     ring_pick = policy.choose(request, backends).order[0]
     holder = next(b for b in backends if b is not ring_pick)
@@ -149,14 +150,48 @@ class IndexedPrecise(PrecisePolicy):
             self.index.remove(backend.url, sorted(self.index.blocks[backend.url])[:10])
 
 
+def test_by_default_a_holder_may_take_more_from_four_backends_up():
+    """Without --hit-load-factor, precise's holders get 2.0 with four backends or more and
+    1.0 below (precise_hit_load_factor): the routing benchmark's run 19, where 1.0 turned
+    hot tenants' holders away at 16 req/s. Each case tells 2.0 from 1.0 and 1.5, and four
+    backends from three."""
+    def holder_takes(loads: list[int], **kw) -> bool:
+        backends = pool(len(loads))
+        policy = PrecisePolicy(**kw)
+        request = RouteRequest([31, 32, 33])
+        policy.choose(request, backends)
+        holder = backends[0]
+        policy.index.store(holder.url, [31, 32])
+        for b, n in zip(backends, loads):
+            b.in_flight = n
+        choice = policy.choose(request, backends)
+        return choice.order[0] is holder and choice.decision == "prefix_hit"
+
+    assert precise_hit_load_factor(4) == precise_hit_load_factor(8) == 2.0
+    assert precise_hit_load_factor(3) == precise_hit_load_factor(1) == 1.0
+    # four backends, mean 2 with the new one: bound ceil(3 x 2) = 6 by default; 1.0 and 1.5
+    # give max(4, 3 + 1) = 4 and 5, so a holder at 5 is full under those
+    assert holder_takes([5, 1, 1, 0])
+    assert not holder_takes([5, 1, 1, 0], hit_load_factor=1.0)
+    assert not holder_takes([5, 1, 1, 0], hit_load_factor=1.5)
+    # three backends, mean 5/3: 1.0 gives max(ceil(10/3), ceil(25/12) + 1) = 4 (full at 4);
+    # 2.0 would give 5 and lift the bound (a factor of N - 1)
+    assert not holder_takes([4, 0, 0])
+    assert holder_takes([4, 0, 0], hit_load_factor=2.0)
+
+
 @pytest.mark.parametrize("cache_balance", [0.25, None], ids=["balance", "off"])
-def test_precise_keeps_the_bounded_load_rule(cache_balance):
+@pytest.mark.parametrize("hit_load_factor", [1.0, None], ids=["eps_h 1", "default"])
+def test_precise_keeps_the_bounded_load_rule(cache_balance, hit_load_factor):
     seen: set[str] = set()
     for seed in range(6):
-        policy = IndexedPrecise(load_factor=0.25, hit_load_factor=1.0,
+        n_backends = 2 + seed % 3
+        policy = IndexedPrecise(load_factor=0.25, hit_load_factor=hit_load_factor,
                                 cache_balance=cache_balance)
-        seen |= check_placements(policy, seed=seed, n_backends=2 + seed % 3,
-                                 load_factor=0.25, hit_load_factor=1.0)
+        checked = (precise_hit_load_factor(n_backends) if hit_load_factor is None
+                   else hit_load_factor)
+        seen |= check_placements(policy, seed=seed, n_backends=n_backends,
+                                 load_factor=0.25, hit_load_factor=checked)
     assert {"prefix_hit", "hash", "overflow"} <= seen
 
 
