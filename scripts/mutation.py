@@ -48,6 +48,9 @@ _OPERATOR_TESTS = ["tests/operator/test_operator_manifests.py",
                    "tests/operator/test_operator_manifests_whole.py"]
 TARGETS = {
     "engine/kv_cache_manager.py": [*_KV_SCHEDULER_TESTS, *_KV_TIER_TESTS],
+    "engine/kv_blocks.py": [*_KV_SCHEDULER_TESTS, *_KV_TIER_TESTS],  # the invariant check
+    "engine/kv_offload/model_identity.py": ["tests/engine/test_kv_model_identity.py",
+                                            "tests/engine/test_kv_tiers_disk.py"],
     "engine/kv_offload/tiers.py": [*_KV_TIER_TESTS, "tests/engine/test_kv_cache_accounting.py"],
     "engine/kv_offload/host.py": _KV_TIER_TESTS,
     "engine/kv_offload/disk.py": _KV_TIER_TESTS,
