@@ -159,7 +159,8 @@ def test_router_args_parse_with_the_router_cli():
     assert container["command"] == ["python", "-m", "engine", "router"]
     args = build_parser().parse_args(container["args"])
     assert (args.discover, args.policy, args.port) == ("svc-engine", "least-load", 8000)
-    assert args.host == "0.0.0.0" and args.hit_load_factor == 1.0   # the router's default
+    # unset: the router's default for the policy (engine/router/policies.py)
+    assert args.host == "0.0.0.0" and args.hit_load_factor is None
     spec = parse_spec({"model": {"uri": "a/b"}, "router": {"enabled": True,
                                                            "hitLoadFactor": 2.5}},
                       name="svc", namespace="default")
