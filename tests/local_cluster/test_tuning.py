@@ -311,12 +311,15 @@ def test_a_trace_in_a_config_map_replays_on_two_load_workers(
         openings = {r["max_tokens"] - 3: tuple(r["prompt"]) for r in requests}
         assert len(set(openings.values())) == 2
         assert {openings[i] for i in range(10) if i % 3} != {openings[0]}
-        # arrival order and times: the trace's, within the two workers' start skew
+        # arrival order and times: the trace's, within the two workers' start skew and the
+        # loaded CI machine's scheduling (0.26 s seen once with the suite on both cores): a
+        # replay that sent everything at once would be 2.7 s off by the last request, one
+        # on another clock (its timestamps scaled by 1.25 or more) 0.67 s
         requests.sort(key=lambda r: r["t"])
         assert [r["max_tokens"] - 3 for r in requests] == list(range(10)), pod
         start = requests[0]["t"]
         for r, want in zip(requests, trace):
-            assert abs((r["t"] - start) - want["timestamp"]) < 0.25, (pod, r, want)
+            assert abs((r["t"] - start) - want["timestamp"]) < 0.5, (pod, r, want)
     assert len(pods[search_pod]) == status["history"][0]["requests"]
     # the two workers were pods, which found the Job pod's master through the Service's
     # variables and served every measurement (the search trial, 2 rounds x 2): none ran in
