@@ -54,6 +54,19 @@ def test_spec_engine_speculative_becomes_the_speculative_config_flag_and_the_con
     assert "speculative" not in plain.engine.applied()
 
 
+def engine_kwargs_in(container: dict, monkeypatch, variable: str) -> dict:
+    """What the engine makes of the pod's container through its real CLI: its args and its
+    environment, `variable` set only as the pod sets it."""
+    from engine.entrypoints.cli import add_serve_arguments, engine_kwargs
+
+    monkeypatch.delenv(variable, raising=False)
+    for e in container["env"]:
+        monkeypatch.setenv(e["name"], e["value"])
+    parser = argparse.ArgumentParser(prog="python -m engine serve")
+    add_serve_arguments(parser)
+    return engine_kwargs(parser.parse_args(container["args"]))
+
+
 @pytest.mark.parametrize("resources, env, threads", [
     ({"gpus": 0, "cpu": "3500m"}, [], "3"),       # CPU engine: one thread per requested core
     ({"gpus": 0, "cpu": "500m"}, [], "1"),        # at least one
@@ -62,20 +75,12 @@ def test_spec_engine_speculative_becomes_the_speculative_config_flag_and_the_con
     ({"gpus": 1, "cpu": "8"}, [], None),          # GPU engine: CPU threads are not its math
 ])
 def test_cpu_engine_threads_follow_the_cpu_request(monkeypatch, resources, env, threads):
-    from engine.entrypoints.cli import add_serve_arguments, engine_kwargs
-
     spec = parse_spec({"model": {"uri": "pvc://models/qwen"}, "resources": resources, "env": env},
                       name="svc", namespace="default")
     container = manifests.deployment(spec)["spec"]["template"]["spec"]["containers"][0]
     values = [e["value"] for e in container["env"] if e["name"] == "PAGED_CPU_THREADS"]
     assert values == ([threads] if threads else [])
-    # What the engine makes of the pod's environment, through its real CLI.
-    monkeypatch.delenv("PAGED_CPU_THREADS", raising=False)
-    for e in container["env"]:
-        monkeypatch.setenv(e["name"], e["value"])
-    parser = argparse.ArgumentParser(prog="python -m engine serve")
-    add_serve_arguments(parser)
-    got = engine_kwargs(parser.parse_args(container["args"])).get("cpu_threads")
+    got = engine_kwargs_in(container, monkeypatch, "PAGED_CPU_THREADS").get("cpu_threads")
     assert got == (int(threads) if threads else None)
 
 
@@ -94,7 +99,6 @@ def test_a_cpu_engine_sizes_its_pool_within_the_containers_memory(monkeypatch, r
     """gpuMemoryUtilization is a fraction of the engine's CPU memory; in a container with
     spec.resources.memory that memory is the container's less the runtime's, so a pod of
     1Gi is not given the engine's 2 GiB default (and killed for it)."""
-    from engine.entrypoints.cli import add_serve_arguments, engine_kwargs
     from paged_operator.kv_cache import CPU_RUNTIME_GIB
 
     assert CPU_RUNTIME_GIB == 0.75
@@ -102,12 +106,7 @@ def test_a_cpu_engine_sizes_its_pool_within_the_containers_memory(monkeypatch, r
                        "env": env, "engine": {"extraArgs": extra}},
                       name="svc", namespace="default")
     container = manifests.deployment(spec)["spec"]["template"]["spec"]["containers"][0]
-    monkeypatch.delenv("PAGED_CPU_MEMORY_GIB", raising=False)
-    for e in container["env"]:
-        monkeypatch.setenv(e["name"], e["value"])
-    parser = argparse.ArgumentParser(prog="python -m engine serve")
-    add_serve_arguments(parser)
-    got = engine_kwargs(parser.parse_args(container["args"])).get("cpu_memory_gib")
+    got = engine_kwargs_in(container, monkeypatch, "PAGED_CPU_MEMORY_GIB").get("cpu_memory_gib")
     from engine.config import EngineConfig
     assert (got if got is not None else EngineConfig().cpu_memory_gib) == pytest.approx(gib)
     assert [e["name"] for e in container["env"]].count("PAGED_CPU_MEMORY_GIB") <= 1
