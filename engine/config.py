@@ -49,6 +49,7 @@ class EngineConfig:
     # directory (shared by engines on a node) bounded by kv_disk_size GiB; None: off
     kv_offloading_size: float | None = _d("kv_offloading_size")
     kv_offloading_backend: str = _d("kv_offloading_backend")
+    kv_offloading_eviction_policy: str = _d("kv_offloading_eviction_policy")
     kv_disk_dir: str | None = _d("kv_disk_dir")
     kv_disk_size: float | None = _d("kv_disk_size")
 

@@ -193,6 +193,11 @@ TABLE: tuple[Setting, ...] = (
     Setting("kv_offloading_backend", str, "native", "how the host tier moves blocks (only "
             "native: the engine's own copies)", flag="--kv-offloading-backend",
             choices=("native",)),
+    Setting("kv_offloading_eviction_policy", str, "lru", "which host-tier blocks make room "
+            "for new ones: lru (least recently used) or arc (adaptive replacement: blocks "
+            "used once go first, so a stream of one-off prompts does not flush the prefixes "
+            "that recur; vLLM's eviction_policy)", flag="--kv-offloading-eviction-policy",
+            choices=("lru", "arc")),
     Setting("kv_disk_dir", str, None, "directory of a disk KV tier under the host tier, "
             "shareable by engines on one node (needs kv_disk_size)", flag="--kv-disk-dir",
             optional=True, managed=True),

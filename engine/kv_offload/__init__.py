@@ -7,11 +7,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from engine.kv_offload.arc import ArcHostTier
 from engine.kv_offload.host import HostEntry, HostTier
 from engine.kv_offload.tiers import (MEDIUM_CPU, MEDIUM_DISK, MEDIUM_GPU, OffloadTiers, TierHit,
                                      TierStats)
 
-__all__ = ["HostEntry", "HostTier", "MEDIUM_CPU", "MEDIUM_DISK", "MEDIUM_GPU", "OffloadTiers",
+__all__ = ["ArcHostTier", "HostEntry", "HostTier", "MEDIUM_CPU", "MEDIUM_DISK", "MEDIUM_GPU", "OffloadTiers",
            "TierHit", "TierStats", "make_offload"]
 
 GIB = 2**30
@@ -41,7 +42,8 @@ def make_offload(config: Any, runner: Any, kv: Any, model_path: str) -> OffloadT
                             model_path=model_path, dtype=dtype, block_shape=transfer.block_shape,
                             cache_dir=Path(config.kv_disk_dir) / MODEL_IDS_DIR),
                         block_shape=transfer.block_shape, dtype=runner.dtype)
-    tiers = OffloadTiers(HostTier(int(host_gib * GIB), transfer.block_bytes), transfer,
+    index = ArcHostTier if config.kv_offloading_eviction_policy == "arc" else HostTier
+    tiers = OffloadTiers(index(int(host_gib * GIB), transfer.block_bytes), transfer,
                          TransferWorker(), disk,
                          load_worker=TransferWorker(LOAD_QUEUE_JOBS, name="kv-load"))
     kv.attach_offload(tiers)
