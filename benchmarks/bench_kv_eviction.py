@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.kv_bench_common import model_path, quantile  # noqa: E402
+from benchmarks.kv_bench_common import add_conversation_args, model_path, quantile  # noqa: E402
 
 CONFIGS = ("off", "lru", "arc")
 
@@ -144,20 +144,10 @@ def bench_model(name: str, args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="bench")
-    p.add_argument("--conversations", type=int, default=8)
-    p.add_argument("--turns", type=int, default=6)
-    p.add_argument("--concurrency", type=int, default=2)
-    p.add_argument("--system-tokens", type=int, default=256)
-    p.add_argument("--user-tokens", type=int, default=96)
+    add_conversation_args(p, turns=6)
     p.add_argument("--doc-tokens", type=int, default=512)
-    p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--host-share", type=float, default=0.75,
                    help="the host tier's size as a share of the conversations' working set")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error(f"--rounds {args.rounds}: give at least 1 (medians over counted rounds)")

@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.kv_bench_common import model_path, open_loop_schedule, quantile  # noqa: E402
+from benchmarks.kv_bench_common import (add_conversation_args, model_path,  # noqa: E402
+                                        open_loop_schedule, quantile)
 
 
 def _conversation(engine, messages: list[list[list[int]]], concurrency: int, max_tokens: int
@@ -176,17 +177,7 @@ def bench_model(name: str, args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="bench")
-    p.add_argument("--conversations", type=int, default=8)
-    p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--concurrency", type=int, default=2)
-    p.add_argument("--system-tokens", type=int, default=256)
-    p.add_argument("--user-tokens", type=int, default=96)
-    p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None)
+    add_conversation_args(p, turns=4)
     p.add_argument("--loop", choices=("closed", "open"), default="closed",
                    help="closed: --concurrency conversations in flight; open: turns arrive "
                         "as a Poisson process (see above)")

@@ -86,3 +86,19 @@ def open_loop_schedule(conversations: int, turns: int, rate: float, seed: int
         now += rng.expovariate(rate)
         arrivals[k % conversations][k // conversations] = now
     return arrivals
+
+
+def add_conversation_args(p, turns: int) -> None:
+    """The arguments of the multi-turn benchmarks (bench_kv_multiturn.py,
+    bench_kv_eviction.py): models, conversations and their shape, rounds, threads."""
+    p.add_argument("--models", default="bench")
+    p.add_argument("--conversations", type=int, default=8)
+    p.add_argument("--turns", type=int, default=turns)
+    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--system-tokens", type=int, default=256)
+    p.add_argument("--user-tokens", type=int, default=96)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None)

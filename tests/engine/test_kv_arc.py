@@ -32,9 +32,17 @@ def state(tier: ArcHostTier) -> tuple:
     return names(tier.t1), names(tier.t2), names(tier.b1), names(tier.b2), tier.p
 
 
+def replay(tier: ArcHostTier, steps: list[tuple]) -> None:
+    """(reference, evicted, (T1, T2, B1, B2, p)) per step: lists least recent first."""
+    for ref, evicted, expected in steps:
+        assert request(tier, ref) == evicted, ref
+        assert state(tier) == expected, ref
+        tier.check_invariants()
+
+
 def test_each_reference_moves_the_lists_as_arc_defines():
     tier = ArcHostTier(2 * B, B)  # c = 2
-    steps = [  # (reference, evicted, (T1, T2, B1, B2, p)): lists least recent first
+    steps = [
         ("a", [], ("a", "", "", "", 0)),
         ("b", [], ("ab", "", "", "", 0)),
         ("a", [], ("b", "a", "", "", 0)),           # a hit in T1 moves to T2
@@ -45,10 +53,7 @@ def test_each_reference_moves_the_lists_as_arc_defines():
         ("e", ["d"], ("e", "a", "d", "b", 0)),      # |T1|+|B1| = c: B1's oldest forgotten
         ("a", [], ("e", "a", "d", "b", 0)),         # a hit in T2 stays there, most recent
     ]
-    for ref, evicted, expected in steps:
-        assert request(tier, ref) == evicted, ref
-        assert state(tier) == expected, ref
-        tier.check_invariants()
+    replay(tier, steps)
 
 
 def test_p_moves_by_the_ghost_lists_ratio_and_a_tie_with_p_evicts_from_t1():
@@ -62,10 +67,7 @@ def test_p_moves_by_the_ghost_lists_ratio_and_a_tie_with_p_evicts_from_t1():
         ("b", ["e"], ("dg", "b", "", "cfe", 3)),    # from B1: p + |B2|/|B1| = 1 + 2/1
         ("f", ["d"], ("g", "bf", "d", "ce", 2)),    # from B2: p - 1; |T1| = p: T1's oldest
     ]
-    for ref, evicted, expected in steps:
-        assert request(tier, ref) == evicted, ref
-        assert state(tier) == expected, ref
-        tier.check_invariants()
+    replay(tier, steps)
 
 
 def test_p_falls_by_the_ratio_of_b1_to_b2_for_a_block_back_from_b2():
@@ -79,10 +81,7 @@ def test_p_falls_by_the_ratio_of_b1_to_b2_for_a_block_back_from_b2():
         ("f", ["d"], ("g", "jhf", "cd", "b", 2)),   # from B2: p - max(1/2, 1)
         ("b", ["g"], ("", "jhfb", "cdg", "", 0)),   # from B2: p - |B1|/|B2| = 2 - 2/1
     ]
-    for ref, evicted, expected in steps:
-        assert request(tier, ref) == evicted, ref
-        assert state(tier) == expected, ref
-        tier.check_invariants()
+    replay(tier, steps)
 
 
 def test_t1_filling_the_whole_tier_drops_its_oldest_without_a_ghost():

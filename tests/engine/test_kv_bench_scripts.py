@@ -1,4 +1,5 @@
-"""benchmarks/bench_kv_tiers.py and bench_kv_multiturn.py on a tiny checkpoint: the open-loop
+"""benchmarks/bench_kv_tiers.py, bench_kv_multiturn.py and bench_kv_eviction.py on a tiny
+checkpoint: the open-loop
 arrival schedule, the open loop keeping to it, and the options that can be given wrong.
 Speed is not asserted (that is the benchmarks' job)."""
 
@@ -16,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks import bench_kv_multiturn, bench_kv_tiers  # noqa: E402
+from benchmarks import bench_kv_eviction, bench_kv_multiturn, bench_kv_tiers  # noqa: E402
 from benchmarks.kv_bench_common import model_path, open_loop_schedule, quantile  # noqa: E402
 
 
@@ -161,4 +162,46 @@ def test_tiers_table_for_a_subset_of_configurations(tiny_checkpoints, capsys, mo
 def test_tiers_refuses_bad_options(argv, message, capsys):
     with pytest.raises(SystemExit):
         bench_kv_tiers.main(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_eviction_loop_holds_a_turn_for_its_answer_and_sends_documents_fresh(tiny_checkpoints):
+    from engine import LLMEngine
+
+    engine = LLMEngine.from_args(model=tiny_checkpoints["llama"], block_size=4,
+                                 num_gpu_blocks_override=64, dtype="float32", max_num_seqs=3)
+    sent: list[list[int]] = []
+    add = engine.add_request
+    engine.add_request = lambda rid, ids, params: (sent.append(list(ids)), add(rid, ids, params))
+    items = [("turn", 0, [11, 12]), ("doc", [21, 22, 23]), ("turn", 0, [13]), ("turn", 1, [14]),
+             ("doc", [24, 25])]
+    seconds, tokens, turns, docs, answers = bench_kv_eviction._serve(engine, items, 3, 2)
+    assert tokens == 10 and len(turns) == 3 and len(docs) == 2
+    # conversation 0's second turn is its first turn, that answer, then the new message
+    assert sent[2] == [11, 12] + answers[0] + [13]
+    assert sent[1] == [21, 22, 23] and sent[3] == [14] and sent[4] == [24, 25]
+    assert all(len(a) == 2 for a in answers)
+
+
+def test_eviction_table_has_off_lru_and_arc_on_the_same_host_tier(tiny_checkpoints, capsys):
+    assert bench_kv_eviction.main([
+        "--models", tiny_checkpoints["llama"], "--conversations", "3", "--turns", "3",
+        "--system-tokens", "8", "--user-tokens", "8", "--doc-tokens", "24", "--max-tokens", "2",
+        "--block-size", "4", "--rounds", "1", "--threads", "1"]) == 0
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| /")]
+    assert [r[3].strip() for r in rows] == ["off", "lru", "arc"]
+    assert rows[0][8].strip() == "1.00x" and int(rows[0][11]) == 0
+    # the conversations' working set: 3 x ceil((8 + 3 x 10) / 4) blocks; the host tier 3/4
+    assert {int(r[2]) for r in rows} == {int(3 * 10 * 0.75)}
+    assert all(int(r[11]) > 0 for r in rows[1:]), "both policies should load from the host"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rounds", "0"], "--rounds 0: give at least 1"),
+    (["--host-share", "0"], "--host-share 0.0: give a share > 0"),
+])
+def test_eviction_refuses_bad_options(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        bench_kv_eviction.main(argv)
     assert message in capsys.readouterr().err
