@@ -13,7 +13,6 @@ spec.engine.blockSize, PAGED_CPU_THREADS); argparse writes `argument --block-siz
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -52,7 +51,7 @@ class Setting:
         if self.power_of_two:
             text = f"a power of two in {lo}..{hi}"
         elif self.choices is not None:
-            text = "one of " + ", ".join(_show(c) for c in self.choices)
+            text = "one of " + ", ".join(show(c) for c in self.choices)
         elif self.type is bool:
             text = "true or false"
         elif self.type is str:
@@ -75,7 +74,7 @@ def _num(x: float | None) -> str:
     return "" if x is None else str(int(x)) if float(x).is_integer() else str(x)
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
@@ -343,44 +342,7 @@ def env_default(name: str) -> Any:
     return SETTINGS[name].default if value is None else value
 
 
-# --- command line -------------------------------------------------------------------------
-
-def _argparse_type(s: Setting) -> Callable[[str], Any]:
-    def convert(text: str) -> Any:
-        try:
-            return parse_text(s, text, "")
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc).lstrip()) from None  # argparse names the flag
-    convert.__name__ = s.type.__name__
-    return convert
-
-
-def add_arguments(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ("model",)
-                  ) -> tuple[str, ...]:
-    """One flag per setting that has one (unset: None, so the engine's default applies; an
-    env-backed default is read here). Returns the settings' names."""
-    names = []
-    for s in TABLE:
-        if s.flag is None or s.name in skip:
-            continue
-        names.append(s.name)
-        help_text = s.help if s.default is None else f"{s.help} (default: {_show(s.default)})"
-        if s.env:
-            help_text += f"; env {s.env}"
-        if s.type is bool:
-            parser.add_argument(s.flag, dest=s.name, action=argparse.BooleanOptionalAction,
-                                default=None, help=help_text)
-            continue
-        try:
-            default = env_value(s)
-        except ValueError as exc:
-            raise SystemExit(f"error: {exc}") from None
-        parser.add_argument(s.flag, dest=s.name, type=_argparse_type(s), default=default,
-                            help=help_text + f"; {s.rule}",
-                            metavar="{" + ",".join(s.choices) + "}" if s.choices
-                            else s.name.upper())
-    return tuple(names)
-
+# --- command line (the parser's flags: engine/entrypoints/cli.py) -------------------------
 
 def flags_for(values: Mapping[str, Any]) -> list[str]:
     """Engine flags for settings by name (None: left out, the engine's default applies)."""

@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from engine import settings as engine_settings
@@ -34,6 +35,40 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _setting_type(s: engine_settings.Setting) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            return engine_settings.parse_text(s, text, "")
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).lstrip()) from None  # argparse names the flag
+    convert.__name__ = s.type.__name__
+    return convert
+
+
+def add_setting_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting of the table that has one, MODEL aside (unset: None, so the
+    engine's default applies; an env-backed default is read here)."""
+    for s in engine_settings.TABLE:
+        if s.flag is None or s.name == "model":
+            continue
+        help_text = s.help if s.default is None else \
+            f"{s.help} (default: {engine_settings.show(s.default)})"
+        if s.env:
+            help_text += f"; env {s.env}"
+        if s.type is bool:
+            parser.add_argument(s.flag, dest=s.name, action=argparse.BooleanOptionalAction,
+                                default=None, help=help_text)
+            continue
+        try:
+            default = engine_settings.env_value(s)
+        except ValueError as exc:
+            raise SystemExit(f"error: {exc}") from None
+        parser.add_argument(s.flag, dest=s.name, type=_setting_type(s), default=default,
+                            help=help_text + f"; {s.rule}",
+                            metavar="{" + ",".join(s.choices) + "}" if s.choices
+                            else s.name.upper())
+
+
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="local Hugging Face checkpoint directory, or builtin://default (the "
@@ -42,7 +77,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed)")
     # The engine's settings, from the table (flags, types, bounds, env defaults).
-    engine_settings.add_arguments(p, skip=("model",))
+    add_setting_arguments(p)
     p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and "
                         "/detokenize (env VLLM_API_KEY)")

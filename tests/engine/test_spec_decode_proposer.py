@@ -206,8 +206,10 @@ def test_bad_configs_are_refused_naming_the_field(value, message):
 def test_the_serve_flag_parses_json_and_refuses_bad_json():
     import argparse
 
+    from engine.entrypoints.cli import add_setting_arguments
+
     parser = argparse.ArgumentParser()
-    settings.add_arguments(parser)
+    add_setting_arguments(parser)
     args = parser.parse_args(["--speculative-config", '{"num_speculative_tokens": 4}'])
     assert args.speculative_config["num_speculative_tokens"] == 4
     assert parser.parse_args([]).speculative_config is None
