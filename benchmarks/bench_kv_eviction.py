@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.kv_bench_common import add_conversation_args, model_path, quantile  # noqa: E402
+from benchmarks.kv_bench_common import (add_conversation_args, model_path,  # noqa: E402
+                                        quantile, start_conversations)
 
 CONFIGS = ("off", "lru", "arc")
 
@@ -149,16 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-share", type=float, default=0.75,
                    help="the host tier's size as a share of the conversations' working set")
     args = p.parse_args(argv)
-    if args.rounds < 1:
-        p.error(f"--rounds {args.rounds}: give at least 1 (medians over counted rounds)")
     if args.host_share <= 0:
         p.error(f"--host-share {args.host_share}: give a share > 0 of the working set")
-    import torch
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, CPU; "
-          f"{args.conversations} conversations x {args.turns} turns, a {args.doc_tokens}-token "
+    print(start_conversations(p, args) + f", a {args.doc_tokens}-token "
           f"one-off document after each turn, concurrency {args.concurrency}, "
           f"{args.rounds} rounds (+1 warm-up)")
     print("| model | pool blocks | host blocks | host eviction | out tok/s | turn TTFT p50 ms "

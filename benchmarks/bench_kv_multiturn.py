@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.kv_bench_common import (add_conversation_args, model_path,  # noqa: E402
-                                        open_loop_schedule, quantile)
+                                        open_loop_schedule, quantile, start_conversations)
 
 
 def _conversation(engine, messages: list[list[list[int]]], concurrency: int, max_tokens: int
@@ -191,14 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--rate {args.rate}: give arrivals per second > 0")
     if args.loop == "open" and args.rate is None and args.load <= 0:
         p.error(f"--load {args.load}: give a fraction > 0 of the closed-loop rate")
-    if args.rounds < 1:
-        p.error(f"--rounds {args.rounds}: give at least 1 (medians over counted rounds)")
-    import torch
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, CPU; "
-          f"{args.conversations} conversations x {args.turns} turns, concurrency "
+    print(start_conversations(p, args) + ", concurrency "
           f"{args.concurrency} (max_num_seqs), {args.loop} loop"
           + ("" if args.loop == "closed" else f" (rate {args.rate} turns/s" if args.rate else
              f" (rate {args.load} x tiers-off turns/s of the closed-loop warm-up round")

@@ -102,3 +102,16 @@ def add_conversation_args(p, turns: int) -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
+
+
+def start_conversations(p, args) -> str:
+    """Refuses --rounds below 1, applies --threads; returns the header's opening: torch,
+    threads, dtype and device, then the conversations' shape."""
+    if args.rounds < 1:
+        p.error(f"--rounds {args.rounds}: give at least 1 (medians over counted rounds)")
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return (f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, CPU; "
+            f"{args.conversations} conversations x {args.turns} turns")
