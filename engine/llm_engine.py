@@ -6,6 +6,7 @@ import itertools
 import logging
 import threading
 import time
+from typing import Callable
 
 from engine.config import EngineConfig, RuntimeInfo
 from engine.batch_execution import execute_batch
@@ -19,6 +20,7 @@ from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence
 from engine.spec_decode.ngram_proposer import NgramProposer
 from engine.spec_decode.stats import SpecDecodeStats
+from engine.step_shape import StepShape
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +36,11 @@ def _locked(method):
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, *, runner=None, tokenizer=None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`runner` replaces the model runner (tuner/sim/ passes one that advances a
+        virtual `clock` by a profile's step time instead of running the model); it must
+        answer what ModelRunner answers. `tokenizer` replaces the checkpoint's."""
         from transformers import AutoTokenizer
 
         from engine.model_loader import default_served_name, resolve_model_path
@@ -42,9 +48,10 @@ class LLMEngine:
         from engine.sampler import Sampler
 
         self.config = config
+        self.clock = clock
         path = resolve_model_path(config.model)
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.runner = ModelRunner(config, path)
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
+        self.runner = runner or ModelRunner(config, path)
         text_cfg = self.runner.hf_config.get_text_config()
         model_max = getattr(text_cfg, "max_position_embeddings", None) or 2048
         max_model_len = config.max_model_len or model_max
@@ -90,6 +97,9 @@ class LLMEngine:
         self._arrivals = itertools.count()
         self.lock = threading.RLock()
         self.prompt_tokens_total = 0
+        # called after each step that ran a batch with (its shape, its seconds): the
+        # profile's calibration (tuner/sim/) fits step time to the shape from these
+        self.step_observer: Callable[[StepShape, float], None] | None = None
 
     @classmethod
     def from_args(cls, **kwargs) -> "LLMEngine":
@@ -134,7 +144,7 @@ class LLMEngine:
         if params.n > self.config.max_num_seqs:
             raise ValueError(f"n={params.n} exceeds max_num_seqs={self.config.max_num_seqs}")
         req = RequestState(request_id, text, ids, params, priority,
-                           RequestMetrics(arrival_time or time.monotonic()))
+                           RequestMetrics(arrival_time or self.clock()))
         seq = Sequence(request_id=request_id, token_ids=list(ids), num_prompt_tokens=len(ids),
                        params=params, priority=priority, arrival_order=next(self._arrivals),
                        cache_salt=cache_salt, logprobs=[] if params.logprobs is not None else None)
@@ -171,17 +181,19 @@ class LLMEngine:
         the requests that still raise alone come out finished with `error` set. Device
         faults (the accelerator itself is broken) still raise.
         """
+        started = time.perf_counter()
         batch = self.scheduler.schedule()
         if self.offload is not None:  # evicted blocks copied out, then new loads started
             self.offload.transfer(batch)
         self.last_step_shape = (len(batch.seqs), batch.num_tokens)  # (sequences, tokens)
         if not batch.seqs:
             return []
-        now = time.monotonic()
+        now = self.clock()
         for seq in batch.seqs:
             m = self._requests[seq.request_id].metrics
             m.first_scheduled_time = m.first_scheduled_time or now
         snapshot = self.sampler.snapshot(batch.seqs)
+        shape = StepShape.of(batch) if self.step_observer is not None else None
         try:
             done = [(batch, execute_batch(self.runner, self.sampler, batch))]
             failed: dict[str, Exception] = {}
@@ -194,11 +206,13 @@ class LLMEngine:
         outputs = []
         for sub, samples in done:
             outputs += self._commit(sub, samples, failed)
-        now = time.monotonic()
+        now = self.clock()
         for request_id, exc in failed.items():
             outputs.append(self._fail(self._requests[request_id], exc, now))
         if self.kv_events is not None:
             self.kv_events.flush()  # this step's stored/removed blocks, without waiting
+        if shape is not None:  # the whole step: schedule, model, sampling, outputs
+            self.step_observer(shape, time.perf_counter() - started)
         return outputs
 
     def _run_each_request(self, batch: ScheduledBatch):
@@ -234,7 +248,7 @@ class LLMEngine:
         for sample in samples:
             work[sample[0].request_id][1].append(sample)
         outputs = []
-        now = time.monotonic()
+        now = self.clock()
         for request_id, (computed, sampled) in work.items():
             req = self._requests[request_id]
             try:

@@ -37,7 +37,7 @@ from locust import User, constant, events
 
 from loadtests import distributed
 from loadtests.client import Sample, stream_request
-from loadtests.workloads.base import WorkloadSpec
+from loadtests.workloads.base import REVISIT_IDLE_SESSION, WorkloadSpec
 
 _user_ids = itertools.count()
 # file: the samples file (single process, or the master); shipper: a distributed worker's
@@ -194,7 +194,7 @@ class StreamingUser(User):
         while True:
             next_t += arrivals.expovariate(rate)
             gevent.sleep(max(0.0, next_t - time.monotonic()))
-            session = idle.pop(arrivals.randrange(len(idle))) if idle and arrivals.random() < 0.7 \
+            session = idle.pop(arrivals.randrange(len(idle))) if idle and arrivals.random() < REVISIT_IDLE_SESSION \
                 else self._new_session()
             request = session.next_request()
             if request is None:

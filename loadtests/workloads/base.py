@@ -83,6 +83,11 @@ class SingleShot:
         pass
 
 
+# Open loop: an arrival continues one of the user's idle multi-turn sessions (chosen at
+# random) with this probability, else starts a new one (loadtests/common.py's Locust user
+# and the simulator's arrival process, tuner/sim/stream.py, both follow it)
+REVISIT_IDLE_SESSION = 0.7
+
 # SLO thresholds, seconds: ttft = time to first token; tpot = a request's mean gap between
 # output tokens (DistServe's TPOT); e2e = end-to-end latency of the whole response.
 SLO_NAMES = ("ttft", "tpot", "e2e")

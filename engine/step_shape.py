@@ -1,0 +1,52 @@
+"""What one engine step computes, in the terms step time depends on (no torch here).
+
+The tuner's performance profile (tuner/sim/profile.py) fits step time as a function of
+these figures, from steps the engine timed itself, and its simulator predicts a step's
+time from the same figures of a batch the engine's own scheduler formed.
+
+- a *prefill* row computes new tokens of a prompt (a chunk, or a whole prompt); its
+  attention reads the chunk against everything before it, so its cost grows with
+  chunk length x context;
+- a *decode* row computes one token (plus any speculative drafts it verifies) against
+  its whole context.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.scheduler import ScheduledBatch
+
+
+@dataclass(frozen=True)
+class StepShape:
+    prefill_tokens: int = 0    # new prompt tokens over the prefill rows
+    prefill_attention: int = 0  # sum over prefill rows of chunk x (context after the chunk)
+    prefill_seqs: int = 0
+    decode_seqs: int = 0
+    decode_context: int = 0    # sum over decode rows of their context (tokens attended)
+    draft_tokens: int = 0      # speculative tokens verified beyond one per decode row
+    blocks_read: int = 0       # KV blocks every row's attention walks (its block table)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prefill_tokens + self.decode_seqs + self.draft_tokens
+
+    @classmethod
+    def of(cls, batch: ScheduledBatch) -> StepShape:
+        """The shape of a scheduled batch, before the step runs (num_computed_tokens is
+        each row's context so far)."""
+        pt = pa = ps = ds = dc = dr = blocks = 0
+        drafts = batch.draft_token_ids or [[]] * len(batch.seqs)
+        for seq, n, d in zip(batch.seqs, batch.num_new_tokens, drafts):
+            end = seq.num_computed_tokens + n
+            blocks += len(seq.block_table)
+            if n - len(d) > 1 or seq.num_computed_tokens < seq.num_prompt_tokens:
+                pt, pa, ps = pt + n, pa + n * end, ps + 1
+            else:
+                ds, dc, dr = ds + 1, dc + end, dr + len(d)
+        return cls(pt, pa, ps, ds, dc, dr, blocks)
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)

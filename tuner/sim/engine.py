@@ -1,0 +1,119 @@
+"""The engine in virtual time: the real LLMEngine (its scheduler, KV cache manager, step
+loop, sampler and output processing) with the model runner replaced by a profile.
+
+`ProfiledRunner` answers what engine/model_runner.ModelRunner answers. Its `execute`
+advances a virtual clock by the profile's time for the batch's shape and returns logits
+that make the sampler pick a token of its choosing: a fresh pseudo-random one per row
+(a model writing new text), and for a speculative row each draft accepted with the given
+probability, in order, up to the first rejection. The engine reads that clock for every
+timestamp, so requests' TTFT, inter-token gaps and latencies come out in virtual seconds.
+
+Token ids are folded into a small vocabulary (id mod SIM_VOCAB): the logits stay small,
+and equal prompts stay equal, so the prefix cache hits exactly as it would.
+"""
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import torch
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.scheduler import ScheduledBatch
+from engine.step_shape import StepShape
+from tuner.sim.profile import Profile
+
+SIM_VOCAB = 1024
+
+
+class VirtualClock:
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ProfiledRunner:
+    def __init__(self, profile: Profile, clock: VirtualClock, hf_config, *, num_blocks: int,
+                 block_size: int, acceptance: float = 0.0, seed: int = 0) -> None:
+        self.profile, self.clock = profile, clock
+        self.hf_config = hf_config
+        self.vocab_size = min(SIM_VOCAB, profile.memory.vocab_size)
+        self.model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=None))
+        self.device, self.dtype = torch.device("cpu"), torch.float32
+        self.backend = SimpleNamespace(name="profile")
+        self.kv_bytes_per_block = profile.memory.kv_bytes_per_token * block_size
+        self.acceptance = acceptance
+        self.rng = random.Random(seed)
+        self._num_blocks = num_blocks
+        self.steps = 0
+
+    def determine_num_blocks(self, max_model_len: int) -> int:
+        return self._num_blocks
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        pass
+
+    @staticmethod
+    def is_device_fault(exc: BaseException) -> bool:
+        return False
+
+    def _token(self, avoid: int | None = None) -> int:
+        while True:
+            token = self.rng.randrange(3, self.vocab_size)
+            if token != avoid:
+                return token
+
+    def execute(self, batch: ScheduledBatch, prompt_logits: dict | None = None
+                ) -> tuple[torch.Tensor, list[int]]:
+        """The model runner's contract (rows: one per sampled sequence, 1 + d for a row
+        with d drafts), at the profile's step time."""
+        self.clock.now += self.profile.step_seconds(StepShape.of(batch))
+        self.steps += 1
+        drafts = batch.draft_token_ids or [[]] * len(batch.seqs)
+        rows, targets = [], []
+        for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
+            d = drafts[i]
+            c = seq.num_computed_tokens
+            if c + n - len(d) != seq.num_tokens:
+                continue  # a prefill chunk that does not reach the prompt's end
+            accepting = True
+            for draft in d:
+                accepting = accepting and self.rng.random() < self.acceptance
+                rows.append(i)
+                targets.append(draft if accepting else self._token(avoid=draft))
+            rows.append(i)
+            targets.append(self._token())
+            if prompt_logits is not None and seq.wants_prompt_logits:
+                m = min(n, seq.num_prompt_tokens - 1 - c)
+                if m > 0:
+                    prompt_logits[i] = torch.zeros(m, self.vocab_size)
+        logits = torch.zeros(len(rows), self.vocab_size)
+        if rows:
+            logits[torch.arange(len(rows)), torch.tensor(targets)] = 30.0
+        return logits, rows
+
+
+def sim_engine(profile: Profile, settings: dict, *, tokenizer, hf_config,
+               acceptance: float = 0.0, seed: int = 0) -> tuple[LLMEngine, VirtualClock]:
+    """An LLMEngine with these settings (engine/settings.py names) on a profiled runner;
+    its KV pool as large as the engine would make it (Profile.memory), unless
+    num_gpu_blocks_override says. ValueError for settings the engine would refuse."""
+    config = EngineConfig(**settings)
+    if config.kv_offloading_size or config.kv_disk_dir:
+        raise ValueError("the simulator does not model the KV tiers yet "
+                         "(kv_offloading_size, kv_disk_dir); leave them out of the search")
+    num_blocks = config.num_gpu_blocks_override or profile.memory.num_blocks(
+        block_size=config.block_size, fraction=config.gpu_memory_utilization,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        cpu_memory_gib=config.cpu_memory_gib)
+    if num_blocks < 1:
+        raise ValueError(f"no memory left for the KV cache at gpu_memory_utilization="
+                         f"{config.gpu_memory_utilization}; raise it or lower "
+                         "max_num_batched_tokens")
+    clock = VirtualClock()
+    runner = ProfiledRunner(profile, clock, hf_config, num_blocks=num_blocks,
+                            block_size=config.block_size, acceptance=acceptance, seed=seed)
+    return LLMEngine(config, runner=runner, tokenizer=tokenizer, clock=clock), clock

@@ -1,0 +1,181 @@
+"""Step time as a function of a step's shape (engine/step_shape.py), fitted from timed steps.
+
+Several forms compete; each is a non-negative linear model with an intercept over some of
+the shape's figures. The form with the smallest median relative error on held-out steps
+(every 4th step, never fitted) is chosen, then refitted on all steps; that held-out error
+is reported with the profile. A profile also carries what sizes the KV pool (weights, KV
+bytes per token, activations per batched token), so the simulator gives each setting the
+pool the engine would have, and the identity it was measured under (model, hardware,
+torch, threads): a profile from another identity is refused by name.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from engine.step_shape import StepShape
+
+# each form: the shape's figures (besides the intercept) step time is linear in
+FORMS: dict[str, tuple[str, ...]] = {
+    "tokens": ("num_tokens",),
+    "rows": ("prefill_tokens", "decode_seqs", "draft_tokens"),
+    "attention": ("prefill_tokens", "prefill_attention", "decode_seqs", "decode_context",
+                  "draft_tokens"),
+    "attention+blocks": ("prefill_tokens", "prefill_attention", "prefill_seqs",
+                         "decode_seqs", "decode_context", "draft_tokens", "blocks_read"),
+}
+HOLDOUT_EVERY = 4
+
+
+def _feature(shape: StepShape | dict, name: str) -> float:
+    if isinstance(shape, dict):
+        if name == "num_tokens":
+            return shape["prefill_tokens"] + shape["decode_seqs"] + shape["draft_tokens"]
+        return shape[name]
+    return getattr(shape, name)
+
+
+def design(shapes: list, names: tuple[str, ...]) -> np.ndarray:
+    """[steps, 1 + len(names)]: an intercept column, then each figure."""
+    x = np.ones((len(shapes), 1 + len(names)))
+    for j, name in enumerate(names, start=1):
+        x[:, j] = [_feature(s, name) for s in shapes]
+    return x
+
+
+def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0 (a step never gets faster with more work):
+    refit without the most negative coefficient until none is negative. Columns are scaled
+    to unit maximum first, so figures of very different sizes fit alike."""
+    scale = np.abs(x).max(axis=0)
+    scale[scale == 0] = 1.0
+    xs = x / scale
+    active = list(range(x.shape[1]))
+    while True:
+        coef = np.zeros(x.shape[1])
+        if active:
+            coef[active] = np.linalg.lstsq(xs[:, active], y, rcond=None)[0]
+        negative = [j for j in active if coef[j] < 0]
+        if not negative:
+            return coef / scale
+        active.remove(min(negative, key=lambda j: coef[j]))
+
+
+def median_relative_error(predicted: np.ndarray, measured: np.ndarray) -> float:
+    return float(np.median(np.abs(predicted - measured) / np.maximum(measured, 1e-9)))
+
+
+@dataclass
+class Fit:
+    form: str
+    coefficients: dict[str, float]   # "intercept" and each figure of the form, seconds
+    heldout_error: float             # median |predicted - measured| / measured, held out
+    errors: dict[str, float] = field(default_factory=dict)  # every form's held-out error
+
+    def predict(self, shape: StepShape | dict) -> float:
+        t = self.coefficients["intercept"]
+        for name, c in self.coefficients.items():
+            if name != "intercept":
+                t += c * _feature(shape, name)
+        return t
+
+
+def fit(shapes: list, seconds: list[float], forms: dict[str, tuple[str, ...]] = FORMS) -> Fit:
+    """Choose the form by held-out error and fit it on every step."""
+    if len(shapes) != len(seconds):
+        raise ValueError(f"{len(shapes)} step shapes but {len(seconds)} step times")
+    if len(shapes) < 2 * HOLDOUT_EVERY:
+        raise ValueError(f"{len(shapes)} timed steps are too few to fit a profile; "
+                         f"give at least {2 * HOLDOUT_EVERY}")
+    y = np.asarray(seconds, dtype=float)
+    held = np.arange(len(y)) % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
+    errors = {}
+    for name, figures in forms.items():
+        x = design(shapes, figures)
+        coef = nonnegative_lstsq(x[~held], y[~held])
+        errors[name] = median_relative_error(x[held] @ coef, y[held])
+    best = min(errors, key=lambda n: (errors[n], len(forms[n])))
+    coef = nonnegative_lstsq(design(shapes, forms[best]), y)
+    return Fit(best, dict(zip(("intercept",) + forms[best], map(float, coef))),
+               errors[best], errors)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a profile holds for: step times differ by model, hardware, torch and threads."""
+    model: str        # the model as given (builtin://..., a path)
+    fingerprint: str  # hash of the checkpoint's config.json: the same model under any path
+    hardware: str
+    torch: str
+    threads: int
+
+    def key(self) -> str:
+        safe = "".join(c if c.isalnum() else "-" for c in self.model).strip("-")[-48:]
+        return f"{safe}-{self.fingerprint[:12]}-t{self.threads}-torch{self.torch}"
+
+    def mismatch(self, other: "Identity") -> list[str]:
+        return [f"{k} {getattr(self, k)!r} (this run: {getattr(other, k)!r})"
+                for k in ("fingerprint", "hardware", "torch", "threads")
+                if getattr(self, k) != getattr(other, k)]
+
+
+@dataclass
+class Memory:
+    """What sizes the pool: engine/kv_capacity.num_kv_blocks's terms, per setting."""
+    device_bytes: float             # a GPU's memory; 0 on CPU (the cpu_memory_gib setting)
+    weight_bytes: float
+    kv_bytes_per_token: int
+    activation_base: float          # activations = base + per_token x max_num_batched_tokens
+    activation_per_token: float
+    max_model_len: int
+    vocab_size: int
+
+    def num_blocks(self, *, block_size: int, fraction: float, max_num_batched_tokens: int,
+                   cpu_memory_gib: float) -> int:
+        device = self.device_bytes or cpu_memory_gib * 2**30
+        activations = self.activation_base + self.activation_per_token * max_num_batched_tokens
+        budget = fraction * device - self.weight_bytes - activations
+        return int(budget // (block_size * self.kv_bytes_per_token))
+
+
+@dataclass
+class Profile:
+    identity: Identity
+    fit: Fit
+    memory: Memory
+    num_steps: int
+    created: str = ""
+
+    def step_seconds(self, shape: StepShape) -> float:
+        return max(self.fit.predict(shape), 1e-6)
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, path: str | Path, *, expect: Identity | None = None) -> "Profile":
+        """Read a profile; with `expect`, refuse one measured for another identity."""
+        try:
+            doc = json.loads(Path(path).read_text())
+            profile = cls(Identity(**doc["identity"]), Fit(**doc["fit"]),
+                          Memory(**doc["memory"]), doc["num_steps"], doc.get("created", ""))
+        except OSError as exc:
+            raise ValueError(f"profile {path}: {exc.strerror}") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"profile {path} is not a profile written by `python -m tuner "
+                             f"profile` ({exc!r}); make it again with that command") from None
+        if expect is not None:
+            wrong = profile.identity.mismatch(expect)
+            if wrong:
+                raise ValueError(
+                    f"profile {path} was measured for model {profile.identity.model!r} "
+                    f"under other conditions: {'; '.join(wrong)}; run `python -m tuner "
+                    f"profile --model {expect.model}` (with the same --threads) for this one")
+        if not all(math.isfinite(v) for v in profile.fit.coefficients.values()):
+            raise ValueError(f"profile {path} has non-finite coefficients; make it again")
+        return profile

@@ -1,0 +1,114 @@
+"""One simulated load: a request stream through the engine in virtual time (tuner/sim/
+engine.py), scored with the tuner's own code, and the capacity search on top of it.
+
+The loop hands the engine every request whose arrival time has come, then runs one
+engine step (the profiled runner moves the clock by the step's time); with nothing to
+run the clock jumps to the next arrival. Arrivals stop at `duration`, and so does the
+run: requests still running then are recorded unfinished, as the load client records
+them when Locust stops. Records have the load client's fields (tuner/measure/scoring.py),
+so goodput, quantiles and the capacity search's settled attainment are computed by the
+same functions as for a real trial.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+from tuner.measure.capacity import CapacityResult, search_capacity
+from tuner.measure.scoring import Samples, score
+from tuner.sim.engine import SIM_VOCAB, sim_engine
+from tuner.sim.profile import Profile
+
+KV_SAMPLE_EVERY = 4  # steps between samples of the pool's usage
+
+
+@dataclass
+class SimResult:
+    samples: Samples
+    figures: dict[str, float]
+    schedule: list[tuple[tuple[str, int], ...]] = field(default_factory=list)  # kept on ask
+
+
+def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos: dict,
+             tokenizer, hf_config, acceptance: float = 0.0, seed: int = 0,
+             keep_schedule: bool = False) -> SimResult:
+    """Run `stream` (tuner/sim/stream.py) for `duration` virtual seconds."""
+    if not duration > 0:
+        raise ValueError(f"duration must be > 0 s, got {duration}")
+    wall = time.perf_counter()
+    engine, clock = sim_engine(profile, settings, tokenizer=tokenizer, hf_config=hf_config,
+                               acceptance=acceptance, seed=seed)
+    vocab = engine.info.vocab_size
+    live: dict[str, tuple] = {}   # request id -> (SimRequest, record, token times)
+    records: list[dict] = []
+    usage: list[float] = []
+    schedule = []
+    count = 0
+    if keep_schedule:
+        real_schedule = engine.scheduler.schedule
+
+        def schedule_and_keep():
+            batch = real_schedule()
+            schedule.append(tuple((s.request_id, n) for s, n in
+                                  zip(batch.seqs, batch.num_new_tokens)))
+            return batch
+        engine.scheduler.schedule = schedule_and_keep
+    while True:
+        while stream.next_time() <= min(clock.now, duration):
+            req = stream.pop()
+            count += 1
+            rid = f"sim-{count}"
+            ids = [t % vocab for t in req.prompt_ids]
+            engine.add_request(rid, ids, SamplingParams(
+                max_tokens=req.max_tokens, ignore_eos=True, temperature=0.0),
+                arrival_time=req.arrival)
+            live[rid] = (req, {"kind": req.kind, "start": req.arrival, "ok": False,
+                               "output_tokens": 0, "itl": []}, [])
+        if clock.now >= duration:
+            break
+        if not engine.has_unfinished_requests():
+            clock.now = min(stream.next_time(), duration)
+            continue
+        before = clock.now
+        outputs = engine.step()
+        if len(usage) * KV_SAMPLE_EVERY <= engine.runner.steps:
+            usage.append(engine.kv.stats().usage)
+        for out in outputs:
+            req, record, times = live[out.request_id]
+            new = len(out.outputs[0].token_ids) - len(times)
+            times += [clock.now] * new
+            if out.finished:
+                del live[out.request_id]
+                record.update(ok=True, ttft=times[0] - req.arrival, e2e=clock.now - req.arrival,
+                              itl=[b - a for a, b in zip(times, times[1:])],
+                              output_tokens=len(times))
+                records.append(record)
+                stream.finished(req, len(times))
+        if clock.now == before:   # nothing could run: wait for the next arrival
+            clock.now = min(stream.next_time(), duration)
+    for req, record, times in live.values():
+        record["error"] = "unfinished at end of run"
+        records.append(record)
+    stats = engine.get_stats()
+    samples = Samples(records=records, start=0.0, stop=duration)
+    figures = score(samples, slos)
+    figures.update(
+        prefix_cache_hit_rate=stats.prefix_cache_hits / max(1, stats.prefix_cache_queries),
+        server_preemptions=float(stats.num_preemptions),
+        kv_cache_usage_perc_mean=sum(usage) / max(1, len(usage)),
+        kv_cache_usage_perc_max=max(usage, default=0.0),
+        num_blocks=float(engine.num_blocks), steps=float(engine.runner.steps),
+        sim_wall_s=time.perf_counter() - wall)
+    return SimResult(samples, figures, schedule)
+
+
+def sim_capacity(run_at, slos: dict, *, start: float = 1.0, attainment: float = 0.9,
+                 rel_tol: float = 0.05, max_probes: int = 16) -> CapacityResult:
+    """The capacity search (tuner/measure/capacity.py) with `run_at(rate)` a simulated
+    load at that rate (a SimResult)."""
+    return search_capacity(lambda rate: run_at(rate).samples, slos, start=start,
+                           attainment=attainment, rel_tol=rel_tol, max_probes=max_probes)
+
+
+__all__ = ["SIM_VOCAB", "SimResult", "sim_capacity", "simulate"]

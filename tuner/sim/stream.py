@@ -1,0 +1,110 @@
+"""Request streams for the simulator: the workloads' own open-loop arrival process, or a
+trace at its arrival times (scaled in speed), as token ids in virtual time.
+
+A workload stream follows the Locust users' open loop (loadtests/common.py): `users`
+independent Poisson processes at rate / users each; an arrival continues one of its
+user's idle multi-turn sessions with probability REVISIT_IDLE_SESSION, else starts a new
+one; a session is idle again once its reply has finished, and the reply's length in
+words (about the tokens it had) joins the history. Chat prompts are rendered with the
+model's chat template and tokenized by the model's tokenizer, as the server does.
+"""
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass, field
+
+from loadtests.workloads.base import REVISIT_IDLE_SESSION, WorkloadSpec, words
+from loadtests.workloads.trace import TraceRequest, build_request, trace_rate
+
+
+@dataclass
+class SimRequest:
+    arrival: float
+    kind: str
+    prompt_ids: list[int]
+    max_tokens: int
+    user: int = 0
+    session: object | None = field(default=None, repr=False)
+
+
+def render(tokenizer, request) -> list[int]:
+    """A workload request's prompt as the server tokenizes it."""
+    body = request.body
+    if "messages" in body:
+        return list(tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True,
+                                                  tokenize=True, return_dict=False))
+    prompt = body["prompt"]
+    return list(prompt) if isinstance(prompt, list) else tokenizer.encode(prompt)
+
+
+class WorkloadStream:
+    def __init__(self, workload: WorkloadSpec, *, rate: float, users: int, tokenizer,
+                 seed: int = 0, length_scale: float = 1.0, max_model_len: int) -> None:
+        if not rate > 0:
+            raise ValueError(f"the arrival rate must be > 0 requests/s, got {rate}")
+        self.workload, self.tokenizer = workload, tokenizer
+        self.scale, self.max_model_len = length_scale, max_model_len
+        users = max(1, users)
+        self.rate = rate / users
+        self.arrivals = [random.Random(seed * 7919 + u) for u in range(users)]
+        self.sessions = [random.Random(seed * 100_003 + u) for u in range(users)]
+        self.idle: list[list] = [[] for _ in range(users)]
+        self.replies = random.Random(seed)
+        self._next = [(rng.expovariate(self.rate), u) for u, rng in enumerate(self.arrivals)]
+        heapq.heapify(self._next)
+
+    def next_time(self) -> float:
+        return self._next[0][0]
+
+    def pop(self) -> SimRequest:
+        t, u = heapq.heappop(self._next)
+        heapq.heappush(self._next, (t + self.arrivals[u].expovariate(self.rate), u))
+        rng, idle = self.arrivals[u], self.idle[u]
+        session = idle.pop(rng.randrange(len(idle))) if idle and \
+            rng.random() < REVISIT_IDLE_SESSION else None
+        request = session.next_request() if session else None
+        if request is None:
+            session = self.workload.new_session(self.sessions[u], self.scale)
+            request = session.next_request()
+        ids = render(self.tokenizer, request)
+        max_tokens = int(request.body.get("max_tokens") or 16)
+        if len(ids) + max_tokens >= self.max_model_len:  # the server would refuse it
+            ids = ids[-max(1, self.max_model_len - max_tokens - 1):]
+        return SimRequest(t, request.kind, ids, max_tokens, u, session)
+
+    def finished(self, request: SimRequest, output_tokens: int) -> None:
+        if request.session is not None:
+            request.session.record_response(words(self.replies, max(1, output_tokens * 3 // 4)))
+            self.idle[request.user].append(request.session)
+
+
+class TraceStream:
+    """A trace replayed at `speed` x its own pace (speed = rate / the trace's rate)."""
+
+    def __init__(self, trace: list[TraceRequest], *, rate: float | None = None, seed: int = 0,
+                 length_scale: float = 1.0, max_model_len: int) -> None:
+        if not trace:
+            raise ValueError("the trace holds no requests")
+        if rate is not None and not rate > 0:
+            raise ValueError(f"the arrival rate must be > 0 requests/s, got {rate}")
+        self.trace, self.seed, self.scale = trace, seed, length_scale
+        self.max_model_len = max_model_len
+        self.speed = rate / trace_rate(trace) if rate else 1.0
+        self._i = 0
+        self._t0 = trace[0].timestamp
+
+    def next_time(self) -> float:
+        if self._i >= len(self.trace):
+            return float("inf")
+        return (self.trace[self._i].timestamp - self._t0) / self.speed
+
+    def pop(self) -> SimRequest:
+        t, i = self.next_time(), self._i
+        self._i += 1
+        r = build_request(self.trace[i], i, seed=self.seed, scale=self.scale,
+                          max_model_len=self.max_model_len)
+        return SimRequest(t, r.kind, list(r.body["prompt"]), r.body["max_tokens"])
+
+    def finished(self, request: SimRequest, output_tokens: int) -> None:
+        pass
