@@ -96,7 +96,19 @@ class ProfiledRunner:
         return logits, rows
 
 
-def sim_engine(profile: Profile, settings: dict, *, tokenizer, hf_config,
+class TokenCountTokenizer:
+    """What the engine's output processing asks of a tokenizer, for tokens that mean
+    nothing: a token's text is one short word (the real tokenizer renders the prompts,
+    tuner/sim/stream.py; decoding the simulator's made-up replies would only cost time)."""
+
+    eos_token_id = None
+
+    @staticmethod
+    def decode(ids, **_) -> str:
+        return " w" * len(ids)
+
+
+def sim_engine(profile: Profile, settings: dict, *, hf_config,
                acceptance: float = 0.0, seed: int = 0) -> tuple[LLMEngine, VirtualClock]:
     """An LLMEngine with these settings (engine/settings.py names) on a profiled runner;
     its KV pool as large as the engine would make it (Profile.memory), unless
@@ -116,4 +128,4 @@ def sim_engine(profile: Profile, settings: dict, *, tokenizer, hf_config,
     clock = VirtualClock()
     runner = ProfiledRunner(profile, clock, hf_config, num_blocks=num_blocks,
                             block_size=config.block_size, acceptance=acceptance, seed=seed)
-    return LLMEngine(config, runner=runner, tokenizer=tokenizer, clock=clock), clock
+    return LLMEngine(config, runner=runner, tokenizer=TokenCountTokenizer(), clock=clock), clock

@@ -31,20 +31,22 @@ class SimResult:
 
 
 def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos: dict,
-             tokenizer, hf_config, acceptance: float = 0.0, seed: int = 0,
-             keep_schedule: bool = False) -> SimResult:
-    """Run `stream` (tuner/sim/stream.py) for `duration` virtual seconds."""
+             hf_config, acceptance: float = 0.0, seed: int = 0,
+             keep_schedule: bool = False, engine=None) -> SimResult:
+    """Run `stream` (tuner/sim/stream.py) for `duration` virtual seconds. `engine`: an
+    (LLMEngine, clock) pair to drive instead of the profiled one (tests drive the real
+    model runner on a virtual clock through the same loop)."""
     if not duration > 0:
         raise ValueError(f"duration must be > 0 s, got {duration}")
     wall = time.perf_counter()
-    engine, clock = sim_engine(profile, settings, tokenizer=tokenizer, hf_config=hf_config,
-                               acceptance=acceptance, seed=seed)
+    engine, clock = engine or sim_engine(profile, settings, hf_config=hf_config,
+                                         acceptance=acceptance, seed=seed)
     vocab = engine.info.vocab_size
     live: dict[str, tuple] = {}   # request id -> (SimRequest, record, token times)
     records: list[dict] = []
     usage: list[float] = []
     schedule = []
-    count = 0
+    count = steps = 0
     if keep_schedule:
         real_schedule = engine.scheduler.schedule
 
@@ -72,7 +74,8 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
             continue
         before = clock.now
         outputs = engine.step()
-        if len(usage) * KV_SAMPLE_EVERY <= engine.runner.steps:
+        steps += 1
+        if len(usage) * KV_SAMPLE_EVERY <= steps:
             usage.append(engine.kv.stats().usage)
         for out in outputs:
             req, record, times = live[out.request_id]
@@ -87,9 +90,10 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
                 stream.finished(req, len(times))
         if clock.now == before:   # nothing could run: wait for the next arrival
             clock.now = min(stream.next_time(), duration)
-    for req, record, times in live.values():
+    for rid, (req, record, times) in live.items():
         record["error"] = "unfinished at end of run"
         records.append(record)
+        engine.abort_request(rid)  # the client went away, as Locust's stop does
     stats = engine.get_stats()
     samples = Samples(records=records, start=0.0, stop=duration)
     figures = score(samples, slos)
@@ -98,7 +102,8 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
         server_preemptions=float(stats.num_preemptions),
         kv_cache_usage_perc_mean=sum(usage) / max(1, len(usage)),
         kv_cache_usage_perc_max=max(usage, default=0.0),
-        num_blocks=float(engine.num_blocks), steps=float(engine.runner.steps),
+        num_blocks=float(engine.num_blocks), steps=float(steps),
+        evictions=float(stats.evictions),
         sim_wall_s=time.perf_counter() - wall)
     return SimResult(samples, figures, schedule)
 

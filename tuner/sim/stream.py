@@ -6,7 +6,8 @@ independent Poisson processes at rate / users each; an arrival continues one of 
 user's idle multi-turn sessions with probability REVISIT_IDLE_SESSION, else starts a new
 one; a session is idle again once its reply has finished, and the reply's length in
 words (about the tokens it had) joins the history. Chat prompts are rendered with the
-model's chat template and tokenized by the model's tokenizer, as the server does.
+model's chat template and tokenized by the model's tokenizer, as the server does
+(`Renderer`).
 """
 from __future__ import annotations
 
@@ -26,31 +27,54 @@ class SimRequest:
     max_tokens: int
     user: int = 0
     session: object | None = field(default=None, repr=False)
+    number: int = 0
 
 
-def render(tokenizer, request) -> list[int]:
-    """A workload request's prompt as the server tokenizes it."""
-    body = request.body
-    if "messages" in body:
-        return list(tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True,
-                                                  tokenize=True, return_dict=False))
-    prompt = body["prompt"]
-    return list(prompt) if isinstance(prompt, list) else tokenizer.encode(prompt)
+class Renderer:
+    """A workload request's prompt as the server tokenizes it (the chat template, then the
+    tokenizer), remembered: every probe and setting of a sweep replays the same sessions,
+    and rendering a long history costs more than simulating its request."""
+
+    MAX_ENTRIES = 50_000
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._cache: dict = {}
+
+    def __call__(self, request) -> list[int]:
+        body = request.body
+        prompt = body.get("prompt")
+        if isinstance(prompt, list):
+            return list(prompt)
+        key = prompt if prompt is not None else tuple(
+            (m["role"], m["content"]) for m in body["messages"])
+        ids = self._cache.get(key)
+        if ids is None:
+            if len(self._cache) >= self.MAX_ENTRIES:
+                self._cache.clear()
+            if prompt is not None:
+                ids = self.tokenizer.encode(prompt)
+            else:
+                ids = list(self.tokenizer.apply_chat_template(
+                    body["messages"], add_generation_prompt=True, tokenize=True,
+                    return_dict=False))
+            self._cache[key] = ids
+        return ids
 
 
 class WorkloadStream:
-    def __init__(self, workload: WorkloadSpec, *, rate: float, users: int, tokenizer,
+    def __init__(self, workload: WorkloadSpec, *, rate: float, users: int, render: Renderer,
                  seed: int = 0, length_scale: float = 1.0, max_model_len: int) -> None:
         if not rate > 0:
             raise ValueError(f"the arrival rate must be > 0 requests/s, got {rate}")
-        self.workload, self.tokenizer = workload, tokenizer
+        self.workload, self.render, self.seed = workload, render, seed
         self.scale, self.max_model_len = length_scale, max_model_len
         users = max(1, users)
         self.rate = rate / users
         self.arrivals = [random.Random(seed * 7919 + u) for u in range(users)]
         self.sessions = [random.Random(seed * 100_003 + u) for u in range(users)]
         self.idle: list[list] = [[] for _ in range(users)]
-        self.replies = random.Random(seed)
+        self.count = 0
         self._next = [(rng.expovariate(self.rate), u) for u, rng in enumerate(self.arrivals)]
         heapq.heapify(self._next)
 
@@ -67,15 +91,18 @@ class WorkloadStream:
         if request is None:
             session = self.workload.new_session(self.sessions[u], self.scale)
             request = session.next_request()
-        ids = render(self.tokenizer, request)
+        ids = self.render(request)
         max_tokens = int(request.body.get("max_tokens") or 16)
         if len(ids) + max_tokens >= self.max_model_len:  # the server would refuse it
             ids = ids[-max(1, self.max_model_len - max_tokens - 1):]
-        return SimRequest(t, request.kind, ids, max_tokens, u, session)
+        self.count += 1
+        return SimRequest(t, request.kind, ids, max_tokens, u, session, self.count)
 
     def finished(self, request: SimRequest, output_tokens: int) -> None:
         if request.session is not None:
-            request.session.record_response(words(self.replies, max(1, output_tokens * 3 // 4)))
+            # the reply's words: seeded by the request, so a sweep's settings see one history
+            rng = random.Random(f"{self.seed}:{request.number}")
+            request.session.record_response(words(rng, max(1, output_tokens * 3 // 4)))
             self.idle[request.user].append(request.session)
 
 

@@ -1,0 +1,133 @@
+"""The step-time profile: fitting recovers known coefficients, the form is chosen by
+held-out error, and a profile from another identity or no profile at all is refused."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from engine.step_shape import StepShape
+from tuner.sim.profile import FORMS, Fit, Identity, Memory, Profile, fit
+
+
+def _shapes(n: int, seed: int = 0) -> list[StepShape]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        pt = rng.choice([0, 0, rng.randint(1, 1024)])
+        ds = rng.randint(0, 48)
+        dc = ds * rng.randint(16, 1500)
+        out.append(StepShape(prefill_tokens=pt, prefill_attention=pt * rng.randint(pt, 2048),
+                             prefill_seqs=int(pt > 0), decode_seqs=ds, decode_context=dc,
+                             draft_tokens=rng.choice([0, 0, ds * 2]),
+                             blocks_read=rng.randint(1, 200)))
+    return out
+
+
+TRUE = {"intercept": 0.004, "prefill_tokens": 1.5e-4, "prefill_attention": 3e-8,
+        "decode_seqs": 6e-4, "decode_context": 3e-6, "draft_tokens": 2e-4}
+
+
+def _time(shape: StepShape, coef=TRUE) -> float:
+    return coef["intercept"] + sum(c * getattr(shape, k) for k, c in coef.items()
+                                   if k != "intercept")
+
+
+def test_fit_recovers_known_coefficients_and_picks_their_form():
+    rng = random.Random(1)
+    shapes = _shapes(400)
+    seconds = [_time(s) * rng.uniform(0.97, 1.03) for s in shapes]  # 3 % noise
+    result = fit(shapes, seconds)
+    assert result.form == "attention"
+    for name, value in TRUE.items():
+        assert result.coefficients[name] == pytest.approx(value, rel=0.1, abs=2e-5), name
+    assert result.heldout_error < 0.03
+    # the forms without the attention terms cannot explain these steps
+    assert result.errors["tokens"] > 3 * result.errors["attention"]
+    shape = _shapes(1, seed=9)[0]
+    assert result.predict(shape) == pytest.approx(_time(shape), rel=0.05)
+
+
+def test_fit_picks_the_simpler_form_when_time_depends_on_tokens_only():
+    shapes = _shapes(200, seed=3)
+    seconds = [0.01 + 2e-4 * s.num_tokens for s in shapes]
+    result = fit(shapes, seconds)
+    assert result.form == "tokens"
+    assert result.coefficients["num_tokens"] == pytest.approx(2e-4, rel=1e-6)
+
+
+def test_fit_keeps_coefficients_non_negative():
+    shapes = _shapes(200, seed=4)
+    # time falls with decode context (nonsense): the fit must not learn a negative cost
+    seconds = [0.02 + 1e-4 * s.prefill_tokens - 1e-7 * s.decode_context for s in shapes]
+    result = fit(shapes, seconds, forms={"attention": FORMS["attention"]})
+    assert all(v >= 0 for v in result.coefficients.values())
+
+
+def test_fit_refuses_too_few_steps_and_mismatched_lengths():
+    with pytest.raises(ValueError, match="too few"):
+        fit(_shapes(5), [0.01] * 5)
+    with pytest.raises(ValueError, match="3 step shapes but 2"):
+        fit(_shapes(3), [0.01] * 2)
+
+
+def _profile(threads: int = 1, model: str = "builtin://default") -> Profile:
+    return Profile(Identity(model, "f" * 64, "cpu x2", "2.13.0", threads),
+                   Fit("tokens", {"intercept": 0.01, "num_tokens": 1e-4}, 0.05),
+                   Memory(0.0, 1e7, 4096, 0.0, 2e4, 2048, 609), 100)
+
+
+def test_profile_round_trips_and_refuses_another_identity(tmp_path):
+    path = tmp_path / "p.json"
+    _profile().save(path)
+    loaded = Profile.load(path, expect=_profile().identity)
+    assert loaded == _profile()
+    with pytest.raises(ValueError, match=r"threads 1 \(this run: 2\).*tuner profile"):
+        Profile.load(path, expect=_profile(threads=2).identity)
+    other = Identity("other", "0" * 64, "cpu x2", "2.13.0", 1)
+    with pytest.raises(ValueError, match="fingerprint"):
+        Profile.load(path, expect=other)
+
+
+def test_profile_load_names_a_bad_file(tmp_path):
+    with pytest.raises(ValueError, match="missing.json"):
+        Profile.load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"identity": {}}))
+    with pytest.raises(ValueError, match="not a profile written by"):
+        Profile.load(bad)
+
+
+def test_memory_sizes_the_pool_as_the_engine_arithmetic_does():
+    from engine.kv_capacity import num_kv_blocks
+
+    m = Memory(0.0, 12_856_320.0, 4096, 1000.0, 20_000.0, 2048, 609)
+    got = m.num_blocks(block_size=16, fraction=0.9, max_num_batched_tokens=2048,
+                       cpu_memory_gib=0.5)
+    assert got == num_kv_blocks(device_bytes=0.5 * 2**30, fraction=0.9,
+                                weight_bytes=12_856_320.0,
+                                activation_bytes=1000.0 + 20_000.0 * 2048,
+                                block_bytes=16 * 4096)
+    gpu = Memory(80 * 2**30, 1e9, 4096, 0.0, 0.0, 2048, 609)
+    assert gpu.num_blocks(block_size=16, fraction=0.5, max_num_batched_tokens=1,
+                          cpu_memory_gib=0.5) == int((40 * 2**30 - 1e9) // (16 * 4096))
+
+
+def test_step_shape_counts_prefill_decode_and_drafts():
+    from engine.sampling_params import SamplingParams
+    from engine.scheduler import ScheduledBatch
+    from engine.sequence import Sequence
+
+    p = SamplingParams(max_tokens=8)
+    prefill = Sequence("a", list(range(100)), 100, p, block_table=[0] * 7)
+    prefill.num_computed_tokens = 32      # a chunk of 48 after 32 computed
+    decode = Sequence("b", list(range(41)), 40, p, block_table=[1] * 3)
+    decode.num_computed_tokens = 40       # one token after a 40-token prompt
+    spec = Sequence("c", list(range(61)), 50, p, block_table=[2] * 4)
+    spec.num_computed_tokens = 60         # one token + 3 drafts
+    batch = ScheduledBatch(seqs=[prefill, decode, spec], num_new_tokens=[48, 1, 4],
+                           draft_token_ids=[[], [], [7, 8, 9]])
+    assert StepShape.of(batch) == StepShape(
+        prefill_tokens=48, prefill_attention=48 * 80, prefill_seqs=1, decode_seqs=2,
+        decode_context=41 + 64, draft_tokens=3, blocks_read=14)
