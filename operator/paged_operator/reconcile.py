@@ -70,18 +70,31 @@ class Discovery:
 
     def __init__(self, *, ttl_seconds: float) -> None:
         self.ttl = ttl_seconds
-        self._seen: dict[str, tuple[float, asyncio.Future[bool]]] = {}
+        self._seen: dict[str, tuple[float, asyncio.Future[bool | Exception]]] = {}
 
     async def has(self, api: KubeApi, kind_name: str) -> bool:
         """One request per kind and period, however many reconciles ask at once."""
         now = time.monotonic()
         cached = self._seen.get(kind_name)
         failed = cached is not None and cached[1].done() and (
-            cached[1].cancelled() or cached[1].exception() is not None)
+            cached[1].cancelled() or isinstance(cached[1].result(), Exception))
         if cached is None or now - cached[0] > self.ttl or failed:
-            cached = (now, asyncio.ensure_future(api.has_resource(KINDS[kind_name])))
+            cached = (now, asyncio.ensure_future(_probe(api, KINDS[kind_name])))
             self._seen[kind_name] = cached
-        return await asyncio.shield(cached[1])
+        answer = await asyncio.shield(cached[1])
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+async def _probe(api: KubeApi, kind: Any) -> bool | Exception:
+    """The shared request's task returns its error instead of raising it: kopf re-raises,
+    at shutdown, the error of every task it did not start, and a discovery cut short by
+    the shutdown ("the operator is shutting down") would fail the whole operator."""
+    try:
+        return await api.has_resource(kind)
+    except Exception as exc:  # noqa: BLE001 - handed to every waiter by has()
+        return exc
 
 
 # Creation order: what pods mount or run as must exist before the Deployments that use it.
