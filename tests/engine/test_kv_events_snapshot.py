@@ -164,3 +164,37 @@ def test_a_device_eviction_leaves_the_hosts_copy_in_the_snapshot_and_a_reload_is
     finally:
         replay.close(linger=0)
         publisher.close()
+
+
+def test_the_rebase_after_a_dropped_batch_keeps_the_host_and_disk_copies():
+    """A full queue drops a batch; the next batch that fits rebuilds every medium, not
+    only the device's: a router following it keeps the blocks the tiers below hold."""
+    recorder = KVEventRecorder(block_size=2)
+    publisher = ZmqKVEventPublisher({"endpoint": "inproc://kv-rebase"}, recorder)
+    publisher._queue = RefusingQueue()
+    a, b, c = (external_hash(h) for h in HASHES[:3])
+    try:
+        recorder.stored(HASHES[0], None, [0, 1])
+        recorder.stored(HASHES[1], HASHES[0], [1, 2])
+        recorder.removed(HASHES[0])          # evicted from the device ...
+        recorder.copied(HASHES[0], "CPU")    # ... into the host tier
+        recorder.copied(HASHES[1], "Disk")   # a copy on disk of a block still on the device
+        publisher._queue.refuse = True
+        publisher.flush()                    # dropped: the subscribers never see it
+        assert publisher.batches_dropped == 1 and not recorder.pending
+        recorder.stored(HASHES[2], None, [2, 3], "Disk")
+        publisher._queue.refuse = False
+        publisher.flush()                    # the rebase
+        wait_for(lambda: publisher.last_seq == 2)
+        (_, rebase), = [(s, p) for s, p in publisher._buffer if s == 2]
+        events = decode_batch(rebase)[1]
+        assert events[0] == ["AllBlocksCleared"]
+        state: dict[str, Any] = {}
+        apply_events(state, events)
+        assert state == {"GPU": {b: (a, (1, 2))}, "CPU": {a: (None, (0, 1))},
+                         "Disk": {b: (a, (1, 2)), c: (None, (2, 3))}}
+        index = KVIndex()
+        index.apply("e", events)
+        assert media_of(index) == {(b, "GPU"), (a, "CPU"), (b, "Disk"), (c, "Disk")}
+    finally:
+        publisher.close()
