@@ -49,3 +49,53 @@ def test_a_batch_delivered_twice_is_ignored_without_a_resync():
         assert "u" not in follower.resyncs and follower.last_seq["u"] == 2
     finally:
         publisher.close()
+
+
+def test_a_follower_learns_the_endpoints_from_the_engine_and_exports_its_counters():
+    """No endpoints given: GET /kv_events (the wildcard host replaced by the backend's)
+    gives the sockets, the topic and the block size; a backend answering 404 is retried
+    with the flag to set in the log and holds nothing. Counters per backend: events
+    applied, resyncs by kind, blocks held."""
+    from aiohttp import web
+
+    from engine.router.kv_index import KVIndex
+    from engine.router.metrics import RouterMetrics
+
+    recorder, publisher = new_publisher(topic="kv")
+    publish(recorder, publisher, [("+", 0), ("+", 1)])
+    info = publisher.info()
+    info["endpoint"] = info["endpoint"].replace("127.0.0.1", "*")
+
+    async def scenario() -> tuple:
+        app = web.Application()
+        app.router.add_get("/kv_events", lambda _: web.json_response(info))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        missing = "http://127.0.0.1:9"  # nothing listens: refused, retried
+        sizes, metrics, index = {}, RouterMetrics(), KVIndex()
+        follower = KVEventFollower(index, metrics=metrics,
+                                   on_block_size=lambda u, n: sizes.update({u: n}))
+        follower.track([url, missing])
+        for _ in range(1000):
+            if index.blocks.get(url) == {E[0], E[1]}:
+                break
+            await asyncio.sleep(0.01)
+        ready = follower.ready()
+        await follower.stop()
+        await runner.cleanup()
+        return url, sizes, metrics, index, follower, ready
+
+    try:
+        url, sizes, metrics, index, follower, ready = asyncio.run(scenario())
+    finally:
+        publisher.close()
+    assert index.blocks[url] == {E[0], E[1]} and sizes == {url: 2}
+    assert follower.resyncs[url] == ["snapshot"] and follower.synced == {url}
+    assert not follower.tasks and not ready  # the unreachable backend never synced
+    sample = metrics.registry.get_sample_value
+    assert sample("paged_router_kv_events_total", {"backend": url}) == 3  # clear + 2 stores
+    assert sample("paged_router_kv_resyncs_total", {"backend": url, "how": "snapshot"}) == 1
+    assert sample("paged_router_kv_index_blocks", {"backend": url}) == 2
