@@ -7,6 +7,7 @@ from typing import Any
 
 from test_router_precise import E, buffered, follow, new_publisher, publish
 
+from engine.kv_events import encode_batch
 from engine.router.kv_follower import KVEventFollower
 
 
@@ -99,3 +100,37 @@ def test_a_follower_learns_the_endpoints_from_the_engine_and_exports_its_counter
     assert sample("paged_router_kv_events_total", {"backend": url}) == 3  # clear + 2 stores
     assert sample("paged_router_kv_resyncs_total", {"backend": url, "how": "snapshot"}) == 1
     assert sample("paged_router_kv_index_blocks", {"backend": url}) == 2
+
+
+def test_wildcard_hosts_of_every_spelling_take_the_backends_host():
+    from engine.router.kv_follower import connectable
+
+    for bound in ("tcp://*:5557", "tcp://0.0.0.0:5557", "tcp://[::]:5557", "tcp://:::5557",
+                  "tcp://:5557"):
+        assert connectable(bound, "http://10.0.0.7:8000") == "tcp://10.0.0.7:5557", bound
+    assert connectable("tcp://[::]:5557", "http://[fd00::1]:8000") == "tcp://[fd00::1]:5557"
+    assert connectable("tcp://*:5557", "unix-socket") == "tcp://127.0.0.1:5557"
+    assert connectable("ipc:///run/kv", "http://10.0.0.7:8000") == "ipc:///run/kv"
+
+
+def test_a_rebase_after_a_gap_and_a_restart_announced_by_a_clear_need_no_replay():
+    """A live batch that starts with AllBlocksCleared replaces the history: after a gap it
+    is applied at once; at or below the last seq it is a restarted engine's first batch
+    (cleared, then applied, no snapshot)."""
+    from engine.router.kv_index import KVIndex
+
+    async def scenario() -> tuple:
+        follower = KVEventFollower(KVIndex())
+        follower.last_seq["u"] = 1
+        follower.index.store("u", [E[7]])
+        rebase = [["AllBlocksCleared"], ["BlockStored", [E[2]], None, [], 2, None, "CPU"]]
+        await follower._on_batch("u", 5, encode_batch(0.0, rebase), None)  # 2-4 missed
+        after_gap = (set(follower.index.blocks["u"]), follower.last_seq["u"],
+                     list(follower.resyncs.get("u", [])))
+        await follower._on_batch("u", 5, encode_batch(0.0, [["AllBlocksCleared"]]), None)
+        return after_gap, (set(follower.index.blocks["u"]), follower.last_seq["u"],
+                           follower.resyncs["u"])
+
+    after_gap, after_restart = asyncio.run(scenario())
+    assert after_gap == ({E[2]}, 5, [])
+    assert after_restart == (set(), 5, ["restart"])
