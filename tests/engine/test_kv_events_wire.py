@@ -4,6 +4,8 @@ the counters it exports, a replay request of the wrong shape, an endpoint that c
 bound, and `make_publisher`'s switches."""
 from __future__ import annotations
 
+import time
+
 import msgpack
 import pytest
 import zmq
@@ -79,6 +81,10 @@ def test_counters_replay_shapes_and_closing_twice():
         recorder.stored(b"a" * 16, None, [1, 2])
         publisher.flush()
         publisher.flush()             # nothing pending: no batch
+        deadline = time.monotonic() + 10
+        while publisher.last_seq < 1:  # the publisher thread sent batch 1 (and buffered it)
+            assert time.monotonic() < deadline, "batch 1 was never sent"
+            time.sleep(0.001)
         replay.send_multipart([b"", b"x", b"y"])  # four frames at the ROUTER: ignored
         replay.send_multipart([b"", (1).to_bytes(8, "big")])
         assert replay.poll(10_000)
