@@ -22,8 +22,9 @@ written for vLLM reads ours:
 
 The engine thread only appends to a list (the KV cache manager calls `stored`/`removed`)
 and, once per step, puts the step's events on a bounded queue without waiting (`flush`).
-A thread drains the queue: encodes, sends, keeps the replay buffer and its own copy of the
-cache's contents for snapshots. A full queue drops the batch, counts it and consumes its
+A thread drains the queue: encodes, sends, keeps the replay buffer and its own copy of
+what each medium holds for snapshots (a block can be on the device, the host and the disk
+at once, and leaves each on its own). A full queue drops the batch, counts it and consumes its
 seq (subscribers see the gap); the next batch that fits is a rebase,
 `[AllBlocksCleared, BlockStored...]` of the whole cache, so every copy is right again.
 The first batch (seq 0) is `[AllBlocksCleared]`: a restarted engine starts empty.
@@ -94,30 +95,42 @@ def _hash_int(h: Any) -> int:
     return int.from_bytes(h[:8], "big") if isinstance(h, bytes) else int(h)
 
 
-def apply_events(cached: dict[int, Any], events: Iterable[Event], *,
-                 keep_tokens: bool = True) -> None:
-    """Replays events on a {hash: (parent, token_ids)} map of a cache's contents."""
+Held = dict[int, tuple[int | None, tuple[int, ...]]]  # one medium's {hash: (parent, tokens)}
+
+
+def _medium(event: Event, at: int) -> str:
+    """The event's medium; one that names none (vLLM before media) is the device's."""
+    return (event[at] if len(event) > at else None) or MEDIUM_GPU
+
+
+def apply_events(state: dict[str, Held], events: Iterable[Event]) -> None:
+    """Replays events on {medium: {hash: (parent, token_ids)}}, what each tier holds: a
+    block leaves only the medium its removal names (a device eviction leaves the host's
+    copy), and AllBlocksCleared empties every medium."""
     for event in events:
         tag = event[0]
         if tag == "BlockStored":
+            held = state.setdefault(_medium(event, 6), {})
             parent, tokens, size = event[2], event[3], event[4] or 1
             for i, h in enumerate(event[1]):
                 h = _hash_int(h)
-                cached[h] = (None if parent is None else _hash_int(parent),
-                             tuple(tokens[i * size:(i + 1) * size]) if keep_tokens else ())
+                held[h] = (None if parent is None else _hash_int(parent),
+                           tuple(tokens[i * size:(i + 1) * size]))
                 parent = h
         elif tag == "BlockRemoved":
+            held = state.get(_medium(event, 2), {})
             for h in event[1]:
-                cached.pop(_hash_int(h), None)
+                held.pop(_hash_int(h), None)
         elif tag == "AllBlocksCleared":
-            cached.clear()
+            state.clear()
 
 
-def snapshot_events(cached: dict[int, tuple[int | None, Sequence[int]]],
-                    block_size: int, medium: str = MEDIUM_GPU) -> list[Event]:
-    """`[AllBlocksCleared, BlockStored per block]`: a batch that rebuilds `cached`."""
-    return [all_blocks_cleared()] + [block_stored([h], parent, list(tokens), block_size, medium)
-                                     for h, (parent, tokens) in cached.items()]
+def snapshot_events(state: dict[str, Held], block_size: int) -> list[Event]:
+    """`[AllBlocksCleared, BlockStored per block and medium]`: a batch that rebuilds
+    `state` ({medium: {hash: (parent, tokens)}}) from nothing."""
+    return [all_blocks_cleared()] + [
+        block_stored([h], parent, list(tokens), block_size, medium)
+        for medium, held in state.items() for h, (parent, tokens) in held.items()]
 
 
 class KVEventRecorder:
@@ -129,11 +142,11 @@ class KVEventRecorder:
     def __init__(self, block_size: int, medium: str = MEDIUM_GPU) -> None:
         self.block_size, self.medium = block_size, medium
         self.pending: list[Event] = []
-        self.cached: dict[int, tuple[int | None, tuple[int, ...]]] = {}  # `medium`'s
-        self.tiers: dict[str, dict[int, tuple[int | None, tuple[int, ...]]]] = {}  # others'
-        self._gone: dict[int, tuple[int | None, tuple[int, ...]]] = {}  # removed this step
+        self.cached: Held = {}  # `medium`'s
+        self.tiers: dict[str, Held] = {}  # the other media's
+        self._gone: Held = {}  # removed this step
 
-    def _held(self, medium: str | None) -> dict[int, tuple[int | None, tuple[int, ...]]]:
+    def _held(self, medium: str | None) -> Held:
         return self.cached if medium in (None, self.medium) else self.tiers.setdefault(medium, {})
 
     def stored(self, block_hash: bytes, parent: bytes | None, token_ids: Sequence[int],
@@ -177,11 +190,10 @@ class KVEventRecorder:
         return events
 
     def rebase(self) -> list[Event]:
+        """`[AllBlocksCleared, BlockStored...]` of every medium (the device's and the
+        tiers'): after a dropped batch, what subscribers need to be right again."""
         self.pending, self._gone = [], {}
-        events = snapshot_events(self.cached, self.block_size, self.medium)
-        for medium, held in self.tiers.items():
-            events += snapshot_events(held, self.block_size, medium)[1:]
-        return events
+        return snapshot_events({self.medium: self.cached, **self.tiers}, self.block_size)
 
 
 def _bind(sock: Any, endpoint: str, label: str) -> str:
@@ -221,7 +233,7 @@ class ZmqKVEventPublisher:
                                          "replay_endpoint")
         self._queue: queue.Queue = queue.Queue(maxsize=config.get("max_queue_size", 100_000))
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.get("buffer_steps", 10_000))
-        self._mirror: dict[int, tuple[int | None, tuple[int, ...]]] = {}
+        self._mirror: dict[str, Held] = {}  # per medium, as sent: what snapshots rebuild
         self._next_seq = 0          # engine thread
         self._needs_rebase = False  # engine thread: a batch was dropped
         self.last_seq = -1          # publisher thread: last batch sent
@@ -330,7 +342,7 @@ class ZmqKVEventPublisher:
         client, _, request = frames
         if request == SNAPSHOT_REQUEST:
             payload = encode_batch(time.time(), snapshot_events(
-                self._mirror, self.recorder.block_size, self.recorder.medium))
+                self._mirror, self.recorder.block_size))
             self._replay.send_multipart((client, b"", self.last_seq.to_bytes(8, "big"), payload))
         elif len(request) == 8:
             start = int.from_bytes(request, "big")

@@ -183,7 +183,7 @@ def test_subscriber_sees_the_cache_state_under_eviction_and_replay_fills_what_it
             elif isinstance(event, BlockRemoved):
                 assert event.medium == "GPU"
         apply_events(state, decode_batch(payload)[1])
-    assert set(state) == cache_contents(engine)
+    assert set(state) == {"GPU"} and set(state["GPU"]) == cache_contents(engine)
     assert isinstance(VLLM_DECODER.decode(replayed[0][1]).events[0], AllBlocksCleared)
     # every stored block is a full block of some request's computed tokens, with its
     # parent and tokens as the hash definition says; and every such block was stored
@@ -209,7 +209,8 @@ def test_snapshot_rebuilds_the_cache_state_for_a_subscriber_that_starts_late(eng
     assert events[0] == ["AllBlocksCleared"]
     state: dict[int, Any] = {}
     apply_events(state, events)
-    assert set(state) == cache_contents(engine) and state
+    assert set(state) == {"GPU"} and set(state["GPU"]) == cache_contents(engine)
+    assert state["GPU"]
     VLLM_DECODER.decode(payload)
     sub.close()
 
@@ -262,8 +263,8 @@ def test_a_full_queue_drops_counts_and_then_rebases_every_subscriber():
         assert rebase[0] == ["AllBlocksCleared"]
         state: dict[int, Any] = {}
         apply_events(state, rebase)
-        assert state == {external_hash(b"b" * 16): (external_hash(b"a" * 16), (3, 4)),
-                         external_hash(b"c" * 16): (None, (5, 6))}
+        assert state == {"GPU": {external_hash(b"b" * 16): (external_hash(b"a" * 16), (3, 4)),
+                                 external_hash(b"c" * 16): (None, (5, 6))}}
         assert seqs == [n + 1, n + 2, n + 5]
         # the replay buffer has the hole too; the snapshot is the rebased state
         assert [s for s, _ in sub.ask(since)] == [n + 1, n + 2, n + 5]

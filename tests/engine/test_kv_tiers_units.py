@@ -1,9 +1,10 @@
 """OffloadTiers and HostTier alone (engine/kv_offload/tiers.py, host.py), with stand-ins
 for the transfer, the worker and the KV cache manager: the counters, the load latency
-histogram, refused copies, cancelled loads and the LRU. test_kv_tiers.py runs the tiers
-inside the engine."""
+histogram, refused copies, cancelled loads, the LRU, and the disk tier's upkeep of
+temporary files. test_kv_tiers.py runs the tiers inside the engine."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,52 @@ def test_the_host_tier_is_an_lru_bounded_by_whole_blocks():
     assert a.loadable and not a.on_disk
     pending = HostEntry(b"p" * 16)
     assert not pending.ready.is_set() and not pending.loadable
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_a_device_eviction_of_a_block_on_the_host_refreshes_it_there(policy):
+    """The pool evicting a block the host tier already holds queues no copy, but counts
+    as a use of the host's copy: most recent in the LRU, promoted to T2 in ARC. So the
+    next insertion evicts another block, not the one the device just gave up."""
+    from engine.kv_offload import ArcHostTier, HostEntry, HostTier, OffloadTiers
+
+    host = (HostTier if policy == "lru" else ArcHostTier)(3 * 64, 64)
+    tiers = OffloadTiers(host, transfer=None, worker=None)
+    a, b, c, d = (bytes([i]) * 16 for i in b"abcd")
+    for h in (a, b, c):
+        assert host.insert(HostEntry(h)) == []
+    tiers.evicted(7, a)
+    assert tiers.take_stores() == []
+    if policy == "arc":
+        assert a in host.t2 and a not in host.t1
+    else:
+        assert host.hashes() == [b, c, a]
+    assert [e.block_hash for e in host.insert(HostEntry(d))] == [b]
+    tiers.evicted(8, b)  # gone from the host: a copy is queued
+    assert tiers.take_stores() == [(8, b)]
+
+
+def test_a_disk_write_removes_stale_temporary_files_and_keeps_fresh_ones(tmp_path):
+    """A `.tmp-` file older than STALE_TMP_SECONDS is a dead writer's: the next write's
+    scan removes it. A younger one is another writer's file in progress: kept, and not
+    counted in the bound (it is no block yet)."""
+    import time
+
+    import torch
+
+    from engine.kv_offload.disk import STALE_TMP_SECONDS, SUFFIX, DiskTier
+
+    shape = (2, 1, 2, 1, 4)
+    disk = DiskTier(tmp_path, 1 << 20, namespace=b"n" * 32, block_shape=shape,
+                    dtype=torch.float32)
+    now = time.time()
+    ages = {"dead": STALE_TMP_SECONDS + 5, "old-but-alive": STALE_TMP_SECONDS - 5,
+            "fresh": 1}
+    for who, age in ages.items():
+        path = tmp_path / f".tmp-{who}{SUFFIX}"
+        path.write_bytes(b"partial")
+        os.utime(path, (now - age, now - age))
+    assert disk.write(b"h" * 16, torch.zeros(shape))
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-"))
+    assert left == [f".tmp-fresh{SUFFIX}", f".tmp-old-but-alive{SUFFIX}"]
+    assert disk.usage_bytes == disk.file_bytes
