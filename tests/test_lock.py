@@ -14,7 +14,7 @@ tomllib = pytest.importorskip("tomllib")
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements" / "lock.txt"
-REFRESH = "run `bash scripts/lock.sh` (README.md, \"Refreshing the lock\")"
+REFRESH = "run `bash scripts/lock.sh` (docs/testing.md, \"Refreshing the lock\")"
 
 
 def _pins() -> dict[str, Version]:
