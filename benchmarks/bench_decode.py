@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     import torch
 
-    from kernels import get_backend
+    from paged_kernels import get_backend
 
     try:
         counts = [int(n) for n in str(args.threads).split(",") if n.strip()]

@@ -1,4 +1,4 @@
-"""`python -m tuner bench offline`: this engine vs transformers in the same KV memory.
+"""`python benchmarks/bench_offline.py`: this engine vs transformers in the same KV memory.
 
 One seeded workload, the same for every peer, on one device in one dtype (both printed):
 
@@ -34,9 +34,14 @@ import json
 import math
 import random
 import statistics
+import sys
 from pathlib import Path
 
-from benchmarks import bench_peers
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import bench_peers  # noqa: E402
 
 PEERS = ("paged", "generate", "cb", "ceiling")
 _TOPICS = ("the ocean", "a volcano", "photosynthesis", "the moon", "bees", "a compiler",
@@ -88,9 +93,8 @@ def build_bench_model(root: Path) -> Path:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tuner bench offline", description=__doc__,
+    p = argparse.ArgumentParser(prog="python benchmarks/bench_offline.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("which", nargs="?", default="offline", choices=["offline"])
     p.add_argument("--model", default=None, help="checkpoint dir or builtin://NAME (default: "
                    "the ~23M random-weight bench model, built once)")
     p.add_argument("--output-lengths", choices=["sampled", "eos"], default=None,
@@ -280,3 +284,7 @@ def print_table(runners: dict, runs: dict[str, list[dict]], requests) -> None:
               f"({tok[0]:.1f}-{tok[-1]:.1f}) | {secs:.1f} | {ratio} | {cpu_med:.1f} | "
               f"{cpu_ratio} | {slots} | "
               f"{_fmt_pct(last['util'])} | {_fmt_pct(last['mean_util'])} | {conc} |")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""The peers of `python -m tuner bench offline`, each loaded once and run many times.
+"""The peers of `python benchmarks/bench_offline.py`, each loaded once and run many times.
 
 Every peer takes the same requests, `(prompt_token_ids, output_len)`, generates exactly
 `output_len` tokens for each (greedy, EOS ignored: the lengths were fixed beforehand) and

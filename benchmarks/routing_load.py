@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = ("order refund shipping account invoice warranty return parcel courier payment card "
@@ -58,26 +59,32 @@ class Proc:
         self.p.wait()
 
 
-def prefix_counters(urls: list[str]) -> tuple[float, float]:
-    hits = queries = 0.0
+def samples(text: str):
+    """The samples of one /metrics page (Prometheus text format)."""
+    for family in text_string_to_metric_families(text):
+        yield from family.samples
+
+
+def summed(urls: list[str], names: tuple[str, ...]) -> list[float]:
+    """Each name's value summed over its label sets and over the engines."""
+    out = dict.fromkeys(names, 0.0)
     for url in urls:
-        for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-            if line.startswith("vllm:prefix_cache_hits_total"):
-                hits += float(line.rsplit(" ", 1)[1])
-            elif line.startswith("vllm:prefix_cache_queries_total"):
-                queries += float(line.rsplit(" ", 1)[1])
+        for sample in samples(httpx.get(url + "/metrics", timeout=10).text):
+            if sample.name in out:
+                out[sample.name] += sample.value
+    return [out[name] for name in names]
+
+
+def prefix_counters(urls: list[str]) -> tuple[float, float]:
+    hits, queries = summed(urls, ("vllm:prefix_cache_hits_total",
+                                  "vllm:prefix_cache_queries_total"))
     return hits, queries
 
 
 def event_counters(urls: list[str]) -> tuple[float, float]:
     """(events, payload bytes) the engines have published so far."""
-    events = size = 0.0
-    for url in urls:
-        for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-            if line.startswith("paged:kv_events_published_total"):
-                events += float(line.rsplit(" ", 1)[1])
-            elif line.startswith("paged:kv_events_bytes_published_total"):
-                size += float(line.rsplit(" ", 1)[1])
+    events, size = summed(urls, ("paged:kv_events_published_total",
+                                 "paged:kv_events_bytes_published_total"))
     return events, size
 
 

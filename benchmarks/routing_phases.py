@@ -5,33 +5,31 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import statistics
 import time
 from pathlib import Path
 
 import httpx
-from routing_load import Proc, event_counters, pct, prefix_counters, run_load
+from routing_load import Proc, event_counters, pct, prefix_counters, run_load, samples
 
 def router_counters(router_urls: list[str]) -> dict[str, float]:
     """Summed over the routers: decisions (`decision:<label>`), the router's own time
     (`own_s`, `own_n`: parsing, hashing, routing, connecting) and in-flight per backend
     (`in_flight:<url>`)."""
     out: dict[str, float] = {}
+    keys = {"paged_router_added_latency_seconds_sum": "own_s",
+            "paged_router_added_latency_seconds_count": "own_n"}
     for url in router_urls:
-        for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-            m = re.match(r'paged_router_(requests_total|in_flight_requests)\{backend="([^"]+)"'
-                         r'(?:,decision="([^"]+)")?\} (\S+)', line)
-            if m and m.group(1) == "requests_total":
-                key = f"decision:{m.group(3)}"
-                out[key] = out.get(key, 0.0) + float(m.group(4))
-            elif m:
-                key = f"in_flight:{m.group(2)}"
-                out[key] = out.get(key, 0.0) + float(m.group(4))
-            elif line.startswith("paged_router_added_latency_seconds_sum "):
-                out["own_s"] = out.get("own_s", 0.0) + float(line.split()[1])
-            elif line.startswith("paged_router_added_latency_seconds_count "):
-                out["own_n"] = out.get("own_n", 0.0) + float(line.split()[1])
+        for sample in samples(httpx.get(url + "/metrics", timeout=10).text):
+            if sample.name == "paged_router_requests_total":
+                key = f"decision:{sample.labels.get('decision')}"
+            elif sample.name == "paged_router_in_flight_requests":
+                key = f"in_flight:{sample.labels['backend']}"
+            elif sample.name in keys:
+                key = keys[sample.name]
+            else:
+                continue
+            out[key] = out.get(key, 0.0) + sample.value
     return out
 
 
@@ -112,9 +110,10 @@ def burst(name: str, target: str, routers: list[str], engine_urls: list[str], ar
                     counts = dict.fromkeys(engine_urls, 0.0)
                     for url in routers:
                         text = (await client.get(url + "/metrics")).text
-                        for m in re.finditer(r'paged_router_in_flight_requests\{backend="([^"]+)"'
-                                             r'\} (\S+)', text):
-                            counts[m.group(1)] = counts.get(m.group(1), 0.0) + float(m.group(2))
+                        for sample in samples(text):
+                            if sample.name == "paged_router_in_flight_requests":
+                                backend = sample.labels["backend"]
+                                counts[backend] = counts.get(backend, 0.0) + sample.value
                     samples.append([counts[u] for u in engine_urls])
                     await asyncio.sleep(0.005)
 
@@ -200,9 +199,9 @@ def added_latency(engine_url: str, n: int, logs: Path) -> dict:
 
     text = asyncio.run(measure())
     router.stop()
-    m = re.search(r"paged_router_added_latency_seconds_sum (\S+)", text)
-    c = re.search(r"paged_router_added_latency_seconds_count (\S+)", text)
+    own = {s.name: s.value for s in samples(text)}
+    own_s, own_n = (own["paged_router_added_latency_seconds_" + k] for k in ("sum", "count"))
     return {"direct_p50_ms": 1000 * statistics.median(direct),
             "routed_p50_ms": 1000 * statistics.median(routed),
             "added_p50_ms": 1000 * (statistics.median(routed) - statistics.median(direct)),
-            "router_own_mean_ms": 1000 * float(m.group(1)) / float(c.group(1))}
+            "router_own_mean_ms": 1000 * own_s / own_n}

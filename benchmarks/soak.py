@@ -38,6 +38,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
 BACKLOG_LIMIT = 256  # --max-stream-backlog-tokens of the soaked server
@@ -89,11 +90,12 @@ class Server:
             time.sleep(0.3)
 
     def metrics(self) -> dict[str, float]:
-        out = {}
-        for line in httpx.get(self.url + "/metrics", timeout=10).text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                out[name.split("{")[0]] = float(value)
+        """Each sample's value summed over its label sets."""
+        out: dict[str, float] = collections.defaultdict(float)
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                out[sample.name] += sample.value
         return out
 
     def stop(self) -> int:

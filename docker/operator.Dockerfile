@@ -15,16 +15,15 @@ RUN pip install "kopf>=1.45,<2" "kubernetes>=33"
 
 WORKDIR /app
 COPY operator/paged_operator /app/paged_operator
-# The engine's settings table (torch-free): spec.engine parsing and the flag mapping use it.
-# engine/__init__.py imports the engine lazily, so only these files are needed.
-COPY engine/__init__.py engine/settings.py engine/settings_k8s.py /app/engine/
-# What paged_operator/contract.py reads to parse a PagedInferenceTuning as the tuner Job
-# does (torch-free): the search-space grammar and the workload names.
-COPY tuner/__init__.py /app/tuner/
-COPY tuner/search/__init__.py tuner/search/space.py /app/tuner/search/
+# The engine's settings table and the search-space grammar over it (torch-free):
+# spec.engine parsing, the flag mapping and paged_operator/contract.py's reading of a
+# PagedInferenceTuning use them. engine/__init__.py imports the engine lazily, so only
+# these files are needed.
+COPY engine/__init__.py engine/settings.py engine/settings_k8s.py engine/search_space.py /app/engine/
+# The workload names a PagedInferenceTuning may give (torch-free).
 COPY loadtests/__init__.py /app/loadtests/
 COPY loadtests/workloads/__init__.py loadtests/workloads/base.py /app/loadtests/workloads/
-RUN python -m compileall -q /app/paged_operator /app/engine /app/tuner /app/loadtests
+RUN python -m compileall -q /app/paged_operator /app/engine /app/loadtests
 
 # The chart runs it as UID 1000 with a read-only root filesystem (/tmp is an emptyDir).
 RUN useradd --uid 1000 --user-group --no-create-home --home-dir /tmp operator

@@ -12,7 +12,7 @@ from engine.attention import PAGED_ATTENTION, AttentionMetadata
 from engine.config import EngineConfig
 from engine.kv_capacity import KVShape, dtype_name, num_kv_blocks
 from engine.scheduler import ScheduledBatch
-from kernels import get_backend
+from paged_kernels import get_backend
 
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
            "half": torch.float16, "bfloat16": torch.bfloat16}

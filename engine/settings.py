@@ -3,7 +3,7 @@
 From `TABLE` derive: `EngineConfig`'s checks (engine/config.py), the `python -m engine serve`
 flags (engine/entrypoints/cli.py), the operator's spec.engine parsing and flag mapping and
 the CRD's spec.engine schema (engine/settings_k8s.py; scripts/gen_crd_engine.py writes the
-schema into the chart) and the tuner's search space (tuner/search/space.py). Like vLLM's
+schema into the chart) and the tuner's search space (engine/search_space.py). Like vLLM's
 `EngineArgs`, but extended to the CRD and the tuner. docs/INTERFACES.md: how to add one.
 
 Torch-free on purpose: the operator image ships engine/__init__.py, this and settings_k8s.py.
@@ -38,7 +38,7 @@ class Setting:
     env: str | None = None           # environment variable that supplies the default
     managed: bool = False            # the operator sets the flag; extraArgs may not
     crd_default: bool = False        # the CRD declares the default (always passed on)
-    tune: str | None = None          # the tuner's default range (tuner/search/space.py's grammar)
+    tune: str | None = None          # the tuner's default range (engine/search_space.py's grammar)
     tune_off: Any = None             # the tuner's value that leaves the setting (or a dict
                                      # key's object) unset
     keys: tuple["Setting", ...] = ()  # type dict: its keys, each checked like a setting

@@ -4,7 +4,7 @@
 #   1. the kernel parity suite, compiled on CUDA instead of interpreted, and the engine's
 #      greedy parity with transformers running on the GPU through the Triton backend;
 #   2. the KV host tier's CUDA transfer (tests/engine/test_kv_tiers.py -k cuda);
-#   3. python -m kernels.bench over the full grid, with a time budget.
+#   3. python -m paged_kernels.bench over the full grid, with a time budget.
 # Results land in $OUT (default ./gpu-check): env.txt, tests.log, bench.md, bench.log.
 # Usage: bash scripts/gpu_check.sh      (from the repository root)
 set -uo pipefail
@@ -31,5 +31,5 @@ timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/engine/test_kv_tiers.py
   2>&1 | tee "$OUT/kv_tiers.log" | tail -5
 echo "kv tiers: exit ${PIPESTATUS[0]}"
 
-timeout 300 "$PY" -m kernels.bench --budget-s 220 --out "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log"
+timeout 300 "$PY" -m paged_kernels.bench --budget-s 220 --out "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log"
 echo "bench: exit ${PIPESTATUS[0]}"

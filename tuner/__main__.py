@@ -1,4 +1,4 @@
-"""`python -m tuner sweep|report|trace|bench` (see tuner/README.md); `tune` and
+"""`python -m tuner sweep|report|trace` (see tuner/README.md); `tune` and
 `load-worker` are the in-cluster tuning's Job and load-worker pods."""
 from __future__ import annotations
 
@@ -24,13 +24,10 @@ def main(argv: list[str] | None = None) -> int:
         return load_worker.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "bench":
-        from benchmarks import bench_offline  # an engine benchmark; imported only when asked
-        return bench_offline.main(args.rest) or 0
     if args.command == "report":
         return _report(parser, args)
     if args.command == "trace":
-        from loadtests.sources import log_to_trace as trace
+        from tuner.sources import log_to_trace as trace
         return trace.main(args)
     return _sweep(parser, args)
 
@@ -120,9 +117,9 @@ def _engine_flags(args: argparse.Namespace, profile: dict) -> tuple[str, ...]:
 
 
 def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from tuner.search.space import SpaceError, build_space, parse_param
+    from engine.search_space import SpaceError, build_space, parse_param
 
-    from loadtests.sources import workload_source
+    from tuner.sources import workload_source
     from tuner.measure.loadgen import LoadError
 
     _check_common(parser, args)
@@ -131,7 +128,7 @@ def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.capacity < 0:
         parser.error("--capacity takes a number of probes >= 1")
     tag = Path(args.model).name if args.model else "default"
-    try:  # --workload, --trace or --workload-from-prometheus (loadtests/sources/workload_source.py)
+    try:  # --workload, --trace or --workload-from-prometheus (tuner/sources/workload_source.py)
         source = workload_source.resolve(args, out_dir=Path(args.out_dir or Path("tuner-out") / (
             args.study_name or f"trace-{args.objective}-{tag}")))
     except (ValueError, LoadError) as exc:

@@ -142,10 +142,6 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("-o", "--out", required=True, help="trace file to write (JSONL)")
     trace.add_argument("--min-group", type=int, default=2,
                        help="requests sharing a prefix hash form a group from this many on")
-
-    bench = sub.add_parser("bench", help="benchmarks (offline: throughput without HTTP)")
-    bench.add_argument("kind", choices=("offline",))
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine.router.metrics import RouterMetrics
 
@@ -39,17 +40,17 @@ def normalize_url(url: str) -> str:
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Sums of the scraped gauges over their label sets (one model per engine)."""
+    """Sums of the scraped gauges over their label sets (one model per engine); {} for
+    text that is not Prometheus's exposition format."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line:
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in SCRAPED:
-            try:
-                out[SCRAPED[name]] = out.get(SCRAPED[name], 0.0) + float(line.rsplit(" ", 1)[1])
-            except ValueError:
-                continue
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in SCRAPED:
+                    key = SCRAPED[sample.name]
+                    out[key] = out.get(key, 0.0) + sample.value
+    except ValueError:
+        return {}
     return out
 
 

@@ -8,7 +8,7 @@ SpecValid condition before any Job starts, the Job as status.decision when it do
 docs/INTERFACES.md ("Operator and tuner Job") describes the same for people.
 
 The operator image ships this module with engine/settings.py (the settings table),
-tuner/search/space.py (the search-space grammar) and loadtests/workloads/ (the workload
+engine/search_space.py (the search-space grammar) and loadtests/workloads/ (the workload
 names), all torch-free: tests/engine/test_settings.py parses a tuning in that file set.
 
 Names follow the CRD (camelCase); `searchSpace` keys are `spec.engine`'s keys (and offloadGiB,
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadtests.workloads import WORKLOAD_NAMES
-from tuner.search.space import (DEFAULT_SPACE, OUTSIDE_ENGINE, SETTINGS, Param, SpaceError,
-                                parse_param)
+from engine.search_space import (DEFAULT_SPACE, OUTSIDE_ENGINE, SETTINGS, Param, SpaceError,
+                                 parse_param)
 
 # ---- the API ----
 GROUP = "serving.pagedinference.dev"

@@ -57,7 +57,7 @@ INVALID = [
 def test_the_search_space_schema_names_every_dimension_the_tuner_varies():
     """A key the schema does not list would be pruned by the API server, silently."""
     from paged_operator.contract import SEARCH_KEYS
-    from tuner.search.space import SETTINGS
+    from engine.search_space import SETTINGS
 
     listed = SCHEMA["properties"]["spec"]["properties"]["searchSpace"]["properties"]
     assert set(listed) == {key for key, name in SEARCH_KEYS.items()

@@ -20,7 +20,7 @@ from engine.entrypoints.cli import ENGINE_FLAGS, add_serve_arguments, build_pars
 from paged_operator import manifests
 from paged_operator.spec import MANAGED_FLAGS, EngineSettings, InvalidSpecError, parse_spec
 from tuner.measure.local import EngineLaunch
-from tuner.search import space
+from engine import search_space as space
 
 SCHEMA = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 ENGINE_SCHEMA = SCHEMA["properties"]["spec"]["properties"]["engine"]

@@ -60,11 +60,13 @@ def _operator_image_files(tmp: Path) -> Path:
 
 def test_the_operator_image_file_set_parses_specs_without_torch(tmp_path):
     """Only what the operator Dockerfile copies (paged_operator, engine/__init__.py,
-    settings.py and settings_k8s.py, the tuner's space grammar and the workload names): the
-    service spec parser and the tuning contract run, and torch, optuna, locust stay out."""
+    settings.py, settings_k8s.py and search_space.py, and the workload names): the service
+    spec parser and the tuning contract run, no tuner module is there, and torch, optuna,
+    locust stay out."""
     app = _operator_image_files(tmp_path)
+    assert sorted(p.name for p in app.iterdir()) == ["engine", "loadtests", "paged_operator"]
     assert sorted(p.name for p in (app / "engine").iterdir()) == [
-        "__init__.py", "settings.py", "settings_k8s.py"]
+        "__init__.py", "search_space.py", "settings.py", "settings_k8s.py"]
     code = ("import sys, engine, paged_operator.spec as s, paged_operator.contract as c; "
             f"assert engine.__file__.startswith({str(app)!r}), engine.__file__; "
             f"assert c.__file__.startswith({str(app)!r}), c.__file__; "

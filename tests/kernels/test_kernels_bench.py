@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import bench
+from paged_kernels import bench
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message printed on machines without CUDA")
 def test_exits_with_a_clear_message_without_cuda():
-    done = subprocess.run([sys.executable, "-m", "kernels.bench", "--batch", "1"], cwd=REPO, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "paged_kernels.bench", "--batch", "1"], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2
     assert "needs a CUDA GPU" in done.stderr and done.stdout == ""

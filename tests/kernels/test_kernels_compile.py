@@ -18,7 +18,7 @@ SCRIPT = r"""
 import json, sys, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels import triton_attention as ta, triton_cache as tc
+from paged_kernels import triton_attention as ta, triton_cache as tc
 
 def compile_for(arch, fn, pointers, constexprs, index="i32"):
     sig = {}

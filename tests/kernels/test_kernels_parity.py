@@ -1,5 +1,5 @@
 """One parity suite for every attention backend: each runs the same batches and must match the
-torch twin (kernels.reference) and dense causal attention over contiguous K/V.
+torch twin (paged_kernels.reference) and dense causal attention over contiguous K/V.
 
 Under TRITON_INTERPRET the Triton kernels run on CPU, so the cases stay small; they still cover
 several context tiles, block boundaries, GQA groups that are not powers of two, padded head
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from paged_attention_cases import TOLERANCE, dense_attention, make_case
 
-from kernels import reference
+from paged_kernels import reference
 
 torch.set_num_threads(1)
 

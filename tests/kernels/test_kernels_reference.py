@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from paged_attention_cases import TOLERANCE, dense_attention, make_case
 
-from kernels import get_backend
+from paged_kernels import get_backend
 
 torch.set_num_threads(1)  # CI shares 2 cores between xdist workers
 
@@ -64,7 +64,7 @@ def test_sequences_without_new_tokens_and_empty_batch():
 
 def test_long_prefill_in_query_chunks(monkeypatch):
     # Force the score budget down so the prefill runs in several query chunks.
-    from kernels import reference
+    from paged_kernels import reference
 
     monkeypatch.setattr(reference, "SCORE_BUDGET_BYTES", 4 * 4 * 40 * 8)
     case = make_case(q_lens=[40, 1], seq_lens=[40, 9], block_size=8)

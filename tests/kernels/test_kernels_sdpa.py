@@ -1,4 +1,4 @@
-"""The fast CPU path (kernels.sdpa) on the branches the shared parity suite does not force:
+"""The fast CPU path (paged_kernels.sdpa) on the branches the shared parity suite does not force:
 several length buckets in one batch, query chunking of long prefills, padding table entries,
 and how the backend is chosen. Every answer is held to the twin and to dense attention."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from paged_attention_cases import PAD_BLOCK, TOLERANCE, dense_attention, make_case
 
-from kernels import TorchBackend, TorchReferenceBackend, get_backend, reference, sdpa
+from paged_kernels import TorchBackend, TorchReferenceBackend, get_backend, reference, sdpa
 
 torch.set_num_threads(1)
 

@@ -1,90 +1,125 @@
-"""transformers must never mistake our `kernels/` package for the Hugging Face hub-kernels library.
+"""Our kernels never answer for Hugging Face's hub-kernels library, and both install side by side.
 
 transformers' probe (transformers.utils.import_utils.is_kernels_available) finds any importable
 `kernels`, reads its version from distribution metadata (or, with none, from
-`kernels.__version__` after importing it) and accepts only KERNELS_MIN_VERSION <= v <
-KERNELS_MAX_VERSION. Our distribution, paged-inference, is 0.1.0: below that range. The probe
-caches its answer, so each case runs in a fresh interpreter.
+`kernels.__version__` after importing it) and uses the library when that version is in range.
+Our package installs as `paged_kernels` (the folder kernels/ holds it), so no install of this
+project claims the name `kernels`, and in a checkout the folder kernels/ has no __init__.py:
+at most an empty namespace package, which the probe ignores and any real `kernels` outranks.
+The probe caches its answer, so each case runs in a fresh interpreter.
 """
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import json
-import re
+import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# What pyproject.toml's packages.find reads, and the readme its metadata names.
+SOURCES = ("pyproject.toml", "README.md", "engine", "kernels", "tuner", "loadtests",
+           "operator", "localcluster")
 
 PROBE = """
 import importlib.util, json, sys
 import transformers
 from transformers.utils import import_utils
 spec = importlib.util.find_spec("kernels")
+import paged_kernels
 print(json.dumps({
     "kernels_origin": spec.origin if spec else None,
-    "available": import_utils.is_kernels_available(),
     "seen_as": import_utils._is_package_available("kernels", return_version=True),
-    "min_version": import_utils.KERNELS_MIN_VERSION,
+    "available": import_utils.is_kernels_available(),
+    "paged_kernels": paged_kernels.__file__,
     "triton_imported": "triton" in sys.modules,
 }))
 """
 
-
-HIDE_METADATA = """
+HIDE_OUR_METADATA = """
 import importlib.metadata as md
-_real_version = md.version
-def _version(name):  # as in a plain checkout: no distribution claims `kernels`
-    if name in ("kernels", "paged-inference", "paged_inference"):
+_real_version, _real_map = md.version, md.packages_distributions
+def _version(name):  # as in a plain checkout: no install of this project
+    if name in ("paged-inference", "paged_inference"):
         raise md.PackageNotFoundError(name)
     return _real_version(name)
 md.version = _version
+md.packages_distributions = lambda: {k: [d for d in v if d != "paged-inference"]
+                                     for k, v in _real_map().items()}
 """
 
 
-def run_probe(extra_path: Path | None = None, *, hide_metadata: bool = False) -> dict:
-    path = [str(REPO)] + ([str(extra_path)] if extra_path else [])
-    code = f"import sys; sys.path[:0] = {path!r}\n" + (HIDE_METADATA if hide_metadata else "") + PROBE
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert done.returncode == 0, done.stderr
+def _hub_kernels() -> md.Distribution | None:
+    """Hugging Face's `kernels` as installed here (scripts/setup.sh puts it in), if it is."""
+    try:
+        return md.distribution("kernels")
+    except md.PackageNotFoundError:
+        return None
+
+
+def run_probe(path: list[Path], *, prelude: str = "") -> dict:
+    """The probe under `python -S`: only `path`, then this interpreter's site-packages
+    without their .pth files (an editable install's finder would add the checkout)."""
+    paths = sysconfig.get_paths()
+    site = list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+    boot = f"import sys; sys.path[:0] = {[str(p) for p in path]!r}; sys.path += {site!r}\n"
+    done = subprocess.run([sys.executable, "-S", "-c", boot + prelude + PROBE],
+                          capture_output=True, text=True, timeout=120, cwd=path[0])
+    assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_probe_finds_our_package_and_rejects_it():
-    result = run_probe()  # this environment as it is, installed or not
-    assert Path(result["kernels_origin"]) == REPO / "kernels" / "__init__.py"  # the probe does find our package
-    assert result["seen_as"][1] in ("0.1.0", "N/A")
-    assert result["available"] is False
-    assert result["triton_imported"] is False  # probing imported our package cheaply
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """`pip install` of this project (without dependencies) into a folder of its own."""
+    src, target = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("site")
+    for name in SOURCES:
+        copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy
+        copy(REPO / name, src / name)
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                           "--no-build-isolation", "--no-index", "--target", str(target),
+                           str(src)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return target
 
 
-def test_checkout_without_metadata_is_not_hub_kernels():
-    result = run_probe(hide_metadata=True)
-    assert result["seen_as"] == [True, "N/A"]  # imported, no __version__: never a viable version
-    assert result["available"] is False
+def test_an_install_claims_paged_kernels_and_never_kernels(installed):
+    dist = next(installed.glob("paged_inference-*.dist-info"))
+    top_level = set((dist / "top_level.txt").read_text().split())
+    assert "paged_kernels" in top_level and "kernels" not in top_level
+    assert not (installed / "kernels").exists()
+    files = [line.split(",", 1)[0] for line in (dist / "RECORD").read_text().splitlines()]
+    assert "paged_kernels/triton_attention.py" in files
+    assert not [f for f in files if f.startswith("kernels/")]
 
 
-def test_installed_distribution_is_not_hub_kernels(tmp_path):
-    # What an install leaves: paged-inference metadata claiming the top-level `kernels`.
-    from packaging.version import Version
-
-    dist = tmp_path / "paged_inference-0.1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: paged-inference\nVersion: 0.1.0\n")
-    (dist / "top_level.txt").write_text("engine\nkernels\ntuner\nloadtests\n")
-    result = run_probe(tmp_path)
-    assert result["seen_as"] == [True, "0.1.0"]  # the probe read our distribution's version
-    assert result["available"] is False
-    assert Version("0.1.0") < Version(result["min_version"])
+def test_installed_beside_hub_kernels_both_import_and_the_probe_sees_theirs(installed):
+    hub = _hub_kernels()
+    if hub is None:
+        pytest.skip("Hugging Face's `kernels` is not installed (scripts/setup.sh installs it)")
+    hub_dir = Path(hub.locate_file(""))
+    result = run_probe([installed, hub_dir])
+    assert Path(result["kernels_origin"]) == hub_dir / "kernels" / "__init__.py"
+    assert result["seen_as"] == [True, hub.version]
+    assert Path(result["paged_kernels"]) == installed / "paged_kernels" / "__init__.py"
+    assert result["triton_imported"] is False
 
 
-def test_pyproject_version_stays_below_hub_kernels():
-    from packaging.version import Version
-    from transformers.utils.import_utils import KERNELS_MIN_VERSION
-
-    text = (REPO / "pyproject.toml").read_text()
-    assert re.search(r'^name = "paged-inference"$', text, re.M)
-    version = re.search(r'^version = "([^"]+)"$', text, re.M).group(1)
-    assert Version(version) < Version(KERNELS_MIN_VERSION)
+def test_in_a_checkout_the_probe_never_reaches_our_package(tmp_path):
+    """The repository root first on sys.path (as `python -m` from it), no install of this
+    project: `kernels` is Hugging Face's when it is installed, else nothing the probe takes."""
+    result = run_probe([REPO, REPO / "kernels"], prelude=HIDE_OUR_METADATA)
+    assert Path(result["paged_kernels"]) == REPO / "kernels" / "paged_kernels" / "__init__.py"
+    hub = _hub_kernels()
+    if hub is None:
+        assert result["kernels_origin"] is None  # kernels/ is a bare folder: a namespace
+        assert result["seen_as"] == [False, "N/A"] and result["available"] is False
+    else:
+        assert Path(result["kernels_origin"]) == Path(hub.locate_file("kernels/__init__.py"))
+        assert result["seen_as"] == [True, hub.version]
+    assert result["triton_imported"] is False

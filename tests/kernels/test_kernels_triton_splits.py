@@ -10,14 +10,14 @@ import pytest
 import torch
 from paged_attention_cases import TOLERANCE, make_case
 
-from kernels import reference
+from paged_kernels import reference
 
 torch.set_num_threads(1)
 
 
 @pytest.fixture
 def triton_attention():
-    from kernels import triton_attention
+    from paged_kernels import triton_attention
 
     return triton_attention
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from paged_attention_cases import make_case
 
-from kernels import TorchBackend, get_backend
+from paged_kernels import TorchBackend, get_backend
 
 
 @pytest.fixture

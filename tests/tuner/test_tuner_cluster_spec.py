@@ -92,7 +92,7 @@ def test_bad_load_sources_name_the_field(change: dict, field: str) -> None:
 
 def test_an_unset_search_space_is_the_settings_tables_default_ranges() -> None:
     from engine.settings import SPEC_SETTINGS
-    from tuner.search.space import parse_param
+    from engine.search_space import parse_param
 
     spec = parse_tuning({"targetRef": {"name": "svc"}})
     tuned = {s.name: s.tune for s in SPEC_SETTINGS if s.tune} | {

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from paged_operator.contract import parse_tuning, spec_error
-from tuner.search.space import Param
+from engine.search_space import Param
 
 BASE = {"targetRef": {"name": "svc"}}
 

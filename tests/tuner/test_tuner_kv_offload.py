@@ -14,8 +14,8 @@ from tuner.measure.loadgen import LoadSpec
 from tuner.measure.local import EngineLaunch
 from tuner.measure.runner import Infeasible, TrialRequest
 from tuner.search.confirm import engine_defaults
-from tuner.search.space import (DEFAULT_SPACE, SETTINGS, build_space, engine_values,
-                                to_engine_spec, to_spec_patch)
+from engine.search_space import (DEFAULT_SPACE, SETTINGS, build_space, engine_values,
+                                 to_engine_spec, to_spec_patch)
 
 NAME = "kv_offloading_size"
 

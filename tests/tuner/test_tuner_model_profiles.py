@@ -1,7 +1,7 @@
 """Which CPU profile, SLOs, lengths and EOS handling a sweep gets for its --model."""
 import pytest
 
-from loadtests.sources import workload_source
+from tuner.sources import workload_source
 from tuner.__main__ import _engine_flags, _slos_and_load
 from tuner.arguments import build_parser
 

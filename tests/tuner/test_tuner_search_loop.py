@@ -15,7 +15,7 @@ from tuner.incluster.service_runner import ServiceRunner, service_name
 from tuner.measure.loadgen import LoadError, LoadSpec
 from tuner.measure.runner import Infeasible, TrialRequest
 from tuner.search.loop import run_search
-from tuner.search.space import parse_param
+from engine.search_space import parse_param
 
 
 class Recorder:

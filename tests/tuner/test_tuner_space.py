@@ -5,7 +5,7 @@ import optuna
 import pytest
 
 from tuner.measure.local import EngineLaunch
-from tuner.search.space import SpaceError, build_space, parse_param, to_engine_spec
+from engine.search_space import SpaceError, build_space, parse_param, to_engine_spec
 
 
 def test_default_space_has_the_five_settings_and_block_sizes_are_powers_of_two():

@@ -12,7 +12,7 @@ import pytest
 from paged_operator.contract import parse_tuning
 from tuner.incluster.model_facts import model_facts
 from tuner.incluster.space_bounds import job_space, target_memory
-from tuner.search.space import Param
+from engine.search_space import Param
 
 GIB = 2**30
 BASE = {"targetRef": {"name": "svc"}}

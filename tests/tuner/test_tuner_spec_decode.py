@@ -16,8 +16,8 @@ from tuner.measure.local import EngineLaunch
 from tuner.measure.runner import Infeasible, TrialRequest
 from tuner.search.confirm import Baseline, candidates, engine_defaults
 from tuner.search.report import best_table, confirmation_table, validate_patch
-from tuner.search.space import (SpaceError, build_space, from_engine_spec, parse_param,
-                                to_engine_spec)
+from engine.search_space import (SpaceError, build_space, from_engine_spec, parse_param,
+                                 to_engine_spec)
 
 
 def test_the_default_space_searches_num_speculative_tokens_with_zero_as_off():

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from engine.entrypoints.request_log import RequestLog, prefix_hashes
-from loadtests.sources.log_to_trace import log_to_trace, read_request_log
+from tuner.sources.log_to_trace import log_to_trace, read_request_log
 
 
 def test_prefix_hashes_agree_exactly_as_far_as_the_prompts_do():

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 from engine.entrypoints.metrics import token_buckets
 from localcluster.prometheus import start_prometheus, write_targets
-from loadtests.sources.histogram import BucketDistribution, fit_from_prometheus, parse_window
+from tuner.sources.histogram import BucketDistribution, fit_from_prometheus, parse_window
 from tuner.measure.promql import PrometheusReader
 
 EDGES = token_buckets(4096)  # 1, 2, 5, 10, ..., 2000

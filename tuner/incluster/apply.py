@@ -36,7 +36,7 @@ import yaml
 from tuner.incluster import live_verify
 from paged_operator.contract import APPLIED_BY, PREVIOUS_ENGINE
 from tuner.incluster.kv_tier import kv_change
-from tuner.search.space import to_engine_spec as camel, to_spec_patch
+from engine.search_space import to_engine_spec as camel, to_spec_patch
 from tuner.measure.promql import PrometheusError
 from tuner.search.stats import t975
 from tuner.measure.runner import Infeasible

@@ -47,10 +47,10 @@ from paged_operator.contract import (API_KEY_FILE_ENV, BY_KEY, INDEX_ENV, STORAG
 from tuner.measure.promql import PrometheusReader
 from tuner.search.confirm import Baseline, run_confirmation
 from tuner.search.loop import Outcome, run_search
-from tuner.search.space import from_engine_spec
+from engine.search_space import from_engine_spec
 from tuner.incluster.kv_tier import outside_baseline, trial_spec, with_opt_in
 from tuner.search.sweep import quiet_optuna
-from loadtests.sources.workload_source import WorkloadSource
+from tuner.sources.workload_source import WorkloadSource
 
 FINAL = ("Succeeded", "Failed")
 

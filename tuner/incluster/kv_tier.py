@@ -9,8 +9,8 @@ from typing import Any
 
 from loadtests.workloads import get_workload
 from paged_operator.contract import TuningSpec, search_space
-from tuner.search.space import (OUTSIDE_ENGINE, Param, default_value, engine_values,
-                                from_outside_spec, to_engine_spec)
+from engine.search_space import (OUTSIDE_ENGINE, Param, default_value, engine_values,
+                                 from_outside_spec, to_engine_spec)
 
 
 def with_opt_in(tuning: TuningSpec, spec: dict[str, Any]) -> TuningSpec:

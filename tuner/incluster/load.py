@@ -3,7 +3,7 @@
 - `workload_source`: spec.workload (a synthetic workload), or spec.workloadFrom:
   `trace.configMapRef` (the operator mounts the key as a file, $TUNER_TRACE_FILE),
   `trace.url` (fetched once into the out dir), or `prometheus` (lengths and rate fitted
-  from the target's own histograms over `window`, loadtests.sources.workload_source.from_prometheus;
+  from the target's own histograms over `window`, tuner.sources.workload_source.from_prometheus;
   default selector: the target's pods). The non-synthetic sources come with a workload
   document (what was inferred, what was assumed) for the status and the recommendation.
 - `load_spec`: the LoadSpec and SLOs every measurement of the tuning uses, with
@@ -32,7 +32,7 @@ from tuner.measure.scoring import load_samples
 from tuner.incluster.run import TuningRun
 from tuner.incluster.service_runner import merge_patch, private_disk_tier
 from tuner.measure.trial import measure
-from loadtests.sources.workload_source import WorkloadSource, from_prometheus, from_trace
+from tuner.sources.workload_source import WorkloadSource, from_prometheus, from_trace
 
 MAX_TRACE_BYTES = 256 << 20   # a trace URL's body: ~2.5 million requests
 # spec.autoscaling.metric -> the poller's per-pod mean during a probe (tuner.measure.server_metrics)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from loadtests.sources.workload_source import WorkloadSource
+from tuner.sources.workload_source import WorkloadSource
 from tuner.incluster.cluster import Cluster
 from paged_operator.contract import TuningSpec
 from tuner.measure.loadgen import LoadSpec

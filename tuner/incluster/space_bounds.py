@@ -40,7 +40,7 @@ from paged_operator.contract import TuningSpec
 from paged_operator.fields import quantity_value
 from paged_operator.kv_cache import CPU_RUNTIME_GIB, cpu_device_gib, memory_for_cpu_device
 from tuner.incluster.model_facts import ModelFacts, Unknown, model_facts
-from tuner.search.space import Param
+from engine.search_space import Param
 
 GIB = 2**30
 FRACTION, BLOCK, SEQS, TOKENS = ("gpu_memory_utilization", "block_size", "max_num_seqs",

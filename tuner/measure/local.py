@@ -19,7 +19,7 @@ from tuner.measure.loadgen import LoadSpec
 from tuner.measure.promql import PrometheusReader, write_target
 from tuner.measure.runner import Infeasible, TrialRequest
 from tuner.measure.trial import engine_device, measure
-from tuner.search.space import engine_values
+from engine.search_space import engine_values
 
 
 @dataclass(frozen=True)

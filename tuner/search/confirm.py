@@ -23,7 +23,7 @@ import yaml
 
 from tuner.measure.runner import Infeasible, TrialRequest, TrialRunner
 from tuner.search import study as st
-from tuner.search.space import SETTINGS, default_value, from_engine_spec, from_outside_spec
+from engine.search_space import SETTINGS, default_value, from_engine_spec, from_outside_spec
 from tuner.search.stats import decide, paired_gain
 
 BASELINE = "baseline"

@@ -33,7 +33,7 @@ from engine import settings as engine_settings
 from tuner.measure.loadgen import LoadError
 from tuner.measure.runner import Infeasible, TrialRequest, TrialRunner
 from tuner.search import study as st
-from tuner.search.space import Param
+from engine.search_space import Param
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The fast CPU paged attention: gather each sequence's blocks, one SDPA call per bucket.
 
-kernels.reference stays the oracle; this is the path the engine runs on CPU. Sequences are
+paged_kernels.reference stays the oracle; this is the path the engine runs on CPU. Sequences are
 grouped into buckets (decodes by context, chunks of several queries by query count, each
 rounded up to a power of two, so padding at most doubles a bucket's work); each bucket
 gathers its sequences' blocks into one padded ``[n, ctx, kv_heads, D]`` tensor (one
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import reference
+from paged_kernels import reference
 
 # Cap on the boolean mask of one SDPA call ([n, 1, q, ctx] bytes); longer prefills run in
 # query chunks. SDPA's CPU flash kernel tiles the scores itself, so the mask is the big part.
@@ -111,7 +111,7 @@ _plans = threading.local()
 def paged_attention_sdpa(
     query, key_cache, value_cache, *, cu_seqlens_q, seq_lens, block_tables, scale, sliding_window=None
 ) -> torch.Tensor:
-    """Same contract as kernels.reference.paged_attention_ref (docs/INTERFACES.md)."""
+    """Same contract as paged_kernels.reference.paged_attention_ref (docs/INTERFACES.md)."""
     out = torch.empty_like(query)
     if query.shape[0] == 0:
         return out

@@ -55,7 +55,7 @@ def _copy_blocks_kernel(
 
 
 def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
-    """Same contract as kernels.reference.reshape_and_cache_ref; validated by the caller."""
+    """Same contract as paged_kernels.reference.reshape_and_cache_ref; validated by the caller."""
     key = key if key.stride(-1) == 1 else key.contiguous()
     value = value if value.stride(-1) == 1 else value.contiguous()
     num_tokens, num_kv_heads, head_dim = key.shape

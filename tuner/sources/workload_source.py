@@ -2,7 +2,7 @@
 
 `--workload NAME` (loadtests/workloads), `--trace FILE` (replayed at its arrival times,
 loadtests/workloads/trace.py) or `--workload-from-prometheus URL --window 24h` (lengths and
-rate fitted from the service's histograms, loadtests/sources/histogram.py, written as a
+rate fitted from the service's histograms, tuner/sources/histogram.py, written as a
 trace of `--duration` seconds and replayed). The last two come with a workload document,
 what was inferred and what was assumed, printed and written to <out-dir>/workload.md.
 These are the functions the in-cluster tuning (spec.workloadFrom) calls too.
@@ -15,10 +15,10 @@ from pathlib import Path
 
 from loadtests.workloads import TRACE_WORKLOAD, WorkloadSpec, get_workload
 from loadtests.workloads.trace import read_trace, trace_rate, write_trace
-from loadtests.sources.histogram import fit_from_prometheus
+from tuner.sources.histogram import fit_from_prometheus
 from tuner.measure.loadgen import LoadSpec
 from tuner.measure.promql import PrometheusReader
-from loadtests.sources.log_to_trace import describe_trace, render_document
+from tuner.sources.log_to_trace import describe_trace, render_document
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 twin that is the oracle) and the Triton kernels (CUDA).
 
 Both share one front door, :class:`AttentionBackend`, which validates every launch
-(kernels.validation) and then hands over to the implementation, so a bad launch fails the
+(paged_kernels.validation) and then hands over to the implementation, so a bad launch fails the
 same way on either backend.
 """
 
@@ -63,7 +63,7 @@ class AttentionBackend:
 
 class TorchBackend(AttentionBackend):
     """The CPU backend: paged attention as bucketed SDPA calls and the cache write as one
-    index_copy_ per cache (kernels.sdpa); block copy is the twin's (one op per layer)."""
+    index_copy_ per cache (paged_kernels.sdpa); block copy is the twin's (one op per layer)."""
 
     name = "torch"
     _reshape_and_cache = staticmethod(sdpa.reshape_and_cache_slots)
@@ -72,7 +72,7 @@ class TorchBackend(AttentionBackend):
 
 
 class TorchReferenceBackend(TorchBackend):
-    """The plain-torch twins (kernels.reference) throughout: the oracle, selectable to rule
+    """The plain-torch twins (paged_kernels.reference) throughout: the oracle, selectable to rule
     the fast path out when an answer looks wrong."""
 
     name = "torch-reference"

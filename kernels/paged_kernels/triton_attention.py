@@ -198,7 +198,7 @@ def paged_attention(
     query, key_cache, value_cache, *, cu_seqlens_q, seq_lens, block_tables, scale, sliding_window=None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
-    """Same contract as kernels.reference.paged_attention_ref; arguments are validated by the caller.
+    """Same contract as paged_kernels.reference.paged_attention_ref; arguments are validated by the caller.
     num_splits: KV splits per query tile (None: chosen from shapes and the device)."""
     query = query if query.stride(-1) == 1 else query.contiguous()
     num_tokens, num_heads, head_dim = query.shape

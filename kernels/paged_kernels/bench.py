@@ -1,6 +1,6 @@
 """Decode-attention roofline benchmark for the Triton paged-attention kernel (CUDA only).
 
-    python -m kernels.bench [--batch 1,8,32,64,128,256] [--context 512,2048,8192,32768]
+    python -m paged_kernels.bench [--batch 1,8,32,64,128,256] [--context 512,2048,8192,32768]
                             [--block-size 8,16,32,64,128] [--out table.md]
 
 For each batch x context it times one decode step (one query per sequence) of the paged
@@ -55,7 +55,7 @@ def parse_ints(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m paged_kernels.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=parse_ints, default=[1, 8, 32, 64, 128, 256])
     p.add_argument("--context", type=parse_ints, default=[512, 2048, 8192, 32768])
     p.add_argument("--block-size", type=parse_ints, default=[8, 16, 32, 64, 128])
@@ -141,7 +141,7 @@ def bandwidth(nbytes: int, us: float, peak: float | None) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not torch.cuda.is_available():
-        print("kernels.bench needs a CUDA GPU: it times the Triton decode kernel against contiguous SDPA, and "
+        print("paged_kernels.bench needs a CUDA GPU: it times the Triton decode kernel against contiguous SDPA, and "
               "CPU timings mean nothing here. Run it on a machine with an NVIDIA GPU and triton installed.",
               file=sys.stderr)
         return 2

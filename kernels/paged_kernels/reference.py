@@ -6,7 +6,7 @@ tested against dense causal attention over contiguous K/V). So they stay simple 
 vectorised: no Python loop over sequences or tokens, softmax always in fp32.
 
 Cache layout, per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]``; slot ``s`` is
-``(s // block_size, s % block_size)``. Callers validate arguments first (kernels.validation).
+``(s // block_size, s % block_size)``. Callers validate arguments first (paged_kernels.validation).
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """The search space: which engine settings a sweep varies and over which values.
 
+It lives beside the settings table it reads (torch-free) because both the tuner and the
+operator (paged_operator/contract.py, parsing a PagedInferenceTuning's searchSpace) use it.
+
 Command-line grammar (`--param NAME=SPEC`, repeatable; a file uses the same SPEC strings
 or YAML lists/mappings):
 
