@@ -26,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "report":
         return _report(parser, args)
+    if args.command in ("profile", "simulate"):  # tuner/sim/: the engine in virtual time
+        from tuner.sim import cli as sim_cli
+        main_of = sim_cli.profile_main if args.command == "profile" else sim_cli.simulate_main
+        return main_of(parser, args)
     if args.command == "trace":
         from tuner.sources import log_to_trace as trace
         return trace.main(args)

@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Autotune the paged-KV engine for a workload.")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    from tuner.sim.cli import add_parsers as add_sim_parsers
+    add_sim_parsers(sub)
+
     sweep = sub.add_parser("sweep", help="search engine settings (or benchmark --target-url)")
     sweep.add_argument("--workload", default=None, choices=WORKLOAD_NAMES,
                        help="a synthetic workload (or --trace / --workload-from-prometheus)")

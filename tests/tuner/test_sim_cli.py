@@ -1,0 +1,89 @@
+"""`python -m tuner profile` and `python -m tuner simulate`: a profile calibrated on the
+embedded model (short, --scale 0.1), a what-if answered with capacity and replicas, and
+bad input refused by name."""
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tuner.__main__ import main
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _run(*argv, env=None):
+    return subprocess.run([sys.executable, "-m", "tuner", *argv], capture_output=True,
+                          text=True, timeout=240, env=env)
+
+
+@pytest.fixture(scope="module")
+def profile_file(tmp_path_factory):
+    out = tmp_path_factory.mktemp("profile") / "p.json"
+    done = _run("profile", "--scale", "0.1", "--block-sizes", "16", "--threads", "1",
+                "--out", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"held-out median error \d+\.\d%", done.stdout)
+    return out
+
+
+def test_simulate_reports_one_load_and_the_capacity_with_replicas(profile_file, capsys):
+    code = main(["simulate", "--workload", "chat", "--profile", str(profile_file),
+                 "--duration", "8", "--rate", "2", "--target-rate", "40"])
+    out = capsys.readouterr().out
+    assert code == 0
+    one = dict(re.findall(r"^  (\w+)\s+([\d.e+-]+)$", out, re.M))
+    assert float(one["requests"]) > 0 and 0 <= float(one["slo_attainment"]) <= 1
+    capacity = float(re.search(r"capacity: ([\d.]+) req/s per replica", out).group(1))
+    replicas = int(re.search(r"replicas for 40 req/s: (\d+)", out).group(1))
+    assert capacity > 0 and replicas == math.ceil(40 / capacity)
+
+
+def test_a_setting_changes_the_simulated_capacity(profile_file, capsys):
+    rates = []
+    for seqs in ("1", "16"):
+        assert main(["simulate", "--workload", "chat", "--profile", str(profile_file),
+                     "--duration", "8", "--set", f"max_num_seqs={seqs}"]) == 0
+        rates.append(float(re.search(r"capacity: ([\d.]+)", capsys.readouterr().out)[1]))
+    assert rates[0] < rates[1]   # one sequence at a time serves less than sixteen
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rate", "0"], "--rate must be > 0"),
+    (["--duration", "0"], "--duration must be positive"),
+    (["--attainment", "1.5"], "--attainment must be in (0, 1]"),
+    (["--set", "page_size=16"], "page_size"),
+    (["--set", "max_num_seqs=4,8"], "one value"),
+])
+def test_bad_input_is_refused_by_name(profile_file, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(["simulate", "--workload", "chat", "--profile", str(profile_file), *argv])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_profile_of_another_model_or_thread_count_is_refused(profile_file, tmp_path, capsys):
+    doc = json.loads(profile_file.read_text())
+    # the model is known by its weights' fingerprint, not by the name it was given
+    for key, value in (("fingerprint", "0" * 64), ("threads", 7)):
+        other = tmp_path / f"{key}.json"
+        changed = json.loads(json.dumps(doc))
+        changed["identity"][key] = value
+        other.write_text(json.dumps(changed))
+        with pytest.raises(SystemExit):
+            main(["simulate", "--workload", "chat", "--profile", str(other)])
+        err = capsys.readouterr().err
+        assert str(other) in err and str(value) in err
+
+
+def test_an_empty_or_unreadable_trace_is_refused(profile_file, tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    for path, message in ((empty, "holds no requests"), (tmp_path / "none", "cannot read")):
+        with pytest.raises(SystemExit):
+            main(["simulate", "--trace", str(path), "--profile", str(profile_file)])
+        err = capsys.readouterr().err
+        assert message in err and str(path) in err

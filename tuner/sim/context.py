@@ -1,0 +1,99 @@
+"""What a simulated trial needs once per sweep: the model's tokenizer and config, the
+profile (cached per identity, or calibrated now), the request stream's source and SLOs.
+
+`SimContext.capacity(settings)` is one setting's SLO capacity: the capacity search
+(tuner/measure/capacity.py) over simulated loads, every load replaying the same seeded
+stream (common random numbers, so settings differ by what they do, not by their luck).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+from tuner.measure.capacity import CapacityResult
+from tuner.sim.profile import Profile
+from tuner.sim.simulate import SimResult, sim_capacity, simulate
+from tuner.sim.stream import Renderer, TraceStream, WorkloadStream
+
+DEFAULT_SIM_DURATION = 60.0   # virtual seconds per simulated load
+START_RATE = 1.0
+
+
+def engine_threads(settings: dict) -> int:
+    """The CPU threads the engine runs with: its cpu_threads setting, else torch's
+    default (OMP_NUM_THREADS, else one per core)."""
+    return int(settings.get("cpu_threads") or os.environ.get("OMP_NUM_THREADS")
+               or os.cpu_count() or 1)
+
+
+def load_profile(model: str | None, threads: int, *, path: str | None = None,
+                 log=lambda s: print(s, file=sys.stderr), calibrate: bool = True) -> Profile:
+    """The profile at `path` (refused when measured for another model or thread count),
+    else the cached one for this identity, else a calibration now (cached for next time)."""
+    from tuner.sim.calibrate import cached_path, identity, run_calibration
+
+    ident = identity(model, threads)
+    if path is not None:
+        return Profile.load(path, expect=ident)
+    cached = cached_path(ident)
+    if cached.exists():
+        return Profile.load(cached, expect=ident)
+    if not calibrate:
+        raise ValueError(f"no profile for {ident.model} with {threads} thread(s) at {cached}; "
+                         f"run `python -m tuner profile --model {ident.model}`")
+    log(f"profile: none cached for {ident.model} ({threads} thread(s), {ident.hardware}); "
+        "calibrating on this machine (python -m tuner profile)")
+    profile = run_calibration(model, threads=threads, log=log)
+    profile.save(cached)
+    log(f"profile: written to {cached}")
+    return profile
+
+
+@dataclass
+class SimContext:
+    profile: Profile
+    slos: dict
+    workload: object | None = None        # a WorkloadSpec, or
+    trace: list | None = None             # a trace's requests
+    users: int = 4
+    length_scale: float = 1.0
+    duration: float = DEFAULT_SIM_DURATION
+    seed: int = 0
+    acceptance: float = 0.0
+    attainment: float = 0.9
+    model: str | None = None
+    _loaded: dict = field(default_factory=dict, repr=False)
+
+    def _model_parts(self):
+        if not self._loaded:
+            from transformers import AutoConfig, AutoTokenizer
+
+            from engine.model_loader import resolve_model_path
+            path = resolve_model_path(self.model)
+            self._loaded.update(render=Renderer(AutoTokenizer.from_pretrained(path)),
+                                hf_config=AutoConfig.from_pretrained(path))
+        return self._loaded["render"], self._loaded["hf_config"]
+
+    def stream(self, rate: float | None):
+        render, _ = self._model_parts()
+        max_len = self.profile.memory.max_model_len
+        if self.trace is not None:
+            return TraceStream(self.trace, rate=rate, seed=self.seed,
+                               length_scale=self.length_scale, max_model_len=max_len)
+        return WorkloadStream(self.workload, rate=rate or 1.0, users=self.users, render=render,
+                              seed=self.seed, length_scale=self.length_scale,
+                              max_model_len=max_len)
+
+    def run(self, settings: dict, rate: float | None) -> SimResult:
+        _, hf_config = self._model_parts()
+        return simulate(self.profile, settings, self.stream(rate), duration=self.duration,
+                        slos=self.slos, hf_config=hf_config, acceptance=self.acceptance,
+                        seed=self.seed)
+
+    def capacity(self, settings: dict, *, start: float = START_RATE, rel_tol: float = 0.05,
+                 max_probes: int = 16) -> CapacityResult:
+        """ValueError for settings the engine would refuse (the search's infeasible)."""
+        return sim_capacity(lambda rate: self.run(settings, rate), self.slos, start=start,
+                            attainment=self.attainment, rel_tol=rel_tol,
+                            max_probes=max_probes)
