@@ -126,7 +126,12 @@ def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from tuner.sources import workload_source
     from tuner.measure.loadgen import LoadError
 
+    from tuner.search import capacity_cli
+
     _check_common(parser, args)
+    args.objective = capacity_cli.objective(args)
+    if args.objective == "capacity":
+        capacity_cli.check(parser, args)
     if args.load_workers < 1:
         parser.error("--load-workers must be at least 1")
     if args.capacity < 0:
@@ -184,6 +189,8 @@ def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                          confirm_rounds=args.confirm_rounds, baseline=baseline,
                          min_gain=args.min_gain, prometheus=prometheus, seed=args.seed,
                          fixed=fixed, warmup_requests=args.warmup_requests)
+    if args.objective == "capacity":
+        return capacity_cli.run(parser, args, config, source, profile)
     from tuner.measure.loadgen import LoadError
     try:
         study = run_sweep(config, show_progress=not args.no_progress)

@@ -10,6 +10,7 @@ DEFAULT_STORAGE = "sqlite:///tuner-out/tuner.db"
 # (4 search trials, then baseline + 1 candidate over 3 interleaved rounds: 10 engines
 # of ~23 s each). Real tuning wants more: --trials 30 --remeasure 2 --confirm-rounds 5.
 DEFAULT_TRIALS = 4
+DEFAULT_SIM_TRIALS = 24   # --objective capacity: simulated settings (seconds each)
 DEFAULT_DURATION = 10.0
 DEFAULT_REMEASURE = 1
 DEFAULT_CONFIRM_ROUNDS = 3
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "loads of --duration (default 8; tuner/measure/capacity.py)")
     sweep.add_argument("--trials", type=int, default=None,
                        help=f"total search trials in the study (default {DEFAULT_TRIALS}; "
+                            f"capacity: simulated settings, default {DEFAULT_SIM_TRIALS}; "
                             "with --target-url: repeats, default 1)")
     sweep.add_argument("--duration", type=float, default=DEFAULT_DURATION,
                        help="seconds of load per trial")
@@ -76,7 +78,27 @@ def build_parser() -> argparse.ArgumentParser:
                        help="plots, logs, raw samples (default tuner-out/<study name>)")
     sweep.add_argument("--target-url", default=None,
                        help="benchmark this running server instead of tuning")
-    sweep.add_argument("--objective", choices=("goodput", "pareto"), default="goodput")
+    sweep.add_argument("--objective", choices=("capacity", "goodput", "pareto"), default=None,
+                       help="capacity (default for this engine): the highest open-loop rate a "
+                            "replica serves within the SLOs, searched on the simulator and "
+                            "confirmed for real; goodput (default with --engine-cmd or "
+                            "--target-url): the fixed load's goodput, every trial real; pareto:"
+                            " goodput and tail latency")
+    sweep.add_argument("--attainment", type=float, default=0.9,
+                       help="capacity: the share of requests that must meet every SLO")
+    sweep.add_argument("--target-rate", type=float, default=None, metavar="REQ_PER_S",
+                       help="capacity: also print the replicas this rate needs")
+    sweep.add_argument("--sim-duration", type=float, default=30.0,
+                       help="capacity: virtual seconds per simulated load")
+    sweep.add_argument("--profile", default=None, metavar="FILE",
+                       help="capacity: the simulator's step-time profile (default: cached for "
+                            "the model and threads, else calibrated first; python -m tuner "
+                            "profile)")
+    sweep.add_argument("--acceptance", type=float, default=0.0,
+                       help="capacity: the simulated speculative drafts' acceptance rate "
+                            "(measured: vllm:spec_decode_num_accepted_tokens / _draft_tokens)")
+    sweep.add_argument("--real-probes", type=int, default=4, metavar="N",
+                       help="capacity: real loads per arm and round in the confirmation")
     sweep.add_argument("--param", action="append", default=[], metavar="NAME=SPEC",
                        help="search-space entry, e.g. max_num_seqs=1..64:log, block_size=pow2:1..256,"
                             " gpu_memory_utilization=0.5..0.9:step=0.1, max_num_batched_tokens=none")

@@ -145,7 +145,8 @@ def test_python_m_tuner_sweep_searches_the_workloads_extra_settings(monkeypatch,
         raise Captured(config)
     monkeypatch.setattr(tuner.search.sweep, "run_sweep", run_sweep)
     with pytest.raises(Captured) as got:
-        main(["sweep", "--workload", workload, "--out-dir", str(tmp_path)])
+        main(["sweep", "--workload", workload, "--objective", "goodput",
+              "--out-dir", str(tmp_path)])
     config = got.value.args[0]
     assert (NAME in names(config.space)) == searched
     assert config.baseline.params.get(NAME, 0) == 0      # the baseline runs without a tier

@@ -13,7 +13,8 @@ pytestmark = pytest.mark.timeout(400)
 
 def _sweep(tmp_path, *extra):
     return subprocess.run(
-        [sys.executable, "-m", "tuner", "sweep", "--workload", "chat", "--duration", "8",
+        [sys.executable, "-m", "tuner", "sweep", "--workload", "chat", "--objective", "goodput",
+         "--duration", "8",
          "--storage", f"sqlite:///{tmp_path}/s.db", "--out-dir", str(tmp_path / "out"),
          "--remeasure", "0", "--no-progress", "--users", "2", "--length-scale", "0.1",
          "--param", "block_size=16,32", "--param", "max_num_seqs=2..8",

@@ -3,7 +3,8 @@
 A short rate search around the tuned point, on one engine with the winning settings:
 
 1. start at `start` req/s (the winner's measured throughput);
-2. bracket: double while a probe passes, halve while it fails (at most `max_probes`);
+2. bracket: multiply by `growth` (default 2) while a probe passes, divide while it fails
+   (at most `max_probes`; a warm start near the answer brackets faster with a smaller one);
 3. bisect geometrically until hi/lo <= 1 + `rel_tol`.
 
 A probe at rate r runs the workload open-loop (Poisson at r, or a trace replayed at the
@@ -56,10 +57,12 @@ class CapacityResult:
 
 def search_capacity(probe: Callable[[float], Samples], slos: dict, *, start: float,
                     attainment: float = 0.9, rel_tol: float = 0.15,
-                    max_probes: int = 8) -> CapacityResult:
+                    max_probes: int = 8, growth: float = 2.0) -> CapacityResult:
     """Bracket then bisect the open-loop rate; `probe(rate)` runs one load."""
     if not start > 0:
         raise ValueError(f"the capacity search needs a positive start rate, got {start}")
+    if not growth > 1:
+        raise ValueError(f"the bracketing growth must be > 1, got {growth}")
     if not 0 < attainment <= 1:
         raise ValueError(f"attainment must be in (0, 1], got {attainment}")
     result = CapacityResult(rate=0.0, upper=None, attainment=attainment)
@@ -74,9 +77,9 @@ def search_capacity(probe: Callable[[float], Samples], slos: dict, *, start: flo
     lo, hi, rate = None, None, start
     while len(result.probes) < max_probes and (lo is None or hi is None):
         if passes(rate):
-            lo, rate = rate, rate * 2
+            lo, rate = rate, rate * growth
         else:
-            hi, rate = rate, rate / 2
+            hi, rate = rate, rate / growth
     while (lo is not None and hi is not None and hi / lo > 1 + rel_tol
            and len(result.probes) < max_probes):
         mid = math.sqrt(lo * hi)
@@ -86,6 +89,25 @@ def search_capacity(probe: Callable[[float], Samples], slos: dict, *, start: flo
             hi = mid
     result.rate, result.upper = lo or 0.0, hi
     return result
+
+
+def interpolated(result: CapacityResult) -> float:
+    """The rate where attainment crosses the target, read linearly between the highest
+    passing and the lowest failing probe (their own attainments), so that two searches
+    whose brackets coincide still tell a 5 % difference apart; the passing rate itself
+    when nothing above it failed, 0 when nothing passed."""
+    passed = [p for p in result.probes if p["passed"]]
+    failed = [p for p in result.probes if not p["passed"]]
+    if not passed:
+        return 0.0
+    lo = max(passed, key=lambda p: p["rate"])
+    above = [p for p in failed if p["rate"] > lo["rate"]]
+    if not above:
+        return lo["rate"]
+    hi = min(above, key=lambda p: p["rate"])
+    drop = lo["attainment"] - hi["attainment"]
+    share = (lo["attainment"] - result.attainment) / drop if drop > 0 else 0.0
+    return lo["rate"] + min(max(share, 0.0), 1.0) * (hi["rate"] - lo["rate"])
 
 
 def rate_load(load: LoadSpec, rate: float, *, trace_rate: float | None = None) -> LoadSpec:
@@ -98,20 +120,27 @@ def rate_load(load: LoadSpec, rate: float, *, trace_rate: float | None = None) -
 
 
 def measure_capacity(settings: dict, launch, load: LoadSpec, slos: dict, *, workdir: Path,
-                     start: float, trace_rate: float | None = None, **search) -> CapacityResult:
+                     start: float, trace_rate: float | None = None, warmup_requests: int = 0,
+                     **search) -> CapacityResult:
     """One engine with these settings (tuner.measure.local.EngineLaunch), probed at several
-    rates."""
+    rates; `warmup_requests` are sent (and not scored) before the first probe only, and
+    every later probe waits until the engine has drained the previous one."""
     from tuner.measure.engine_process import EngineStartError
     from tuner.measure.runner import Infeasible
+    from tuner.measure.server_metrics import wait_idle
     from tuner.measure.trial import measure
 
     engine = launch.process(settings, workdir / "engine.log")
     probes = iter(range(1000))
+    done: list[Path] = []  # probes run so far
 
     def probe(rate: float) -> Samples:
         where = workdir / f"probe-{next(probes):02d}"
+        if done:   # an overrun probe's backlog must not slow this one down
+            wait_idle(engine.url)
         measure(engine.url, rate_load(load, rate, trace_rate=trace_rate), slos,
-                workdir=where, warmup_requests=0)
+                workdir=where, warmup_requests=warmup_requests if not done else 0)
+        done.append(where)
         return load_samples(where / "samples.jsonl")
 
     try:

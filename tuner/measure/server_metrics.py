@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -163,3 +164,23 @@ class GaugePoller:
             out[f"{short}_mean"] = sum(values) / len(values)
             out[f"{short}_max"] = max(values)
         return out
+
+
+def wait_idle(base_url: str, *, timeout: float = 120.0, poll: float = 0.2) -> bool:
+    """Wait until the server runs and queues nothing (its num_requests gauges at 0): a
+    load that overran it leaves a backlog that would slow the next load down. False when
+    it is still busy after `timeout` s, or has no gauges to tell."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            snap = scrape(base_url)
+        except (httpx.HTTPError, ValueError):
+            return False
+        busy = [snap.value(name) for name in GAUGES[:2]]
+        if None in busy:
+            return False
+        if sum(busy) == 0:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll)

@@ -92,8 +92,8 @@ class SimContext:
                         seed=self.seed)
 
     def capacity(self, settings: dict, *, start: float = START_RATE, rel_tol: float = 0.05,
-                 max_probes: int = 16) -> CapacityResult:
+                 max_probes: int = 16, growth: float = 2.0) -> CapacityResult:
         """ValueError for settings the engine would refuse (the search's infeasible)."""
         return sim_capacity(lambda rate: self.run(settings, rate), self.slos, start=start,
                             attainment=self.attainment, rel_tol=rel_tol,
-                            max_probes=max_probes)
+                            max_probes=max_probes, growth=growth)

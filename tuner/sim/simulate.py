@@ -109,11 +109,13 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
 
 
 def sim_capacity(run_at, slos: dict, *, start: float = 1.0, attainment: float = 0.9,
-                 rel_tol: float = 0.05, max_probes: int = 16) -> CapacityResult:
+                 rel_tol: float = 0.05, max_probes: int = 16,
+                 growth: float = 2.0) -> CapacityResult:
     """The capacity search (tuner/measure/capacity.py) with `run_at(rate)` a simulated
     load at that rate (a SimResult)."""
     return search_capacity(lambda rate: run_at(rate).samples, slos, start=start,
-                           attainment=attainment, rel_tol=rel_tol, max_probes=max_probes)
+                           attainment=attainment, rel_tol=rel_tol, max_probes=max_probes,
+                           growth=growth)
 
 
 __all__ = ["SIM_VOCAB", "SimResult", "sim_capacity", "simulate"]

@@ -1,0 +1,190 @@
+"""The capacity sweep (tuner/search/capacity_sweep.py): the search runs on the simulator,
+only the best K and the baseline start real engines (counted), the decision is the paired
+real capacity ratio with its interval; the interpolated capacity and the warm-started
+bracket; the CLI's rules."""
+from __future__ import annotations
+
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+
+import tuner.search.capacity_sweep as cs
+from engine.search_space import build_space
+from tuner.measure.capacity import CapacityResult, interpolated, search_capacity
+from tuner.search.capacity_report import result_lines
+from tuner.search.confirm import Baseline
+from tuner.measure.loadgen import LoadSpec
+
+
+def _probes(*rows):
+    return CapacityResult(rate=0, upper=None, attainment=0.9, probes=[
+        {"rate": r, "attainment": a, "requests": 100, "passed": a >= 0.9} for r, a in rows])
+
+
+def test_interpolated_reads_the_crossing_between_the_bracketing_probes():
+    # passed at 10 (0.98), failed at 12 (0.58) and 20: 0.9 is a fifth of the way down
+    assert interpolated(_probes((20, 0.1), (10, 0.98), (12, 0.58))) == pytest.approx(10.4)
+    assert interpolated(_probes((8, 0.95), (16, 0.97))) == 16        # nothing failed above
+    assert interpolated(_probes((8, 0.5), (4, 0.7))) == 0.0           # nothing passed
+    # a failure below the highest pass is not its bracket
+    assert interpolated(_probes((4, 0.85), (8, 0.95), (10, 0.9))) == 10
+    assert interpolated(_probes((10, 0.9), (12, 0.9 - 1e-9))) == pytest.approx(10)
+
+
+def _knee(capacity: float):
+    """A system meeting the SLOs below `capacity` req/s, failing above it."""
+    from tuner.measure.scoring import Samples
+
+    def probe(rate: float) -> Samples:
+        ok = rate <= capacity
+        records = [{"kind": "chat", "start": i / 10, "ok": True, "ttft": 0.1 if ok else 9.0,
+                    "e2e": 1.0, "itl": [], "output_tokens": 1} for i in range(10)]
+        return Samples(records=records, start=0.0, stop=1.0)
+    return probe
+
+
+@pytest.mark.parametrize("start, growth", [(1.0, 2.0), (30.0, 1.25), (100.0, 1.5)])
+def test_the_bracket_grows_by_its_factor_and_finds_the_knee(start, growth):
+    result = search_capacity(_knee(37.0), {"chat": {"ttft": 1.0}}, start=start,
+                             rel_tol=0.05, max_probes=30, growth=growth)
+    assert result.rate <= 37.0 < result.upper <= result.rate * 1.05
+    first = [p["rate"] for p in result.probes[:2]]
+    assert first[1] / first[0] == pytest.approx(growth if first[0] <= 37 else 1 / growth)
+
+
+def test_a_growth_that_cannot_bracket_is_refused():
+    with pytest.raises(ValueError, match="growth must be > 1"):
+        search_capacity(_knee(1), {}, start=1.0, growth=1.0)
+
+
+class FakeSim:
+    """The simulator's interface: a capacity that is a known function of the settings."""
+
+    attainment = 0.9
+    profile = SimpleNamespace(fit=SimpleNamespace(form="tokens", heldout_error=0.05))
+
+    def __init__(self):
+        self.calls = []
+
+    @staticmethod
+    def truth(settings: dict) -> float:
+        seqs = settings.get("max_num_seqs", 256)
+        return 10 * min(seqs, 16) / 16 + (2 if settings.get("block_size") == 32 else 0)
+
+    def capacity(self, settings, *, start, **search):
+        self.calls.append(settings)
+        if "kv_offloading_size" in settings:
+            raise AssertionError("the simulator was given a setting it does not model")
+        return search_capacity(_knee(self.truth(settings)), {"chat": {"ttft": 1.0}},
+                               start=start, **search)
+
+
+def _config(tmp_path, *, remeasure=2, rounds=3):
+    space = build_space(params=["max_num_seqs=1..64:log", "block_size=16,32",
+                                "gpu_memory_utilization=0.9", "max_num_batched_tokens=none",
+                                "num_speculative_tokens=none", "kv_offloading_size=0,1"])
+    return SimpleNamespace(space=space, fixed={}, seed=0, remeasure=remeasure,
+                           confirm_rounds=rounds, min_gain=1.0, out_dir=tmp_path,
+                           load=LoadSpec(workload="chat", duration=10.0, users=2),
+                           slos={"chat": {"ttft": 1.0}}, launch=None, warmup_requests=2,
+                           baseline=Baseline({"max_num_seqs": 8}, {"max_num_seqs": 8},
+                                             "a test baseline"))
+
+
+def _real(monkeypatch, *, factor=0.5, noise=0.02):
+    """measure_capacity replaced by a real-looking system: the simulated truth times
+    `factor`, with multiplicative noise per engine; every call counted."""
+    rng, calls = random.Random(1), []
+
+    def measure_capacity(settings, launch, load, slos, *, start, growth, max_probes,
+                         **kwargs):
+        calls.append({"settings": settings, "start": start, "growth": growth,
+                      "seed": load.seed, "max_probes": max_probes})
+        real = FakeSim.truth(settings) * factor * math.exp(rng.gauss(0, noise))
+        return search_capacity(_knee(real), slos, start=start, growth=growth,
+                               max_probes=max_probes, rel_tol=kwargs["rel_tol"])
+    monkeypatch.setattr(cs, "measure_capacity", measure_capacity)
+    return calls
+
+
+def test_only_the_best_k_and_the_baseline_run_for_real_and_the_better_one_wins(
+        tmp_path, monkeypatch):
+    calls = _real(monkeypatch)
+    sim = FakeSim()
+    plan = cs.CapacityPlan(sim=sim, sim_base={"cpu_memory_gib": 0.5}, trials=16,
+                           real_probes=4, log=lambda s: None)
+    record = cs.run_capacity_sweep(_config(tmp_path), plan)
+    assert len(sim.calls) >= 2 and all(c["cpu_memory_gib"] == 0.5 for c in sim.calls)
+    # the host tier is not simulated: not searched (the baseline's value stays)
+    assert all("kv_offloading_size" not in p["params"] for p in record["simulated"])
+    labels = [a["label"] for a in record["arms"]]
+    assert labels == ["baseline", "C1", "C2"]
+    # (K + 1) arms x R rounds real engines, nothing else
+    assert len(calls) == 3 * 3 == record["real_engines"]
+    assert {c["seed"] for c in calls} == {1, 2, 3}          # one stream per round
+    best = record["arms"][1]
+    assert best["sim"] == max(p["capacity"] for p in record["simulated"] if p["capacity"])
+    winner = {a["label"]: a for a in record["arms"]}[record["winner"]]
+    assert winner["gain"]["low"] > 1 and winner["gain"]["ratio"] == pytest.approx(
+        FakeSim.truth(winner["settings"]) / FakeSim.truth({"max_num_seqs": 8}), rel=0.1)
+    # the first real search brackets widely; later ones start at sim x the measured ratio
+    assert calls[0]["growth"] == 2.0 and calls[1]["growth"] == cs.REAL_GROWTH
+    assert calls[1]["start"] == pytest.approx(record["arms"][1]["sim"] * (
+        record["arms"][0]["capacity"][0] / record["arms"][0]["sim"]))
+    assert calls[0]["max_probes"] == plan.real_probes + 3
+
+
+def test_no_gain_keeps_the_baseline_and_the_result_says_so(tmp_path, monkeypatch):
+    calls = _real(monkeypatch, noise=0.3)
+    config = _config(tmp_path, remeasure=1, rounds=2)
+    config.baseline = Baseline({"max_num_seqs": 64, "block_size": 32},
+                               {"max_num_seqs": 64, "block_size": 32}, "at the top")
+    record = cs.run_capacity_sweep(config, cs.CapacityPlan(
+        sim=FakeSim(), sim_base={}, trials=8, target_rate=50, log=lambda s: None))
+    assert record["winner"] is None and len(calls) == 2 * 2
+    lines = result_lines(record)
+    assert lines[1].startswith("keep the baseline: no significant gain")
+    base = sorted(record["arms"][0]["capacity"])
+    assert f"replicas for 50 req/s: {math.ceil(50 / ((base[0] + base[1]) / 2))}" in lines[2]
+
+
+def test_candidates_are_distinct_best_first_and_never_the_baseline():
+    pts = [cs.SimPoint({"max_num_seqs": s}, c) for s, c in
+           [(8, 9.0), (16, 12.0), (16, 12.0), (32, 11.0), (4, None), (2, 3.0)]]
+    chosen = cs.candidates(pts, 3, {"max_num_seqs": 16})
+    assert [p.params["max_num_seqs"] for p in chosen] == [32, 8, 2]
+    assert [p.params["max_num_seqs"] for p in cs.candidates(pts, 1, {})] == [16]
+
+
+def test_replicas_round_up():
+    assert cs.replicas(100, 25.0) == 4 and cs.replicas(100, 24.9) == 5
+    assert cs.replicas(None, 5) is None and cs.replicas(10, 0.0) is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--engine-cmd", "x"], "with --engine-cmd use --objective goodput"),
+    (["--rate", "3"], "the capacity objective searches the rate itself"),
+    (["--attainment", "0"], "--attainment must be in (0, 1]"),
+    (["--target-rate", "-1"], "--target-rate must be > 0"),
+    (["--real-probes", "1"], "--real-probes must be at least 2"),
+    (["--acceptance", "2"], "--acceptance must be in [0, 1]"),
+])
+def test_capacity_flags_are_checked(capsys, argv, message):
+    from tuner.__main__ import main
+    with pytest.raises(SystemExit) as exit_:
+        main(["sweep", "--workload", "chat", "--objective", "capacity", *argv])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_default_objective_is_capacity_except_for_another_server():
+    from tuner.arguments import build_parser
+    from tuner.search.capacity_cli import objective
+    parse = build_parser().parse_args
+    assert objective(parse(["sweep", "--workload", "chat"])) == "capacity"
+    assert objective(parse(["sweep", "--workload", "chat", "--engine-cmd", "x"])) == "goodput"
+    assert objective(parse(["sweep", "--workload", "chat", "--target-url", "u"])) == "goodput"
+    assert objective(parse(["sweep", "--workload", "chat", "--objective", "pareto"])) == \
+        "pareto"
+

@@ -1,0 +1,68 @@
+"""`python -m tuner sweep` with --objective capacity: the simulator set up like the sweep's
+real engines (same model, threads, CPU memory, workload, SLOs and lengths)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tuner.arguments import DEFAULT_SIM_TRIALS
+
+
+def objective(args: argparse.Namespace) -> str:
+    """The default objective: capacity for this engine (the simulator models it), goodput
+    for another server (--engine-cmd) or a running one (--target-url)."""
+    if args.objective:
+        return args.objective
+    return "goodput" if args.engine_cmd or args.target_url else "capacity"
+
+
+def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.engine_cmd:
+        parser.error("--objective capacity simulates this engine; with --engine-cmd use "
+                     "--objective goodput")
+    if args.rate is not None:
+        parser.error("--rate: the capacity objective searches the rate itself; drop --rate "
+                     "(or use --objective goodput for one fixed rate)")
+    if not 0 < args.attainment <= 1:
+        parser.error("--attainment must be in (0, 1]")
+    if args.target_rate is not None and not args.target_rate > 0:
+        parser.error("--target-rate must be > 0 requests/s")
+    if not args.sim_duration > 0:
+        parser.error("--sim-duration must be positive (virtual seconds)")
+    if not 0 <= args.acceptance <= 1:
+        parser.error("--acceptance must be in [0, 1]")
+    if args.real_probes < 2:
+        parser.error("--real-probes must be at least 2: one probe brackets nothing")
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace, config, source,
+        profile: dict) -> int:
+    from loadtests.workloads.trace import read_trace
+    from tuner.search.capacity_report import print_and_write
+    from tuner.search.capacity_sweep import CapacityPlan, run_capacity_sweep
+    from tuner.sim.context import SimContext, engine_threads, load_profile
+
+    threads = engine_threads({"cpu_threads": profile["cpu_threads"]}
+                             if "cpu_threads" in profile else {})
+    cpu_gib = args.cpu_memory_gib or profile.get("cpu_memory_gib")
+    try:
+        step_profile = load_profile(args.model, threads, path=args.profile)
+        trace = read_trace(source.trace) if source.trace else None
+    except ValueError as exc:
+        parser.error(str(exc))
+    sim = SimContext(step_profile, config.slos, workload=None if trace else source.spec,
+                     trace=trace, users=config.load.users,
+                     length_scale=config.load.length_scale, duration=args.sim_duration,
+                     seed=args.seed, acceptance=args.acceptance, attainment=args.attainment,
+                     model=args.model)
+    plan = CapacityPlan(sim=sim, sim_base={"cpu_memory_gib": cpu_gib} if cpu_gib else {},
+                        trials=args.trials or DEFAULT_SIM_TRIALS,
+                        real_probes=args.real_probes, target_rate=args.target_rate,
+                        trace_rate=source.trace_rate)
+    try:
+        record = run_capacity_sweep(config, plan)
+    except ValueError as exc:
+        parser.error(str(exc))
+    source.write_document(config.out_dir)
+    return print_and_write(record, out=Path(args.out) if args.out else
+                           config.out_dir / "best.yaml", out_dir=config.out_dir)

@@ -1,0 +1,136 @@
+"""What a capacity sweep prints and writes: the simulated top settings, the real
+confirmation, the result line (defaults, tuned, gain with its interval, replicas for the
+target rate), the winner's spec patch, capacity.json and capacity-vs-setting plots."""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import yaml
+
+from engine.search_space import to_spec_patch
+from tuner.search.capacity_sweep import replicas
+
+
+def _fmt(params: dict) -> str:
+    return " ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in params.items()) or "(engine defaults)"
+
+
+def simulated_table(record: dict, *, top: int = 5) -> str:
+    done = [p for p in record["simulated"] if p["capacity"] is not None]
+    unique = {json.dumps(p["params"], sort_keys=True): p for p in done}.values()
+    rows = sorted(unique, key=lambda p: p["capacity"], reverse=True)[:top]
+    lines = [f"  {'rank':>4}  {'req/s':>7}  settings",
+             f"  {'base':>4}  {record['sim_baseline']:>7.2f}  baseline"]
+    lines += [f"  {i:>4}  {p['capacity']:>7.2f}  {_fmt(p['params'])}"
+              for i, p in enumerate(rows, start=1)]
+    return "\n".join(lines)
+
+
+def confirmation_table(record: dict) -> str | None:
+    if not record.get("rounds"):
+        return None
+    lines = [f"  {'arm':>8}  {'simulated':>9}  {'real per round (req/s)':<28}  {'median':>7}  gain"]
+    for arm in record["arms"]:
+        rounds = ", ".join(f"{c:.2f}" for c in arm["capacity"])
+        gain = arm.get("gain")
+        text = (f"{gain['ratio']:.2f}x [{gain['low']:.2f}, {gain['high']:.2f}]" if gain
+                else ("-" if arm["label"] == "baseline" else "failed in a round"))
+        lines.append(f"  {arm['label']:>8}  {arm['sim']:>9.2f}  {rounds:<28}  "
+                     f"{statistics.median(arm['capacity']):>7.2f}  {text}")
+    return "\n".join(lines)
+
+
+def result_lines(record: dict) -> list[str]:
+    """Defaults, tuned, the gain with its interval and the replicas for the target rate."""
+    arms = {a["label"]: a for a in record["arms"]}
+    base = arms["baseline"]
+    real = bool(record.get("rounds"))
+    figure = (lambda a: statistics.median(a["capacity"])) if real else (lambda a: a["sim"])
+    kind = "real, median of rounds" if real else "simulated"
+    lines = [f"baseline: {figure(base):.2f} req/s per replica ({kind})"]
+    winner = arms.get(record.get("winner") or "")
+    if winner is not None:
+        g = winner["gain"]
+        lines.append(f"tuned ({winner['label']}: {_fmt(winner['params'])}): "
+                     f"{figure(winner):.2f} req/s per replica; capacity gain "
+                     f"{g['ratio']:.2f}x [{g['low']:.2f}, {g['high']:.2f}] (95% interval)")
+    else:
+        lines.append(f"keep the baseline: {record['reason']}")
+    target = record.get("target_rate")
+    if target:
+        keep = replicas(target, figure(base))
+        lines.append(f"replicas for {target:g} req/s: {keep if keep else 'none meets the SLOs'}"
+                     f" with the baseline" + (f", {replicas(target, figure(winner))} tuned"
+                                               if winner is not None else ""))
+    return lines
+
+
+def print_and_write(record: dict, *, out: Path, out_dir: Path) -> int:
+    print(f"\nsimulated capacity (req/s per replica at >= {record['attainment']:.0%} SLO "
+          f"attainment; {len(record['simulated'])} settings in {record['sim_wall_s']:.0f} s; "
+          f"profile {record['profile']['form']}, held-out error "
+          f"{record['profile']['heldout_error']:.1%}):")
+    print(simulated_table(record))
+    table = confirmation_table(record)
+    if table:
+        print(f"\nconfirmed for real ({record['rounds']} interleaved rounds, one engine per arm "
+              "and round; gain = paired capacity ratio, 95% t-interval):")
+        print(table)
+    print("\nresult:")
+    for line in result_lines(record):
+        print(f"  {line}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "capacity.json").write_text(json.dumps(record, indent=2, default=str))
+    winner = {a["label"]: a for a in record["arms"]}.get(record.get("winner") or "")
+    if winner is not None:
+        from tuner.search.report import validate_patch
+        patch = {"spec": to_spec_patch(winner["params"])}
+        try:
+            validated = validate_patch(patch)
+        except ValueError as exc:
+            print(f"the tuned settings do not fit the PagedInferenceService CRD: {exc}",
+                  file=sys.stderr)
+            return 1
+        text = yaml.safe_dump(patch, sort_keys=False)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        print(f"\n{text}written to {out}" + ("" if validated else " (no CRD to validate)"))
+    for path in save_plots(record, out_dir):
+        print(f"plot: {path}")
+    return 0
+
+
+def save_plots(record: dict, out_dir: Path) -> list[Path]:
+    """capacity.png: simulated capacity against each searched setting, the confirmed arms'
+    real medians drawn over them."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [p for p in record["simulated"] if p["capacity"] is not None]
+    names = sorted({n for p in points for n in p["params"]})
+    if not points or not names:
+        return []
+    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.0), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        xs = [p["params"][name] for p in points if name in p["params"]]
+        ys = [p["capacity"] for p in points if name in p["params"]]
+        ax.scatter(xs, ys, s=12, alpha=0.5, label="simulated")
+        for arm in record["arms"]:
+            if arm.get("capacity"):
+                x = arm["params"].get(name)
+                if x is not None:
+                    ax.scatter([x], [statistics.median(arm["capacity"])], marker="*", s=90,
+                               label=f"{arm['label']} (real)")
+        ax.set_xlabel(name)
+        ax.set_ylabel("capacity (req/s)")
+    axes[0][0].legend(fontsize=7)
+    path = out_dir / "capacity.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return [path]

@@ -1,0 +1,240 @@
+"""`python -m tuner sweep --objective capacity` (the default for this engine): maximise a
+replica's SLO capacity, searched on the simulator, confirmed for real.
+
+1. **Search in simulation** (tuner/sim/): Optuna's TPE proposes settings; each one's
+   capacity is the capacity search (tuner/measure/capacity.py) over simulated loads of the
+   workload's own arrival process, warm-started at the best capacity found so far. Every
+   simulated load replays the same seeded stream, so settings differ by what they do.
+   Settings the simulator does not model (the KV host tier) stay at the baseline's value.
+2. **Confirm for real**: the baseline (the engine defaults, or --baseline) and the best K
+   distinct simulated settings are measured on real engines, R rounds interleaved
+   (rotated order, one fresh engine per arm and round, the same request stream within a
+   round). One measurement is a short real capacity search started at the arm's simulated
+   capacity, scaled by what the real/simulated ratio has been so far, read as the rate
+   where attainment crosses the target (interpolated between the bracketing probes).
+   The gain is the paired per-round capacity ratio with its 95 % t-interval
+   (tuner/search/stats.py); a candidate replaces the baseline only when the lower bound
+   exceeds --min-gain. Only these K+1 arms ever start a real engine.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import optuna
+
+from engine import settings as engine_settings
+from engine.search_space import Param, default_value
+from tuner.measure.capacity import CapacityResult, interpolated, measure_capacity
+from tuner.search.stats import decide, paired_gain
+
+SIM_UNMODELLED = ("kv_offloading_size",)   # tiers are not simulated (tuner/sim/engine.py)
+SIM_REL_TOL = 0.1       # a simulated capacity is known to 10 %
+SIM_GROWTH = 1.5        # bracketing step from the warm start
+REAL_REL_TOL = 0.1
+REAL_GROWTH = 1.25      # a real search starts near the answer: small steps
+
+
+@dataclass
+class CapacityPlan:
+    """What a capacity sweep needs beyond the SweepConfig (tuner/search/sweep.py)."""
+    sim: object                    # tuner.sim.context.SimContext
+    sim_base: dict                 # settings every simulated engine starts with (CPU memory)
+    trials: int = 24               # simulated settings
+    real_probes: int = 4           # real loads per arm and round
+    target_rate: float | None = None
+    trace_rate: float | None = None
+    log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr))
+
+
+@dataclass
+class SimPoint:
+    params: dict
+    capacity: float | None         # interpolated req/s; None: infeasible
+    result: CapacityResult | None = None
+    infeasible: str | None = None
+    wall_s: float = 0.0
+
+
+def _key(params: dict) -> tuple:
+    return tuple(sorted(params.items()))
+
+
+def simulate_point(plan: CapacityPlan, settings: dict, *, start: float) -> SimPoint:
+    wall = time.perf_counter()
+    try:
+        engine_settings.check_rules(settings)
+        result = plan.sim.capacity({**plan.sim_base, **settings}, start=start,
+                                   rel_tol=SIM_REL_TOL, growth=SIM_GROWTH, max_probes=10)
+    except ValueError as exc:   # the engine would refuse these settings
+        return SimPoint(settings, None, infeasible=str(exc),
+                        wall_s=time.perf_counter() - wall)
+    return SimPoint(settings, interpolated(result), result, wall_s=time.perf_counter() - wall)
+
+
+def simulated_search(plan: CapacityPlan, space: list[Param], *, fixed: dict,
+                     baseline: dict, seed: int) -> tuple[SimPoint, list[SimPoint]]:
+    """(the baseline's simulated point, every searched point in order)."""
+    space = [p for p in space if p.name not in SIM_UNMODELLED]
+    base = simulate_point(plan, _sim_settings(baseline), start=1.0)
+    if base.capacity is None:
+        raise ValueError(f"the baseline settings are refused: {base.infeasible}")
+    plan.log(f"simulated baseline {_describe(base.params)}: {base.capacity:.2f} req/s "
+             f"({len(base.result.probes)} probes, {base.wall_s:.1f} s)")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(
+        seed=seed, n_startup_trials=min(10, max(3, plan.trials // 3))))
+    seen: dict[tuple, SimPoint] = {}
+    points = []
+    best = base.capacity
+    for number in range(plan.trials):
+        trial = study.ask()
+        params = {p.name: p.suggest(trial) for p in space}
+        point = seen.get(_key(params))
+        if point is None:   # the simulator is deterministic: a repeat costs nothing
+            settings = _sim_settings({**fixed, **params})
+            point = simulate_point(plan, settings, start=max(best, 0.5))
+            point.params = params
+            seen[_key(params)] = point
+        points.append(point)
+        if point.capacity is None:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            plan.log(f"sim {number:>3} {_describe(params)} -> infeasible: {point.infeasible}")
+            continue
+        study.tell(trial, point.capacity)
+        best = max(best, point.capacity)
+        plan.log(f"sim {number:>3} {_describe(params)} -> {point.capacity:.2f} req/s "
+                 f"(best {best:.2f}; {point.wall_s:.1f} s)")
+    return base, points
+
+
+def _sim_settings(settings: dict) -> dict:
+    return {k: v for k, v in settings.items() if k not in SIM_UNMODELLED}
+
+
+def _describe(params: dict) -> str:
+    return " ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in params.items()) or "(engine defaults)"
+
+
+def candidates(points: list[SimPoint], k: int, baseline: dict) -> list[SimPoint]:
+    """The k best distinct simulated settings, minus any that equal the baseline."""
+    ranked, keys = [], set()
+    for p in sorted((p for p in points if p.capacity is not None),
+                    key=lambda p: p.capacity, reverse=True):
+        same = {n: baseline.get(n, default_value(n)) for n in p.params}
+        if _key(p.params) in keys or p.params == same:
+            continue
+        keys.add(_key(p.params))
+        ranked.append(p)
+    return ranked[:k]
+
+
+def confirm_for_real(plan: CapacityPlan, config, arms: list[dict]) -> dict:
+    """Measure every arm's real capacity `config.confirm_rounds` times, interleaved;
+    arms: [{"label", "settings", "sim"}] with the baseline first. Returns the record:
+    arms with their per-round capacities and probes, gains, the decision."""
+    floor = 0.5 / config.load.duration   # half a request per load window
+    ratios: list[float] = []
+    for arm in arms:
+        arm.update(capacity=[], failed=[], probes=[])
+    for r in range(config.confirm_rounds):
+        load = dataclasses.replace(config.load, seed=config.seed + 1 + r)
+        for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
+            scale = statistics.median(ratios) if ratios else 1.0
+            guess = max(arm["sim"] * scale, floor)
+            # until one real capacity is known the simulated one may be far off (the
+            # profile times steps, not the HTTP serving around them): bracket widely
+            wide = not ratios
+            workdir = config.out_dir / "confirm" / f"round-{r}" / arm["label"]
+            try:
+                result = measure_capacity(
+                    {**config.fixed, **arm["settings"]}, config.launch, load, config.slos,
+                    workdir=workdir, start=guess, trace_rate=plan.trace_rate,
+                    warmup_requests=config.warmup_requests, attainment=plan.sim.attainment,
+                    rel_tol=REAL_REL_TOL, growth=2.0 if wide else REAL_GROWTH,
+                    max_probes=plan.real_probes + (3 if wide else 0))
+            except _infeasible() as exc:
+                arm["capacity"].append(0.0)
+                arm["failed"].append(exc.reason)
+                arm["probes"].append([])
+                plan.log(f"round {r + 1} {arm['label']:>8}: failed: {exc.reason}")
+                continue
+            rate = interpolated(result)
+            arm["capacity"].append(rate)
+            arm["failed"].append(None)
+            arm["probes"].append(result.probes)
+            if rate > 0 and arm["sim"] > 0:
+                ratios.append(rate / arm["sim"])
+            plan.log(f"round {r + 1}/{config.confirm_rounds} {arm['label']:>8}: "
+                     f"{rate:.2f} req/s real (simulated {arm['sim']:.2f}; probes "
+                     + ", ".join(f"{p['rate']:.2f}{'+' if p['passed'] else '-'}"
+                                 for p in result.probes) + ")")
+    base = arms[0]
+    gains = {}
+    for arm in arms[1:]:
+        usable = not any(arm["failed"]) and not any(base["failed"])
+        gains[arm["label"]] = (paired_gain(base["capacity"], arm["capacity"], floor=floor)
+                               if usable else None)
+        arm["gain"] = dataclasses.asdict(gains[arm["label"]]) if usable else None
+    decision = decide(gains, min_gain=config.min_gain)
+    return {"arms": arms, "rounds": config.confirm_rounds, "floor": floor,
+            "winner": decision.winner, "reason": decision.reason}
+
+
+def _infeasible():
+    from tuner.measure.runner import Infeasible
+    return Infeasible
+
+
+def replicas(target: float | None, rate: float) -> int | None:
+    """Replicas `target` req/s needs at `rate` req/s each (None: no target or no rate)."""
+    if not target or not rate > 0:
+        return None
+    return math.ceil(target / rate - 1e-9)
+
+
+def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
+    """The whole sweep; returns the record the report prints (tuner/search/capacity_report)."""
+    baseline = config.baseline
+    plan.log(f"capacity sweep: {plan.trials} simulated settings, then the best "
+             f"{config.remeasure} and the baseline ({baseline.source}) measured for real over "
+             f"{config.confirm_rounds} interleaved rounds")
+    dropped = [p.name for p in config.space if p.name in SIM_UNMODELLED]
+    if dropped:
+        plan.log(f"not searched: {', '.join(dropped)} (the simulator does not model KV tiers;"
+                 " --objective goodput searches them on real engines)")
+    wall = time.perf_counter()
+    base, points = simulated_search(plan, config.space, fixed=config.fixed,
+                                    baseline=baseline.settings, seed=config.seed)
+    sim_wall = time.perf_counter() - wall
+    chosen = candidates(points, config.remeasure, baseline.params)
+    arms = [{"label": "baseline", "params": baseline.params, "settings": baseline.settings,
+             "sim": base.capacity}]
+    arms += [{"label": f"C{i}", "params": p.params, "settings": {**config.fixed, **p.params},
+              "sim": p.capacity} for i, p in enumerate(chosen, start=1)]
+    record = {"simulated": [{"params": p.params, "capacity": p.capacity,
+                             "infeasible": p.infeasible, "wall_s": round(p.wall_s, 3)}
+                            for p in points],
+              "sim_baseline": base.capacity, "sim_wall_s": sim_wall,
+              "attainment": plan.sim.attainment, "target_rate": plan.target_rate,
+              "profile": {"form": plan.sim.profile.fit.form,
+                          "heldout_error": plan.sim.profile.fit.heldout_error}}
+    if len(arms) == 1 or config.confirm_rounds < 2:
+        record.update(arms=arms, rounds=0, winner=None,
+                      reason="no candidate differs from the baseline" if len(arms) == 1
+                      else "not confirmed (--confirm-rounds 0): simulated figures only")
+        return record
+    record.update(confirm_for_real(plan, config, arms))
+    record["real_engines"] = sum(len(a["capacity"]) for a in arms)
+    return record
+
+
+__all__ = ["CapacityPlan", "SimPoint", "candidates", "confirm_for_real", "replicas",
+           "run_capacity_sweep", "simulated_search"]
