@@ -10,7 +10,7 @@ DEFAULT_STORAGE = "sqlite:///tuner-out/tuner.db"
 # (4 search trials, then baseline + 1 candidate over 3 interleaved rounds: 10 engines
 # of ~23 s each). Real tuning wants more: --trials 30 --remeasure 2 --confirm-rounds 5.
 DEFAULT_TRIALS = 4
-DEFAULT_SIM_TRIALS = 24   # --objective capacity: simulated settings (seconds each)
+DEFAULT_SIM_TRIALS = 16   # --objective capacity: simulated settings (~10 s each here)
 DEFAULT_DURATION = 10.0
 DEFAULT_REMEASURE = 1
 DEFAULT_CONFIRM_ROUNDS = 3
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="capacity: the share of requests that must meet every SLO")
     sweep.add_argument("--target-rate", type=float, default=None, metavar="REQ_PER_S",
                        help="capacity: also print the replicas this rate needs")
-    sweep.add_argument("--sim-duration", type=float, default=30.0,
+    sweep.add_argument("--sim-duration", type=float, default=20.0,
                        help="capacity: virtual seconds per simulated load")
     sweep.add_argument("--profile", default=None, metavar="FILE",
                        help="capacity: the simulator's step-time profile (default: cached for "

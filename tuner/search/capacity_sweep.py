@@ -46,7 +46,7 @@ class CapacityPlan:
     """What a capacity sweep needs beyond the SweepConfig (tuner/search/sweep.py)."""
     sim: object                    # tuner.sim.context.SimContext
     sim_base: dict                 # settings every simulated engine starts with (CPU memory)
-    trials: int = 24               # simulated settings
+    trials: int = 16               # simulated settings
     real_probes: int = 4           # real loads per arm and round
     target_rate: float | None = None
     trace_rate: float | None = None

@@ -1,0 +1,118 @@
+"""How close is the simulator to the engine? For settings spread over the search space:
+the simulated and the real SLO capacity, and TTFT p50/p90 and ITL p50 at one fixed rate,
+with the relative error of each, the median error per figure and Kendall's tau between
+simulated and real capacity (what the search needs: the ranking), plus the cost of one
+simulated capacity against one real one.
+
+    python -m benchmarks.bench_sim_fidelity [--workload chat] [--settings 12] [--rate 4]
+        [--duration 8] [--sim-duration 20] [--model M]
+
+Real runs use the sweep's CPU profile for the model (tuner/arguments.py), one engine per
+setting; the step-time profile is the cached one (python -m tuner profile).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from scipy.stats import kendalltau
+
+from loadtests.workloads import WORKLOAD_NAMES, get_workload
+from tuner.measure.capacity import interpolated, measure_capacity
+from tuner.measure.loadgen import LoadSpec
+from tuner.measure.local import EngineLaunch
+from tuner.measure.scoring import load_samples, score
+from tuner.measure.trial import measure
+from tuner.sim.cli import workload_profile
+from tuner.sim.context import SimContext, engine_threads, load_profile
+
+# spread over the space: batch limit, page size, token budget, memory fraction
+GRID = [{"max_num_seqs": s, "block_size": b, "max_num_batched_tokens": t,
+         "gpu_memory_utilization": g}
+        for s, b, t, g in [(1, 16, 2048, 0.9), (2, 32, 512, 0.9), (4, 16, 1024, 0.7),
+                           (8, 64, 2048, 0.9), (16, 16, 256, 0.9), (32, 8, 2048, 0.6),
+                           (64, 128, 1024, 0.9), (256, 16, 2048, 0.9), (3, 64, 256, 0.8),
+                           (12, 32, 1536, 0.9), (24, 16, 512, 0.5), (48, 32, 2048, 0.95),
+                           (6, 8, 768, 0.9), (128, 64, 384, 0.9)]]
+
+
+def rel(sim: float | None, real: float | None) -> float | None:
+    if sim is None or real is None or real == 0:
+        return None
+    return abs(sim - real) / real
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="chat", choices=WORKLOAD_NAMES)
+    ap.add_argument("--settings", type=int, default=12)
+    ap.add_argument("--rate", type=float, default=4.0, help="the fixed rate of the latencies")
+    ap.add_argument("--duration", type=float, default=8.0, help="seconds per real load")
+    ap.add_argument("--sim-duration", type=float, default=20.0)
+    ap.add_argument("--model", default=None)
+    args = ap.parse_args(argv)
+    prof = workload_profile(args.model)
+    spec = get_workload(args.workload)
+    slos = {k: {n: v * prof.get("slo_scale", 1.0) for n, v in s.items()}
+            for k, s in spec.slos.items()}
+    users = max(1, round(spec.users * prof.get("users_factor", 1)))
+    scale = prof.get("length_scale", 1.0)
+    threads = engine_threads({"cpu_threads": prof["cpu_threads"]} if "cpu_threads" in prof
+                             else {})
+    sim = SimContext(load_profile(args.model, threads), slos, workload=spec, users=users,
+                     length_scale=scale, duration=args.sim_duration, model=args.model)
+    base = {"cpu_memory_gib": prof["cpu_memory_gib"]} if "cpu_memory_gib" in prof else {}
+    flags = ["--cpu-memory-gib", str(prof["cpu_memory_gib"])] if base else []
+    if "cpu_threads" in prof:
+        flags += ["--cpu-threads", str(prof["cpu_threads"])]
+    launch = EngineLaunch(model=args.model, extra_flags=tuple(flags))
+    load = LoadSpec(workload=args.workload, duration=args.duration, users=users,
+                    arrival="open", rate=args.rate, length_scale=scale)
+    rows = []
+    work = Path(tempfile.mkdtemp(prefix="sim-fidelity-"))
+    for i, settings in enumerate(GRID[:args.settings]):
+        t0 = time.perf_counter()
+        cap_sim = sim.capacity({**base, **settings}, rel_tol=0.05)
+        sim_s = time.perf_counter() - t0
+        fixed = sim.run({**base, **settings}, args.rate).figures
+        t0 = time.perf_counter()
+        real = measure_capacity(settings, launch, load, slos, workdir=work / f"cap-{i}",
+                                start=max(interpolated(cap_sim) / 2, 0.5), warmup_requests=2,
+                                rel_tol=0.1, max_probes=7)
+        real_s = time.perf_counter() - t0
+        engine = launch.process(settings, work / f"fixed-{i}" / "engine.log")
+        engine.start(timeout=launch.startup_timeout)
+        try:
+            measure(engine.url, dataclasses.replace(load, seed=1), slos,
+                    workdir=work / f"fixed-{i}")
+        finally:
+            engine.stop()
+        measured = score(load_samples(work / f"fixed-{i}" / "samples.jsonl"), slos)
+        rows.append({"settings": settings, "sim_cap": interpolated(cap_sim),
+                     "real_cap": interpolated(real), "sim_s": sim_s, "real_s": real_s,
+                     **{f"sim_{k}": fixed.get(k) for k in ("ttft_p50", "ttft_p90", "itl_p50")},
+                     **{f"real_{k}": measured.get(k) for k in ("ttft_p50", "ttft_p90",
+                                                               "itl_p50")}})
+        r = rows[-1]
+        print(f"{i:>2} {settings}: capacity sim {r['sim_cap']:.2f} real {r['real_cap']:.2f}; "
+              f"ttft p50 {r['sim_ttft_p50']:.3f}/{r['real_ttft_p50']:.3f} s; cost "
+              f"{r['sim_s']:.1f} s / {r['real_s']:.1f} s", flush=True)
+    print(f"\n{'figure':<12} {'median rel. error':>18}")
+    for fig in ("cap", "ttft_p50", "ttft_p90", "itl_p50"):
+        errs = [e for r in rows if (e := rel(r[f"sim_{fig}"], r[f"real_{fig}"])) is not None]
+        print(f"{fig:<12} {statistics.median(errs):>17.1%}" if errs else f"{fig:<12} -")
+    tau = kendalltau([r["sim_cap"] for r in rows], [r["real_cap"] for r in rows]).statistic
+    ratio = statistics.median(r["real_cap"] / r["sim_cap"] for r in rows if r["sim_cap"])
+    speed = statistics.median(r["real_s"] / r["sim_s"] for r in rows)
+    print(f"Kendall tau (capacity, sim vs real): {tau:.2f} over {len(rows)} settings")
+    print(f"real / simulated capacity, median: {ratio:.2f}")
+    print(f"cost: one real capacity search / one simulated, median: {speed:.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
