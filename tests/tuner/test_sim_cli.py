@@ -87,3 +87,33 @@ def test_an_empty_or_unreadable_trace_is_refused(profile_file, tmp_path, capsys)
             main(["simulate", "--trace", str(path), "--profile", str(profile_file)])
         err = capsys.readouterr().err
         assert message in err and str(path) in err
+
+
+def test_the_capacity_sweep_end_to_end_on_the_embedded_model(profile_file, tmp_path):
+    """Two simulated settings, then the baseline and the best one on real engines over two
+    rounds: four engines in all, and the result names capacity, gain and replicas."""
+    import os
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner", "sweep", "--workload", "chat", "--trials", "2",
+         "--confirm-rounds", "2", "--real-probes", "2", "--duration", "3",
+         "--sim-duration", "8", "--profile", str(profile_file), "--out-dir", str(out),
+         "--target-rate", "40", "--param", "block_size=16", "--param", "max_num_seqs=2..32",
+         "--param", "gpu_memory_utilization=0.9", "--param", "num_speculative_tokens=none",
+         "--param", "max_num_batched_tokens=none", "--param", "kv_offloading_size=none"],
+        capture_output=True, text=True, timeout=280, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((out / "capacity.json").read_text())
+    assert len(record["simulated"]) == 2 and record["real_engines"] == 4
+    assert sorted(p.parent.name for p in out.rglob("engine.log")) == sorted(
+        ["baseline", "C1"] * 2)                     # no engine started for the search
+    base = record["arms"][0]
+    assert len(base["capacity"]) == 2 and all(c >= 0 for c in base["capacity"])
+    assert re.search(r"baseline: [\d.]+ req/s per replica \(real", done.stdout)
+    assert re.search(r"replicas for 40 req/s: (\d+|none meets the SLOs) with the baseline",
+                     done.stdout)
+    assert (out / "capacity.png").stat().st_size > 0
+    if record["winner"]:
+        assert "capacity gain" in done.stdout and (out / "best.yaml").exists()
+    else:
+        assert "keep the baseline" in done.stdout and not (out / "best.yaml").exists()
