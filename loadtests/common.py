@@ -37,7 +37,7 @@ from locust import User, constant, events
 
 from loadtests import distributed
 from loadtests.client import Sample, stream_request
-from loadtests.workloads.base import REVISIT_IDLE_SESSION, WorkloadSpec
+from loadtests.workloads.base import OpenLoop, WorkloadSpec
 
 _user_ids = itertools.count()
 # file: the samples file (single process, or the master); shipper: a distributed worker's
@@ -188,14 +188,13 @@ class StreamingUser(User):
     def _open_loop(self, opts) -> None:
         """Poisson arrivals: exponential gaps on an absolute schedule (no drift)."""
         rate = opts.rate / max(1, opts.users_total or opts.num_users or 1)
-        arrivals = random.Random(self.seed * 7919 + self.user_id)
+        arrivals = OpenLoop(self.seed, self.user_id, rate)
         idle: list = []  # multi-turn sessions waiting for their next turn
         next_t = time.monotonic()
         while True:
-            next_t += arrivals.expovariate(rate)
+            next_t += arrivals.gap()
             gevent.sleep(max(0.0, next_t - time.monotonic()))
-            session = idle.pop(arrivals.randrange(len(idle))) if idle and arrivals.random() < REVISIT_IDLE_SESSION \
-                else self._new_session()
+            session = arrivals.pick(idle) or self._new_session()
             request = session.next_request()
             if request is None:
                 session = self._new_session()

@@ -85,8 +85,40 @@ class SingleShot:
 
 # Open loop: an arrival continues one of the user's idle multi-turn sessions (chosen at
 # random) with this probability, else starts a new one (loadtests/common.py's Locust user
-# and the simulator's arrival process, tuner/sim/stream.py, both follow it)
+# and the simulator's arrival process, tuner/sim/stream.py, both follow it: OpenLoop)
 REVISIT_IDLE_SESSION = 0.7
+
+
+class OpenLoop:
+    """One user's open-loop arrivals: Poisson gaps at `rate` and, per arrival, whether it
+    continues an idle session and which one.
+
+    The gaps and the choices come from two generators, and every arrival draws the same
+    numbers whatever is idle, so the arrival times are a function of (seed, user, rate)
+    alone: how fast the server replied (which sessions are idle) changes which session an
+    arrival continues, never when it arrives. Two settings, rounds or probes of one seed
+    therefore see the same arrivals (common random numbers), and a faster server does not
+    shift the stream it is measured on.
+    """
+
+    def __init__(self, seed: int, user: int, rate: float) -> None:
+        if not rate > 0:
+            raise ValueError(f"the arrival rate must be > 0 requests/s, got {rate}")
+        self.rate = rate
+        self._gaps = random.Random(seed * 7919 + user)
+        self._choices = random.Random(seed * 7919 + user + 1_000_003)
+
+    def gap(self) -> float:
+        """Seconds until the next arrival."""
+        return self._gaps.expovariate(self.rate)
+
+    def pick(self, idle: list):
+        """The idle session this arrival continues (removed from `idle`), or None: start a
+        new one."""
+        revisit, which = self._choices.random(), self._choices.random()
+        if idle and revisit < REVISIT_IDLE_SESSION:
+            return idle.pop(int(which * len(idle)))
+        return None
 
 # SLO thresholds, seconds: ttft = time to first token; tpot = a request's mean gap between
 # output tokens (DistServe's TPOT); e2e = end-to-end latency of the whole response.

@@ -51,3 +51,20 @@ def test_same_seed_replays_the_same_prompts(tmp_path):
                      url=server.url, workdir=tmp_path / run)
             firsts.append(server.requests[0]["prompt"])
     assert firsts[0] == firsts[1]
+
+
+def test_open_loop_arrivals_do_not_depend_on_how_fast_the_server_replies(tmp_path):
+    """Multi-turn chat: a fast server leaves sessions idle for the next arrival to continue,
+    a slow one does not, yet one seed gives the same arrival times against both (the
+    stream a setting is measured on is not shifted by the setting)."""
+    offsets = []
+    for run, (ttft, itl) in (("fast", (0.002, 0.0005)), ("slow", (0.3, 0.02))):
+        with FakeOpenAIServer(ttft=ttft, itl=itl) as server:
+            path = run_load(LoadSpec(workload="chat", duration=2, users=1, arrival="open",
+                                     rate=15.0, seed=3, length_scale=0.05),
+                            url=server.url, workdir=tmp_path / run)
+        starts = sorted(r["start"] for r in load_samples(path).records)
+        offsets.append([t - starts[0] for t in starts])
+    n = min(map(len, offsets)) - 1   # the last one may fall either side of the stop
+    assert n >= 15
+    assert max(abs(a - b) for a, b in zip(offsets[0][:n], offsets[1][:n])) < 0.05

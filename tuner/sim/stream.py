@@ -15,7 +15,7 @@ import heapq
 import random
 from dataclasses import dataclass, field
 
-from loadtests.workloads.base import REVISIT_IDLE_SESSION, WorkloadSpec, words
+from loadtests.workloads.base import OpenLoop, WorkloadSpec, words
 from loadtests.workloads.trace import TraceRequest, build_request, trace_rate
 
 
@@ -70,12 +70,11 @@ class WorkloadStream:
         self.workload, self.render, self.seed = workload, render, seed
         self.scale, self.max_model_len = length_scale, max_model_len
         users = max(1, users)
-        self.rate = rate / users
-        self.arrivals = [random.Random(seed * 7919 + u) for u in range(users)]
+        self.arrivals = [OpenLoop(seed, u, rate / users) for u in range(users)]
         self.sessions = [random.Random(seed * 100_003 + u) for u in range(users)]
         self.idle: list[list] = [[] for _ in range(users)]
         self.count = 0
-        self._next = [(rng.expovariate(self.rate), u) for u, rng in enumerate(self.arrivals)]
+        self._next = [(loop.gap(), u) for u, loop in enumerate(self.arrivals)]
         heapq.heapify(self._next)
 
     def next_time(self) -> float:
@@ -83,10 +82,8 @@ class WorkloadStream:
 
     def pop(self) -> SimRequest:
         t, u = heapq.heappop(self._next)
-        heapq.heappush(self._next, (t + self.arrivals[u].expovariate(self.rate), u))
-        rng, idle = self.arrivals[u], self.idle[u]
-        session = idle.pop(rng.randrange(len(idle))) if idle and \
-            rng.random() < REVISIT_IDLE_SESSION else None
+        heapq.heappush(self._next, (t + self.arrivals[u].gap(), u))
+        session = self.arrivals[u].pick(self.idle[u])
         request = session.next_request() if session else None
         if request is None:
             session = self.workload.new_session(self.sessions[u], self.scale)
