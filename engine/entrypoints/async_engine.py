@@ -23,6 +23,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,8 @@ class AsyncEngine:
         # Engine thread only: request id -> (group, prompt index, params).
         self._routes: dict[str, tuple[RequestGroup, int, SamplingParams]] = {}
         self._probe_ids = itertools.count()
+        self._shape = None   # the shape of the step the loop is running (observe_step)
+        engine.step_observer = self._observe_shape
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -160,12 +163,18 @@ class AsyncEngine:
                     except queue.Empty:
                         break
                 if running and self.engine.has_unfinished_requests():
+                    started, self._shape = time.perf_counter(), None
                     self._deliver(self.engine.step())
+                    if self._shape is not None:   # a step ran: time it with its delivery
+                        self.metrics.observe_step(self._shape, time.perf_counter() - started)
                 self.metrics.observe_stats(self.engine.get_stats())
             except Exception as exc:
                 if not self._recover(exc):
                     self._refuse_until_stopped()
                     return
+
+    def _observe_shape(self, shape, seconds: float) -> None:
+        self._shape = shape
 
     def _recover(self, exc: Exception) -> bool:
         """Fail the requests in flight, then probe the engine alone; False: it is dead."""

@@ -8,10 +8,13 @@ which gives vLLM's exposed names (`vllm:prompt_tokens_total`, ...).
 from __future__ import annotations
 
 import time
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from engine.step_shape import StepShape
 
 # Bucket edges as vLLM publishes them, so dashboards' quantile queries carry over.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -21,6 +24,9 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 FINISH_REASONS = ("stop", "length", "abort", "error")
+STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2,
+                0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+STEP_FIGURES = tuple(f.name for f in dataclasses.fields(StepShape))
 
 
 def token_buckets(max_value: int) -> list[int]:
@@ -131,6 +137,18 @@ class ServerMetrics:
         self._spec_per_pos = Counter(
             "vllm:spec_decode_num_accepted_tokens_per_pos",
             "Accepted tokens per draft position.", ["model_name", "position"], registry=reg)
+        # The serving loop's steps: time and composition (engine/step_shape.py), so a
+        # step-time profile can be fitted from a live service (tuner/sim/live_profile.py).
+        self.step_duration = hist(
+            "paged:engine_step_duration_seconds",
+            "Serving-loop iterations that ran a step: schedule, model, sampling, outputs "
+            "and their delivery to the streams, in seconds.", STEP_BUCKETS)
+        self._step_shape = Counter(
+            "paged:engine_step_shape", "Summed composition of the steps in "
+            "paged:engine_step_duration_seconds, per figure of engine/step_shape.py.",
+            ["model_name", "figure"], registry=reg)
+        self._step_figures = {name: self._step_shape.labels(model_name, name)
+                              for name in STEP_FIGURES}
         self._max_backlog = 0
         self._last_totals: dict[str, int] = {}
         self._tracked: dict[str, _Tracked] = {}
@@ -170,6 +188,14 @@ class ServerMetrics:
             if delta > 0:
                 counters[key].inc(delta)
             self._last_totals[key] = total
+
+    def observe_step(self, shape: Any, seconds: float) -> None:
+        """One serving-loop iteration that ran a step of this shape (a StepShape)."""
+        self.step_duration.observe(seconds)
+        for name, child in self._step_figures.items():
+            value = getattr(shape, name)
+            if value:
+                child.inc(value)
 
     def observe_output(self, out: Any, params: Any) -> None:
         """Per-request figures from one step's (cumulative) RequestOutput."""

@@ -123,6 +123,15 @@ def test_metrics_agree_with_the_requests_served(server, client, http):
     assert 0 < delta("vllm:e2e_request_latency_seconds_sum") <= elapsed
     assert delta("vllm:time_to_first_token_seconds_sum") < \
         delta("vllm:e2e_request_latency_seconds_sum")
+    # the serving loop's steps: one row each (one request at a time), every prompt in one
+    # chunk, then one decode row per token after the first
+    shape = "paged:engine_step_shape_total{figure=%s}"
+    hits = delta("vllm:prefix_cache_hits_total")
+    assert delta(shape % "prefill_seqs") == 4
+    assert delta(shape % "prefill_tokens") == prompt - hits
+    assert delta(shape % "decode_seqs") == generated - 4
+    assert delta("paged:engine_step_duration_seconds_count") == generated
+    assert 0 < delta("paged:engine_step_duration_seconds_sum") <= elapsed
     # buckets are cumulative and end at +Inf == count
     assert after['vllm:e2e_request_latency_seconds_bucket{le=+Inf}'] == \
         after["vllm:e2e_request_latency_seconds_count"]
@@ -143,3 +152,37 @@ def test_prefix_cache_hits_are_counted(server, http):
     assert queries >= 2 * r.json()["usage"]["prompt_tokens"] - 2
     assert hits >= 16  # the second request found at least one full block cached
     assert after["paged:num_cached_blocks"] >= 1
+
+
+def test_a_profile_is_fitted_from_the_live_step_counters(server, client):
+    """tuner/sim/live_profile.py on this server's /metrics while it serves batches."""
+    import threading
+
+    from tuner.sim.live_profile import fit_live, scrape_series, windows
+
+    stop = threading.Event()
+
+    def load(i: int) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            client.completions.create(model="paged-tiny-llama-v1", max_tokens=4 + (n + i) % 9,
+                                      prompt=f"load {i} {n}: " + "words " * ((n * 7 + i) % 40),
+                                      temperature=0, extra_body={"ignore_eos": True})
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        series = scrape_series(server.base_url, duration=5.0, interval=0.4)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    fit, steps = fit_live(series)
+    shapes, seconds, _ = windows(series)
+    assert steps >= 50 and len(shapes) >= 8
+    assert all(fit.predict(s) > 0 for s in shapes)
+    # the mean step of every window, within the held-out error reported (plus slack)
+    errors = sorted(abs(fit.predict(s) - t) / t for s, t in zip(shapes, seconds))
+    assert errors[len(errors) // 2] < max(0.25, 2 * fit.heldout_error)

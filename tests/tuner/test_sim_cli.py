@@ -117,3 +117,65 @@ def test_the_capacity_sweep_end_to_end_on_the_embedded_model(profile_file, tmp_p
         assert "capacity gain" in done.stdout and (out / "best.yaml").exists()
     else:
         assert "keep the baseline" in done.stdout and not (out / "best.yaml").exists()
+
+
+def test_profile_refits_the_step_times_from_a_live_metrics_endpoint(profile_file, tmp_path,
+                                                                    capsys):
+    """--from-metrics: a real HTTP /metrics whose step counters grow by a known law while
+    it is read; the profile written keeps the base's identity and memory."""
+    import random
+    import threading
+
+    from prometheus_client import start_http_server
+
+    from engine.entrypoints.metrics import ServerMetrics
+    from engine.step_shape import StepShape
+
+    metrics, stop = ServerMetrics(model_name="m", max_model_len=2048), threading.Event()
+
+    def serve():   # the traffic's mix drifts, as a service's does: windows differ
+        rng, tick = random.Random(0), 0
+        while not stop.wait(0.01):
+            tick += 1
+            rows, prompt = 1 + (tick // 7) % 32, [0, 64, 300][(tick // 11) % 3]
+            for _ in range(rng.randint(1, 6)):
+                shape = StepShape(prefill_tokens=rng.choice([0, prompt]),
+                                  decode_seqs=rng.randint(max(1, rows - 4), rows))
+                metrics.observe_step(shape, 0.003 + 1e-5 * shape.prefill_tokens
+                                     + 5e-4 * shape.decode_seqs)
+
+    httpd, thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
+    feeder = threading.Thread(target=serve)
+    feeder.start()
+    out = tmp_path / "live.json"
+    try:
+        code = main(["profile", "--from-metrics", f"http://127.0.0.1:{httpd.server_port}",
+                     "--base", str(profile_file), "--threads", "1", "--duration", "2.5",
+                     "--interval", "0.2", "--out", str(out)])
+    finally:
+        stop.set()
+        feeder.join()
+        httpd.shutdown()
+    assert code == 0
+    live, base = json.loads(out.read_text()), json.loads(profile_file.read_text())
+    assert live["identity"] == base["identity"] and live["memory"] == base["memory"]
+    coef = live["fit"]["coefficients"]
+    # (a reading may catch a step half counted: a little noise per window)
+    assert coef["intercept"] == pytest.approx(0.003, rel=0.1)
+    assert coef["decode_seqs"] == pytest.approx(5e-4, rel=0.1)
+    assert coef["prefill_tokens"] == pytest.approx(1e-5, rel=0.1)
+    assert live["created"].startswith("live:") and "written to" in capsys.readouterr().out
+
+
+def test_profile_from_metrics_without_step_counters_is_refused(profile_file, capsys):
+    from fake_openai_server import FakeOpenAIServer
+
+    with FakeOpenAIServer() as server, pytest.raises(SystemExit) as exit_:
+        main(["profile", "--from-metrics", server.url, "--base", str(profile_file),
+              "--threads", "1", "--duration", "0.4", "--interval", "0.2"])
+    assert exit_.value.code == 2
+    assert "no paged:engine_step_duration_seconds" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["profile", "--from-metrics", "http://127.0.0.1:9", "--duration", "1",
+              "--interval", "1"])
+    assert "--duration (--since) at least two" in capsys.readouterr().err

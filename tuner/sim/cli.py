@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import time
 from pathlib import Path
 
 from loadtests.workloads import WORKLOAD_NAMES
@@ -25,6 +26,20 @@ def add_parsers(sub) -> None:
                       help="write here (default: the cache, $PAGED_PROFILE_DIR)")
     prof.add_argument("--scale", type=float, default=1.0,
                       help="fewer calibration batches (< 1) or more (> 1)")
+    live = prof.add_mutually_exclusive_group()
+    live.add_argument("--from-metrics", metavar="URL", default=None,
+                      help="refit the step times from a running engine's /metrics, read "
+                           "every --interval s for --duration s while it serves")
+    live.add_argument("--prometheus", metavar="URL", default=None,
+                      help="refit the step times from the last --since s of a Prometheus "
+                           "that scrapes the service (--selector)")
+    prof.add_argument("--base", default=None, metavar="FILE",
+                      help="with --from-metrics/--prometheus: the calibrated profile to refit "
+                           "(default: cached for --model and --threads, else calibrated now)")
+    prof.add_argument("--selector", default="", help='PromQL matcher, e.g. {job="chat"}')
+    prof.add_argument("--since", type=float, default=600.0, help="seconds of history")
+    prof.add_argument("--duration", type=float, default=60.0, help="seconds to read")
+    prof.add_argument("--interval", type=float, default=5.0, help="seconds per window")
 
     sim = sub.add_parser("simulate", help="what-if: a workload through the engine's own "
                                           "scheduler in virtual time, capacity included")
@@ -124,8 +139,14 @@ def profile_main(parser: argparse.ArgumentParser, args) -> int:
         parser.error(f"--block-sizes {args.block_sizes!r}: expected integers such as 16,64")
     if args.scale <= 0:
         parser.error("--scale must be positive")
-    profile = run_calibration(args.model, threads=threads, block_sizes=sizes, scale=args.scale)
-    out = Path(args.out) if args.out else cached_path(profile.identity)
+    if args.from_metrics or args.prometheus:
+        profile = _live(parser, args, threads)
+        out = Path(args.out) if args.out else cached_path(profile.identity).with_suffix(
+            ".live.json")
+    else:
+        profile = run_calibration(args.model, threads=threads, block_sizes=sizes,
+                                  scale=args.scale)
+        out = Path(args.out) if args.out else cached_path(profile.identity)
     profile.save(out)
     coef = ", ".join(f"{k} {v:.3g}" for k, v in profile.fit.coefficients.items())
     print(f"profile of {profile.identity.model} ({profile.identity.hardware}, "
@@ -133,6 +154,31 @@ def profile_main(parser: argparse.ArgumentParser, args) -> int:
           f"form {profile.fit.form} ({coef} s); held-out median error "
           f"{profile.fit.heldout_error:.1%}\nwritten to {out}")
     return 0
+
+
+def _live(parser: argparse.ArgumentParser, args, threads: int):
+    """The calibrated profile of --model with its step times refitted from a live series."""
+    from tuner.measure.promql import PrometheusError, PrometheusReader
+    from tuner.sim import live_profile as live
+
+    if not (args.interval > 0 and args.duration >= 2 * args.interval and args.since > 0):
+        parser.error("--interval must be > 0 and --duration (--since) at least two of them")
+    try:
+        if args.from_metrics:
+            series = live.scrape_series(args.from_metrics, duration=args.duration,
+                                        interval=args.interval,
+                                        log=lambda s: print(s, file=sys.stderr))
+        else:
+            end = time.time()
+            series = live.prometheus_series(
+                PrometheusReader(args.prometheus), args.selector, start=end - args.since,
+                end=end, interval=args.interval)
+        live.fit_live(series)   # enough busy windows, before a calibration is paid for
+        base = load_profile(args.model, threads, path=args.base,
+                            log=lambda s: print(s, file=sys.stderr))
+        return live.live_profile(base, series)
+    except (ValueError, PrometheusError) as exc:
+        parser.error(str(exc))
 
 
 def simulate_main(parser: argparse.ArgumentParser, args) -> int:

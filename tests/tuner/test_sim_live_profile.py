@@ -1,0 +1,74 @@
+"""A step-time profile from a live service's step counters (tuner/sim/live_profile.py)."""
+import random
+
+import pytest
+from prometheus_client import generate_latest
+
+from engine.entrypoints.metrics import ServerMetrics
+from engine.step_shape import StepShape
+from tuner.sim.live_profile import (MIN_WINDOW_STEPS, Totals, fit_live, parse_totals,
+                                    windows)
+
+TRUE = {"intercept": 0.004, "prefill_tokens": 2e-5, "decode_seqs": 6e-4, "draft_tokens": 3e-4}
+
+
+def _step(rng):
+    return StepShape(prefill_tokens=rng.choice([0, 0, 32, 200, 512]), prefill_seqs=1,
+                     decode_seqs=rng.randint(0, 48), draft_tokens=rng.choice([0, 0, 8]),
+                     decode_context=rng.randint(0, 4000))
+
+
+def _seconds(shape):
+    return TRUE["intercept"] + sum(c * getattr(shape, k) for k, c in TRUE.items()
+                                   if k != "intercept")
+
+
+def _series(rng, windows=40, metrics=None):
+    """Counters read after each of `windows` windows of 5-60 steps of a known law."""
+    metrics = metrics or ServerMetrics(model_name="m", max_model_len=4096)
+    series = [parse_totals(generate_latest(metrics.registry).decode(), t=0)]
+    for w in range(windows):
+        for _ in range(rng.randint(MIN_WINDOW_STEPS, 60)):
+            shape = _step(rng)
+            metrics.observe_step(shape, _seconds(shape))
+        series.append(parse_totals(generate_latest(metrics.registry).decode(), t=w + 1))
+    return series
+
+
+def test_the_counters_on_metrics_are_the_sums_of_the_steps():
+    metrics, rng = ServerMetrics(model_name="m", max_model_len=4096), random.Random(1)
+    shapes = [_step(rng) for _ in range(30)]
+    for s in shapes:
+        metrics.observe_step(s, _seconds(s))
+    totals = parse_totals(generate_latest(metrics.registry).decode(), t=0)
+    assert totals.steps == 30
+    assert totals.seconds == pytest.approx(sum(map(_seconds, shapes)))
+    for name in ("prefill_tokens", "decode_seqs", "decode_context", "draft_tokens"):
+        assert totals.figures[name] == sum(getattr(s, name) for s in shapes), name
+
+
+def test_windows_of_a_live_series_recover_a_known_step_law():
+    fit, steps = fit_live(_series(random.Random(2)))
+    assert steps > 40 * MIN_WINDOW_STEPS
+    for name, value in TRUE.items():
+        assert fit.coefficients.get(name, 0.0) == pytest.approx(value, rel=0.02), name
+    assert fit.heldout_error < 0.01
+
+
+def test_idle_windows_and_a_restart_are_skipped():
+    t = lambda i, steps, sec, tok: Totals(i, steps, sec, {"prefill_tokens": tok})  # noqa: E731
+    series = [t(0, 100, 1.0, 1000), t(1, 100 + MIN_WINDOW_STEPS - 1, 1.1, 1100),  # idle
+              t(2, 200, 2.0, 3000), t(3, 10, 0.1, 50),    # restarted: counters fell
+              t(4, 30, 0.3, 450)]
+    shapes, seconds, steps = windows(series)
+    busy = 200 - (100 + MIN_WINDOW_STEPS - 1)
+    assert steps == busy + 20
+    assert [s["prefill_tokens"] for s in shapes] == pytest.approx([1900 / busy, 20.0])
+    assert seconds == pytest.approx([0.9 / busy, 0.01])
+
+
+def test_too_few_busy_windows_and_a_foreign_metrics_page_are_clear_errors():
+    with pytest.raises(ValueError, match=r"3 busy window\(s\).*read the service longer"):
+        fit_live(_series(random.Random(3), windows=3))
+    with pytest.raises(ValueError, match="no paged:engine_step_duration_seconds"):
+        parse_totals("# TYPE up gauge\nup 1\n", t=0)

@@ -1,0 +1,141 @@
+"""A step-time profile from a running service's own steps (its /metrics, or Prometheus).
+
+The serving loop exports every step's time, delivery to the streams included
+(`paged:engine_step_duration_seconds`, a histogram: its _sum and _count), and its
+composition (`paged:engine_step_shape_total{figure=...}`, the figures of
+engine/step_shape.py summed over steps). Between two readings of those counters a window
+holds n steps of summed time T and summed figures F; a profile form is linear
+(t = intercept + sum c_i f_i), so the window's mean step obeys the same law:
+T / n = intercept + sum c_i F_i / n. Windows are then fitted exactly like timed steps
+(tuner/sim/profile.fit: the form chosen by held-out error), and the result replaces the
+fit of the calibrated profile, whose identity and memory terms it keeps: the live series
+knows what the service's steps cost under its real traffic and HTTP streaming, the
+calibration what sizes its pool.
+
+A window with fewer than MIN_WINDOW_STEPS steps (an idle service) is skipped; a counter
+that went down (the engine restarted) skips its window.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.entrypoints.metrics import STEP_FIGURES
+from tuner.sim.profile import FORMS, Fit, Profile, fit
+
+STEP_SECONDS = "paged:engine_step_duration_seconds"
+STEP_SHAPE = "paged:engine_step_shape"
+MIN_WINDOW_STEPS = 5
+
+
+@dataclass
+class Totals:
+    """The step counters at one moment."""
+    t: float
+    steps: float
+    seconds: float
+    figures: dict[str, float] = field(default_factory=dict)
+
+
+def parse_totals(text: str, *, t: float) -> Totals:
+    """The step counters in a /metrics text (summed over model names)."""
+    steps = seconds = 0.0
+    figures = dict.fromkeys(STEP_FIGURES, 0.0)
+    seen = False
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == STEP_SECONDS + "_count":
+                steps, seen = steps + sample.value, True
+            elif sample.name == STEP_SECONDS + "_sum":
+                seconds += sample.value
+            elif sample.name == STEP_SHAPE + "_total" and sample.labels.get("figure") in figures:
+                figures[sample.labels["figure"]] += sample.value
+    if not seen:
+        raise ValueError(f"the metrics hold no {STEP_SECONDS}: is this an engine of this "
+                         "project (python -m engine.entrypoints.api_server), and recent enough?")
+    return Totals(t, steps, seconds, figures)
+
+
+def scrape(url: str, *, timeout: float = 10.0) -> Totals:
+    """The step counters of an engine at `url` (its base URL or its /metrics)."""
+    target = url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
+    try:
+        response = httpx.get(target, timeout=timeout)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        raise ValueError(f"could not read {target}: {exc}") from None
+    return parse_totals(response.text, t=time.time())
+
+
+def scrape_series(url: str, *, duration: float, interval: float,
+                  log=lambda s: None) -> list[Totals]:
+    """Readings every `interval` s for `duration` s (the first one now)."""
+    series = [scrape(url)]
+    end = series[0].t + duration
+    while series[-1].t + interval <= end + 1e-6:
+        time.sleep(max(0.0, series[-1].t + interval - time.time()))
+        series.append(scrape(url))
+        log(f"{len(series) - 1} window(s), {series[-1].steps - series[0].steps:.0f} steps")
+    return series
+
+
+def prometheus_series(reader, selector: str, *, start: float, end: float,
+                      interval: float) -> list[Totals]:
+    """Readings from Prometheus (a tuner.measure.promql.PrometheusReader) every `interval`
+    s over [start, end]; `selector` is a PromQL label matcher ('{job="engine"}')."""
+    series = []
+    t = start
+    while t <= end + 1e-6:
+        steps = reader.scalar(f"sum({STEP_SECONDS}_count{selector})", at=t)
+        seconds = reader.scalar(f"sum({STEP_SECONDS}_sum{selector})", at=t)
+        if steps is not None and seconds is not None:
+            shape = reader.query(f"sum by (figure) ({STEP_SHAPE}_total{selector})", at=t)
+            figures = dict.fromkeys(STEP_FIGURES, 0.0)
+            figures.update({m.get("figure"): v for m, v in shape if m.get("figure") in figures})
+            series.append(Totals(t, steps, seconds, figures))
+        t += interval
+    if not series:
+        raise ValueError(f"Prometheus has no {STEP_SECONDS} for {selector} between "
+                         f"{start:.0f} and {end:.0f}: does it scrape the engine?")
+    return series
+
+
+def windows(series: list[Totals], *, min_steps: int = MIN_WINDOW_STEPS
+            ) -> tuple[list[dict], list[float], int]:
+    """(mean step shape, mean step seconds) of each busy window, and the steps they hold."""
+    shapes, seconds, total = [], [], 0
+    for a, b in zip(series, series[1:]):
+        n = b.steps - a.steps
+        deltas = {k: b.figures.get(k, 0.0) - a.figures.get(k, 0.0) for k in STEP_FIGURES}
+        if n < min_steps or b.seconds < a.seconds or min(deltas.values()) < 0:
+            continue   # idle, or the engine restarted in between
+        shapes.append({k: v / n for k, v in deltas.items()})
+        seconds.append((b.seconds - a.seconds) / n)
+        total += int(n)
+    return shapes, seconds, total
+
+
+def fit_live(series: list[Totals], forms: dict = FORMS) -> tuple[Fit, int]:
+    """The profile fit of a live series, and the steps it covers; ValueError when the
+    series holds too few busy windows (it names how many it had)."""
+    shapes, seconds, steps = windows(series)
+    try:
+        return fit(shapes, seconds, forms), steps
+    except ValueError:
+        raise ValueError(
+            f"{len(shapes)} busy window(s) of >= {MIN_WINDOW_STEPS} steps in the series "
+            f"(of {max(0, len(series) - 1)}); read the service longer or more often while "
+            "it serves traffic") from None
+
+
+def live_profile(base: Profile, series: list[Totals]) -> Profile:
+    """`base` (a calibrated profile of the same model) with its step-time fit replaced by
+    the live series' fit."""
+    live, steps = fit_live(series)
+    return dataclasses.replace(base, fit=live, num_steps=steps,
+                               created=f"live: {len(series) - 1} windows, "
+                                       f"{time.strftime('%Y-%m-%dT%H:%M:%S')}")
