@@ -18,6 +18,10 @@ class NgramProposer:
         self.max_n = prompt_lookup_max
         self.gate = gate if gate is not None else DraftGate()
 
+    @property
+    def num_speculative_tokens(self) -> int:
+        return self.k
+
     @classmethod
     def from_config(cls, config: dict) -> "NgramProposer":
         """From EngineConfig.speculative_config (checked and completed by the settings table)."""
@@ -37,6 +41,9 @@ class NgramProposer:
         drafts = self.propose(seq.token_ids, room)
         self.gate.handed_out(seq, drafts)
         return drafts
+
+    def finished(self, seq) -> None:
+        """Nothing to keep: n-gram drafts come from the sequence's own tokens only."""
 
     def propose(self, token_ids: list[int], max_tokens: int | None = None) -> list[int]:
         """Up to min(k, max_tokens) drafts to follow `token_ids` (prompt + output), or [].
