@@ -33,6 +33,7 @@ class Proposer(Protocol):
 # method -> "module:Class"; the settings table's `method` choices name the same keys
 METHODS: dict[str, str] = {
     "ngram": "engine.spec_decode.ngram_proposer:NgramProposer",
+    "suffix": "engine.spec_decode.suffix_proposer:SuffixProposer",
 }
 
 
