@@ -37,6 +37,12 @@ SPECULATIVE = Setting(
                 "decode steps without drafts before a held-back sequence tries "
                 "again (default: 16)", field="acceptanceProbeInterval", optional=True,
                 minimum=1, maximum=4096),
+        Setting("adaptive_draft_knee", int, None, "adaptive draft length: tokens per "
+                "step at which a step costs twice a one-token step; each sequence then "
+                "drafts the length that maximises its expected tokens per unit of step "
+                "cost from its measured acceptance and the batch size, shorter as either "
+                "worsens, none when drafting costs more than it saves (default: off)",
+                field="adaptiveDraftKnee", optional=True, minimum=1, maximum=1_000_000),
         # method suffix (vLLM's keys; their defaults fill in for suffix only)
         Setting("suffix_decoding_max_tree_depth", int, None, "suffix: longest match "
                 "plus draft, in tokens (default: 24)",
@@ -63,7 +69,8 @@ SPECULATIVE = Setting(
                             "suffix_decoding_min_token_prob"), "method", "suffix")))
 
 
-_SPEC_GATE_KEYS = ("disable_by_batch_size", "min_acceptance_rate", "acceptance_probe_interval")
+_SPEC_GATE_KEYS = ("disable_by_batch_size", "min_acceptance_rate", "acceptance_probe_interval",
+                   "adaptive_draft_knee")
 
 
 SUFFIX_DEFAULTS = {"suffix_decoding_max_tree_depth": 24,

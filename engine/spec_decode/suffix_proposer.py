@@ -110,16 +110,13 @@ class SuffixProposer:
                    max_cached_requests=config["suffix_decoding_max_cached_requests"],
                    max_spec_factor=config["suffix_decoding_max_spec_factor"],
                    min_token_prob=config["suffix_decoding_min_token_prob"],
-                   gate=DraftGate(
-                       min_acceptance_rate=config.get("min_acceptance_rate"),
-                       acceptance_probe_interval=config.get("acceptance_probe_interval") or 16,
-                       disable_by_batch_size=config.get("disable_by_batch_size")))
+                   gate=DraftGate.from_config(config))
 
     def draft(self, seq: Sequence, room: int, batch_size: int) -> list[int]:
         self.cache.work()  # a bounded share of the queued outputs goes into the trees
         if not self.gate.allows(seq, batch_size):
             return []
-        limit = min(room, self.num_speculative_tokens)
+        limit = self.gate.length(seq, batch_size, min(room, self.num_speculative_tokens))
         drafts = self.propose(seq.token_ids, seq.cache_salt, limit)
         self.gate.handed_out(seq, drafts)
         return drafts

@@ -116,6 +116,7 @@ def test_a_spec_engine_value_reaches_the_engine_through_operator_and_cli():
     assert engine["speculative"] == {"method": "suffix", "numSpeculativeTokens": 3,
                                      "disableByBatchSize": 3, "minAcceptanceRate": 0.5,
                                      "acceptanceProbeInterval": 3,
+                                     "adaptiveDraftKnee": 3,
                                      "suffixDecodingMaxTreeDepth": 3,
                                      "suffixDecodingMaxCachedRequests": 2,
                                      "suffixDecodingMaxSpecFactor": 0.5,
