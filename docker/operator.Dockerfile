@@ -20,6 +20,7 @@ COPY operator/paged_operator /app/paged_operator
 # PagedInferenceTuning use them. engine/__init__.py imports the engine lazily, so only
 # these files are needed.
 COPY engine/__init__.py engine/settings.py engine/settings_k8s.py engine/search_space.py /app/engine/
+COPY engine/settings_types.py engine/settings_speculative.py /app/engine/
 # The workload names a PagedInferenceTuning may give (torch-free).
 COPY loadtests/__init__.py /app/loadtests/
 COPY loadtests/workloads/__init__.py loadtests/workloads/base.py /app/loadtests/workloads/

@@ -18,7 +18,7 @@ from engine.outputs import EngineStats, RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence
-from engine.spec_decode.ngram_proposer import NgramProposer
+from engine.spec_decode.proposer import make_proposer
 from engine.spec_decode.stats import SpecDecodeStats
 from engine.step_shape import StepShape
 
@@ -87,7 +87,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    policy=config.scheduling_policy,
-                                   proposer=NgramProposer.from_config(spec) if spec else None,
+                                   proposer=make_proposer(spec),
                                    max_model_len=max_model_len)
         self.spec_stats = SpecDecodeStats(spec["num_speculative_tokens"] if spec else 0)
         self.sampler = Sampler(eos_token_ids=self.info.eos_token_ids, seed=config.seed,

@@ -25,7 +25,7 @@ from typing import Any
 
 from engine.kv_cache_manager import KVCacheManager
 from engine.sequence import Sequence, SequenceStatus
-from engine.spec_decode.ngram_proposer import NgramProposer
+from engine.spec_decode.proposer import Proposer
 
 
 @dataclass
@@ -53,7 +53,7 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 policy: str = "fcfs", proposer: NgramProposer | None = None,
+                 policy: str = "fcfs", proposer: Proposer | None = None,
                  max_model_len: int | None = None) -> None:
         self.kv = kv
         self.proposer = proposer
@@ -91,6 +91,8 @@ class Scheduler:
         self.kv.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+        if self.proposer is not None:
+            self.proposer.finished(seq)
 
     def advance(self, seq: Sequence, num_new_tokens: int) -> None:
         """The step computed `num_new_tokens` of seq: count them, offer its full blocks to

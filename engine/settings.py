@@ -6,7 +6,8 @@ the CRD's spec.engine schema (engine/settings_k8s.py; scripts/gen_crd_engine.py 
 schema into the chart) and the tuner's search space (engine/search_space.py). Like vLLM's
 `EngineArgs`, but extended to the CRD and the tuner. docs/INTERFACES.md: how to add one.
 
-Torch-free on purpose: the operator image ships engine/__init__.py, this and settings_k8s.py.
+Torch-free on purpose: the operator image ships engine/__init__.py, this, its row types and
+speculative row (settings_types.py, settings_speculative.py) and settings_k8s.py.
 Errors have one format wherever a value comes from: `<name> must be <rule>, got <value>`,
 where <name> is how that source spells the setting (block_size, --block-size,
 spec.engine.blockSize, PAGED_CPU_THREADS); argparse writes `argument --block-size: must ...`.
@@ -17,81 +18,14 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from engine.settings_speculative import SPECULATIVE, normalize_speculative
+from engine.settings_types import AtLeast, AtMost, OnlyWhen, Setting, show
 
-@dataclass(frozen=True)
-class Setting:
-    name: str                        # EngineConfig field and LLM(...) keyword
-    type: type                       # int, float, bool, str, or dict (a JSON object of `keys`)
-    default: Any
-    help: str
-    flag: str | None = None          # `python -m engine serve` flag (vLLM's); None: Python only
-    field: str | None = None         # camelCase key of spec.engine (of its object, for keys)
-    optional: bool = False           # None is allowed (and means "decided at start-up")
-    minimum: float | None = None
-    maximum: float | None = None
-    exclusive_minimum: bool = False
-    power_of_two: bool = False
-    choices: tuple[Any, ...] | None = None
-    env: str | None = None           # environment variable that supplies the default
-    managed: bool = False            # the operator sets the flag; extraArgs may not
-    crd_default: bool = False        # the CRD declares the default (always passed on)
-    tune: str | None = None          # the tuner's default range (engine/search_space.py's grammar)
-    tune_off: Any = None             # the tuner's value that leaves the setting (or a dict
-                                     # key's object) unset
-    keys: tuple["Setting", ...] = ()  # type dict: its keys, each checked like a setting
-    key_rules: tuple["AtMost", ...] = ()  # type dict: rules between its keys
-
-    @property
-    def rule(self) -> str:
-        """What a valid value is, in words."""
-        lo, hi = _num(self.minimum), _num(self.maximum)
-        if self.power_of_two:
-            text = f"a power of two in {lo}..{hi}"
-        elif self.choices is not None:
-            text = "one of " + ", ".join(show(c) for c in self.choices)
-        elif self.type is bool:
-            text = "true or false"
-        elif self.type is str:
-            text = "a string"
-        elif self.type is dict:
-            text = "a JSON object with keys " + ", ".join(k.name for k in self.keys)
-        else:
-            noun = "a whole number" if self.type is int else "a number"
-            if self.minimum is not None and self.maximum is not None:
-                text = f"{noun} in {'(' if self.exclusive_minimum else '['}{lo}, {hi}]" \
-                    if self.type is float else f"{noun} in {lo}..{hi}"
-            elif self.minimum is not None:
-                text = f"{noun} {'>' if self.exclusive_minimum else '>='} {lo}"
-            else:
-                text = noun
-        return text + (" (or unset)" if self.optional else "")
-
-
-def _num(x: float | None) -> str:
-    return "" if x is None else str(int(x)) if float(x).is_integer() else str(x)
-
-
-def show(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-@dataclass(frozen=True)
-class AtLeast:
-    """Cross-setting rule: `name` >= `other`, unset ones taking the engine's defaults."""
-    name: str
-    other: str
-    why: str
-
-
-@dataclass(frozen=True)
-class AtMost:
-    """Rule between two keys of a dict setting: `name` <= `other` when both are given (an
-    unset one is filled from the other)."""
-    name: str
-    other: str
+__all__ = ["AtLeast", "AtMost", "OnlyWhen", "Setting", "show", "TABLE", "SETTINGS",
+           "SPEC_SETTINGS", "RULES", "TOGETHER", "check", "parse_text", "check_rules", "env_value",
+           "env_default", "flags_for"]
 
 
 TABLE: tuple[Setting, ...] = (
@@ -137,34 +71,7 @@ TABLE: tuple[Setting, ...] = (
     Setting("attention_backend", str, None, "torch or triton (default: by device, or "
             "$PAGED_ATTENTION_BACKEND)", optional=True, choices=("torch", "triton")),
     Setting("disable_log_stats", bool, True, "Do not log engine statistics"),
-    Setting("speculative_config", dict, None, "Speculative decoding, as vLLM's JSON: "
-            '{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": N, '
-            '"prompt_lookup_min": M} (default: off)', flag="--speculative-config",
-            field="speculative", optional=True, managed=True, keys=(
-                Setting("method", str, "ngram", "how drafts are proposed: n-gram prompt "
-                        "lookup in the request's own tokens", field="method",
-                        choices=("ngram",)),
-                Setting("num_speculative_tokens", int, None, "draft tokens verified per "
-                        "step and sequence", field="numSpeculativeTokens", minimum=1,
-                        maximum=16, tune="0,2,4,8", tune_off=0),
-                Setting("prompt_lookup_max", int, None, "longest n-gram matched (default: "
-                        "prompt_lookup_min, or 5)", field="promptLookupMax", optional=True,
-                        minimum=1, maximum=64),
-                Setting("prompt_lookup_min", int, None, "shortest n-gram matched (default: "
-                        "prompt_lookup_max, or 5)", field="promptLookupMin", optional=True,
-                        minimum=1, maximum=64),
-                Setting("disable_by_batch_size", int, None, "no drafts in a step while this "
-                        "many sequences or more are running (default: no limit)",
-                        field="disableByBatchSize", optional=True, minimum=1),
-                Setting("min_acceptance_rate", float, None, "a sequence whose drafts' "
-                        "acceptance (moving average) falls below this stops drafting, and "
-                        "probes again now and then (default: off)", field="minAcceptanceRate",
-                        optional=True, minimum=0, maximum=1),
-                Setting("acceptance_probe_interval", int, None, "with min_acceptance_rate: "
-                        "decode steps without drafts before a held-back sequence tries "
-                        "again (default: 16)", field="acceptanceProbeInterval", optional=True,
-                        minimum=1, maximum=4096),
-            ), key_rules=(AtMost("prompt_lookup_min", "prompt_lookup_max"),)),
+    SPECULATIVE,
     Setting("kv_events_config", dict, None, "Publish KV cache events (blocks stored in and "
             "removed from the prefix cache), as vLLM's JSON: {\"enable_kv_cache_events\": "
             'true, "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": '
@@ -265,32 +172,24 @@ def _check_object(s: Setting, value: Any, label: str, bad: ValueError, by_field:
             raise ValueError(f"{prefix}{key_of[key.name]} is required: {key.rule}")
         out[key.name] = check(key, key.default if raw is None else raw,
                               prefix + key_of[key.name])
-    normalize = _NORMALIZE.get(s.name)
-    out = normalize(out) if normalize else out
     for rule in s.key_rules:
-        if out[rule.name] is not None and out[rule.other] is not None \
+        given = [k for k in getattr(rule, "keys", ()) if out[k] is not None]
+        if given and out[rule.key] != rule.value:
+            raise ValueError(f"{prefix}{key_of[given[0]]} applies to {key_of[rule.key]} "
+                             f"{rule.value} only, not {out[rule.key]}")
+    normalize = _NORMALIZE.get(s.name)
+    out = normalize(out, lambda key: prefix + key_of[key]) if normalize else out
+    for rule in (r for r in s.key_rules if isinstance(r, AtMost)):
+        if out.get(rule.name) is not None and out.get(rule.other) is not None \
                 and out[rule.name] > out[rule.other]:
             raise ValueError(f"{prefix}{key_of[rule.name]} ({out[rule.name]}) must be <= "
                              f"{prefix}{key_of[rule.other]} ({out[rule.other]})")
     return out
 
 
-_SPEC_GATE_KEYS = ("disable_by_batch_size", "min_acceptance_rate", "acceptance_probe_interval")
-
-
-def _speculative_lookup(config: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's n-gram defaults: an unset bound takes the other's value, both unset 5. The
-    off-switches' keys (engine/spec_decode/gate.py) appear only when set."""
-    lo, hi = config["prompt_lookup_min"], config["prompt_lookup_max"]
-    if lo is None and hi is None:
-        lo = hi = 5
-    out = {k: v for k, v in config.items() if k not in _SPEC_GATE_KEYS or v is not None}
-    return {**out, "prompt_lookup_min": hi if lo is None else lo,
-            "prompt_lookup_max": lo if hi is None else hi}
-
-
-_NORMALIZE: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "speculative_config": _speculative_lookup}
+# a dict setting's completion: (checked keys, key -> its label in errors) -> the value
+_NORMALIZE: dict[str, Callable[[dict[str, Any], Callable[[str], str]], dict[str, Any]]] = {
+    "speculative_config": normalize_speculative}
 
 
 def parse_text(setting: Setting | str, text: str, label: str | None = None) -> Any:

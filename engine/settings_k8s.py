@@ -7,11 +7,13 @@ Errors name spec.engine.<field> in the table's one format (`... must be <rule>, 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from engine.settings import (RULES, SETTINGS, SPEC_SETTINGS, TABLE, Setting, check,
                              check_rules, flags_for)
+from engine.settings_types import OnlyWhen
 
 # Server flags the operator sets itself that are not engine settings: the model is passed
 # as MODEL, --host/--port are the pod's, and the API key comes from a mounted Secret.
@@ -80,7 +82,17 @@ def _value_schema(s: Setting, description: str) -> dict[str, Any]:
             node["required"] = required
         field = {k.name: k.field for k in s.keys}
         rules = []
-        for rule in s.key_rules:  # an unset key is filled from the other: only both can break it
+        for rule in s.key_rules:
+            if isinstance(rule, OnlyWhen):  # the variant's keys only with its value
+                key = next(k for k in s.keys if k.name == rule.key)
+                keys = [field[k] for k in rule.keys]
+                rules.append({"rule": f"(has(self.{key.field}) ? self.{key.field} : "
+                                      f"{json.dumps(key.default)}) == {json.dumps(rule.value)}"
+                                      f" || !({' || '.join(f'has(self.{k})' for k in keys)})",
+                              "message": f"{', '.join(keys)} apply to {key.field} "
+                                         f"{rule.value} only"})
+                continue
+            # an unset key is filled from the other: only both can break it
             lo, hi = field[rule.name], field[rule.other]
             rules.append({"rule": f"!has(self.{lo}) || !has(self.{hi}) || self.{lo} <= self.{hi}",
                           "message": f"{lo} must be <= {hi}"})

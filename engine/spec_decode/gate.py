@@ -13,6 +13,17 @@ Two keys of --speculative-config, both off by default (drafting then behaves as 
   decode steps without drafts it drafts once more (a probe), whose result moves the
   average like any other, so a sequence whose text starts copying again resumes.
 
+- `adaptive_draft_knee`: the draft length adapts per step. A step computing T tokens is
+  taken to cost 1 + T / knee (the knee: tokens per step at which a step costs twice a
+  one-token step, where decoding stops being bound by reading the weights). Each sequence
+  keeps a per-position acceptance estimate alpha (accepted drafts over drafts verified up to
+  and including the first rejection, decayed by `ALPHA_DECAY` per draft step, from the
+  prior `ALPHA_PRIOR`), so k drafts yield 1 + alpha + ... + alpha^k tokens in expectation,
+  and drafts the k <= the proposer's limit that maximises those tokens per unit of cost
+  with `batch_size` rows each verifying k: shorter as alpha drops or the batch grows, 0
+  when drafting costs more than it saves. A sequence at 0 probes with one draft after
+  `acceptance_probe_interval` steps, so its estimate can recover.
+
 Outputs never change: the drafts only decide how many tokens a step verifies.
 
 The acceptance is read from the sequence's own tokens, not reported by the engine: the
@@ -28,6 +39,23 @@ import weakref
 from dataclasses import dataclass, field
 
 EMA_WEIGHT = 0.25  # weight of the latest draft step in the acceptance average
+ALPHA_PRIOR = (1.6, 2.0)  # (accepted, verified) pseudo-counts: alpha starts at 0.8 (they
+#                             decay like observed counts, so the evidence takes over)
+ALPHA_DECAY = 0.8  # weight of the past in the per-position counts, per draft step
+
+
+def best_length(alpha: float, batch_size: int, knee: float, limit: int) -> int:
+    """The k in 0..limit maximising (1 + alpha + ... + alpha^k) / (1 + batch_size (1 + k)
+    / knee): expected tokens per unit of step cost (the smallest k among equals)."""
+    best, best_rate = 0, 1.0 / (1.0 + batch_size / knee)
+    tokens, p = 1.0, 1.0
+    for k in range(1, limit + 1):
+        p *= alpha
+        tokens += p
+        rate = tokens / (1.0 + batch_size * (1 + k) / knee)
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = k, rate
+    return best
 
 
 @dataclass
@@ -36,12 +64,20 @@ class _State:
     since_draft: int = 0  # decode steps without drafts while below the rate
     drafts: list[int] = field(default_factory=list)  # the last drafts handed out
     length: int = 0  # the sequence's length when they were
+    accepted: float = ALPHA_PRIOR[0]  # decayed per-position counts (adaptive_draft_knee),
+    verified: float = ALPHA_PRIOR[1]  # the prior's pseudo-counts decaying with them
+    since_long: int = 0  # decode steps at length 0 (adaptive_draft_knee)
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.verified
 
 
 class DraftGate:
     def __init__(self, *, min_acceptance_rate: float | None = None,
                  acceptance_probe_interval: int = 16,
-                 disable_by_batch_size: int | None = None) -> None:
+                 disable_by_batch_size: int | None = None,
+                 adaptive_draft_knee: int | None = None) -> None:
         if min_acceptance_rate is not None and not 0 <= min_acceptance_rate <= 1:
             raise ValueError(f"min_acceptance_rate must be in 0..1, got {min_acceptance_rate}")
         if acceptance_probe_interval < 1:
@@ -49,15 +85,30 @@ class DraftGate:
                              f"{acceptance_probe_interval}")
         if disable_by_batch_size is not None and disable_by_batch_size < 1:
             raise ValueError(f"disable_by_batch_size must be >= 1, got {disable_by_batch_size}")
+        if adaptive_draft_knee is not None and adaptive_draft_knee < 1:
+            raise ValueError(f"adaptive_draft_knee must be >= 1, got {adaptive_draft_knee}")
+        self.knee = adaptive_draft_knee
         self.min_rate = min_acceptance_rate
         self.probe_interval = acceptance_probe_interval
         self.max_batch = disable_by_batch_size
         # per sequence (keyed by the Sequence object: the state goes with it)
         self._states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
+    @classmethod
+    def from_config(cls, config: dict) -> "DraftGate":
+        """From a checked speculative_config (its off-switch keys appear only when set)."""
+        return cls(min_acceptance_rate=config.get("min_acceptance_rate"),
+                   acceptance_probe_interval=config.get("acceptance_probe_interval") or 16,
+                   disable_by_batch_size=config.get("disable_by_batch_size"),
+                   adaptive_draft_knee=config.get("adaptive_draft_knee"))
+
     @property
     def active(self) -> bool:
-        return self.min_rate is not None or self.max_batch is not None
+        return self.min_rate is not None or self.max_batch is not None or self.knee is not None
+
+    @property
+    def _tracking(self) -> bool:  # whether drafts and their acceptance are followed
+        return self.min_rate is not None or self.knee is not None
 
     def acceptance(self, seq) -> float | None:
         """The sequence's acceptance average (None before its first counted draft step)."""
@@ -66,10 +117,10 @@ class DraftGate:
 
     def allows(self, seq, batch_size: int) -> bool:
         """Whether `seq` may draft in this step (counts the step when it may not)."""
-        state = self._observe(seq) if self.min_rate is not None else None
+        state = self._observe(seq) if self._tracking else None
         if self.max_batch is not None and batch_size >= self.max_batch:
             return False
-        if state is None or state.ema >= self.min_rate:
+        if self.min_rate is None or state.ema >= self.min_rate:
             return True
         state.since_draft += 1
         if state.since_draft > self.probe_interval:
@@ -77,9 +128,25 @@ class DraftGate:
             return True
         return False
 
+    def length(self, seq, batch_size: int, limit: int) -> int:
+        """How many drafts `seq` may take in this step (<= limit), after allows(): `limit`
+        unless adaptive_draft_knee is set (then best_length, or 1 as a probe)."""
+        if self.knee is None or limit <= 0:
+            return limit
+        state = self._states.setdefault(seq, _State())
+        k = best_length(state.alpha, batch_size, self.knee, limit)
+        if k > 0:
+            state.since_long = 0
+            return k
+        state.since_long += 1
+        if state.since_long > self.probe_interval:
+            state.since_long = 0
+            return 1
+        return 0
+
     def handed_out(self, seq, drafts: list[int]) -> None:
         """Record the drafts given to `seq` (checked against its tokens at the next step)."""
-        if self.min_rate is None:
+        if not self._tracking:
             return
         state = self._states.setdefault(seq, _State())
         state.drafts, state.length = list(drafts), len(seq.token_ids)
@@ -95,6 +162,8 @@ class DraftGate:
         # verified: a accepted, then one more token (a correction, or the bonus after all)
         if len(new) == a + 1:
             state.ema += EMA_WEIGHT * (a / len(state.drafts) - state.ema)
+            state.accepted = ALPHA_DECAY * state.accepted + a
+            state.verified = ALPHA_DECAY * state.verified + a + (a < len(state.drafts))
         if new:  # the drafts are settled once the sequence moved on
             state.drafts = []
         return state

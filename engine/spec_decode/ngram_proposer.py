@@ -18,25 +18,30 @@ class NgramProposer:
         self.max_n = prompt_lookup_max
         self.gate = gate if gate is not None else DraftGate()
 
+    @property
+    def num_speculative_tokens(self) -> int:
+        return self.k
+
     @classmethod
     def from_config(cls, config: dict) -> "NgramProposer":
         """From EngineConfig.speculative_config (checked and completed by the settings table)."""
         return cls(num_speculative_tokens=config["num_speculative_tokens"],
                    prompt_lookup_min=config["prompt_lookup_min"],
                    prompt_lookup_max=config["prompt_lookup_max"],
-                   gate=DraftGate(
-                       min_acceptance_rate=config.get("min_acceptance_rate"),
-                       acceptance_probe_interval=config.get("acceptance_probe_interval") or 16,
-                       disable_by_batch_size=config.get("disable_by_batch_size")))
+                   gate=DraftGate.from_config(config))
 
     def draft(self, seq, room: int, batch_size: int) -> list[int]:
         """The scheduler's call: drafts for a running decode `seq` (at most `room`) in a step
         with `batch_size` running sequences, unless the gate holds the sequence back."""
         if not self.gate.allows(seq, batch_size):
             return []
-        drafts = self.propose(seq.token_ids, room)
+        limit = self.gate.length(seq, batch_size, min(room, self.k))
+        drafts = self.propose(seq.token_ids, limit) if limit > 0 else []
         self.gate.handed_out(seq, drafts)
         return drafts
+
+    def finished(self, seq) -> None:
+        """Nothing to keep: n-gram drafts come from the sequence's own tokens only."""
 
     def propose(self, token_ids: list[int], max_tokens: int | None = None) -> list[int]:
         """Up to min(k, max_tokens) drafts to follow `token_ids` (prompt + output), or [].

@@ -32,6 +32,9 @@ VALID = [
     {"engine__speculative": {"numSpeculativeTokens": 4, "promptLookupMin": 9}},  # max: 9 too
     {"engine__speculative": {"method": "ngram", "numSpeculativeTokens": 4, "promptLookupMax": 3,
                              "promptLookupMin": 3}},
+    {"engine__speculative": {"method": "suffix", "numSpeculativeTokens": 8,
+                             "suffixDecodingMaxTreeDepth": 32,
+                             "suffixDecodingMinTokenProb": 0.2}},
     {"kvCache": {"offloadGiB": 4, "disk": {"sizeGiB": 20, "volume": {"emptyDir": {}}}}},
     {"kvCache": {"disk": {"sizeGiB": 1.5, "volume": {"persistentVolumeClaim": {
         "claimName": "kv-blocks"}}}}},
@@ -68,6 +71,11 @@ INVALID = [
     ({"model__uri": "hf://org/.."}, "spec.model.uri"),
     ({"engine__speculative": {"numSpeculativeTokens": 2, "promptLookupMin": 4,
                               "promptLookupMax": 3}}, "spec.engine.speculative"),
+    # each method's keys with that method only (ngram is the default)
+    ({"engine__speculative": {"method": "suffix", "numSpeculativeTokens": 2,
+                              "promptLookupMax": 3}}, "spec.engine.speculative"),
+    ({"engine__speculative": {"numSpeculativeTokens": 2, "suffixDecodingMaxTreeDepth": 8}},
+     "spec.engine.speculative"),
     ({"engine__extraArgs": ["--speculative-config", "{}"]}, "spec.engine.extraArgs"),
     ({"engine__extraArgs": ["--kv-offloading-size=4"]}, "spec.engine.extraArgs"),
     ({"engine__extraArgs": ["--kv-disk-d", "/x"]}, "spec.engine.extraArgs"),

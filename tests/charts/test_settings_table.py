@@ -92,14 +92,17 @@ def _valid_other_value(s: settings.Setting):
         return int(s.maximum)
     if s.type is float:
         return 0.5 if (s.maximum or 1) >= 0.5 and s.default != 0.5 else 0.25
-    if s.type is dict:  # every key given (nothing left for the engine to fill in)
-        return {k.name: k.choices[-1] if k.choices else 0.5 if k.type is float
-                else int(k.minimum) + 2 for k in s.keys}
+    if s.type is dict:  # every key given (nothing left for the engine to fill in) but
+        # another method's (the last choice of speculative_config's method is suffix)
+        value = {k.name: k.choices[-1] if k.choices else 0.5 if k.type is float
+                 else int(k.minimum) + 2 for k in s.keys}
+        return {k: v for k, v in value.items() if not k.startswith("prompt_lookup_")}
     return (s.default or int(s.minimum or 1)) + 7
 
 
 def _camel(s: settings.Setting, value):
-    return {k.field: value[k.name] for k in s.keys} if s.type is dict else value
+    return {k.field: value[k.name] for k in s.keys if k.name in value} \
+        if s.type is dict else value
 
 
 def test_a_spec_engine_value_reaches_the_engine_through_operator_and_cli():
@@ -110,10 +113,14 @@ def test_a_spec_engine_value_reaches_the_engine_through_operator_and_cli():
                                            values["max_num_seqs"])
     engine = space.to_engine_spec(values)
     assert engine == {s.field: _camel(s, values[s.name]) for s in SPEC}
-    assert engine["speculative"] == {"method": "ngram", "numSpeculativeTokens": 3,
-                                     "promptLookupMax": 3, "promptLookupMin": 3,
+    assert engine["speculative"] == {"method": "suffix", "numSpeculativeTokens": 3,
                                      "disableByBatchSize": 3, "minAcceptanceRate": 0.5,
-                                     "acceptanceProbeInterval": 3}
+                                     "acceptanceProbeInterval": 3,
+                                     "adaptiveDraftKnee": 3,
+                                     "suffixDecodingMaxTreeDepth": 3,
+                                     "suffixDecodingMaxCachedRequests": 2,
+                                     "suffixDecodingMaxSpecFactor": 0.5,
+                                     "suffixDecodingMinTokenProb": 0.5}
     spec = parse_spec({"model": {"uri": "a/b"}, "engine": engine}, name="svc", namespace="d")
     assert spec.engine.applied() == {**engine, "extraArgs": []}
     args = manifests.deployment(spec)["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -20,7 +20,8 @@ def test_import_engine_settings_does_not_import_torch():
     code = ("import sys, engine.settings; "
             "assert 'torch' not in sys.modules, 'torch imported'; "
             "loaded = sorted(m for m in sys.modules if m.startswith('engine')); "
-            "assert loaded == ['engine', 'engine.settings'], loaded; "
+            "assert loaded == ['engine', 'engine.settings', 'engine.settings_speculative', "
+            "'engine.settings_types'], loaded; "
             "from engine import EngineConfig, SamplingParams; print(EngineConfig.__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, cwd=ROOT)
@@ -59,14 +60,15 @@ def _operator_image_files(tmp: Path) -> Path:
 
 
 def test_the_operator_image_file_set_parses_specs_without_torch(tmp_path):
-    """Only what the operator Dockerfile copies (paged_operator, engine/__init__.py,
-    settings.py, settings_k8s.py and search_space.py, and the workload names): the service
-    spec parser and the tuning contract run, no tuner module is there, and torch, optuna,
-    locust stay out."""
+    """Only what the operator Dockerfile copies (paged_operator, engine/__init__.py, the
+    settings table's modules, settings_k8s.py and search_space.py, and the workload names):
+    the service spec parser and the tuning contract run, no tuner module is there, and
+    torch, optuna, locust stay out."""
     app = _operator_image_files(tmp_path)
     assert sorted(p.name for p in app.iterdir()) == ["engine", "loadtests", "paged_operator"]
     assert sorted(p.name for p in (app / "engine").iterdir()) == [
-        "__init__.py", "search_space.py", "settings.py", "settings_k8s.py"]
+        "__init__.py", "search_space.py", "settings.py", "settings_k8s.py",
+        "settings_speculative.py", "settings_types.py"]
     code = ("import sys, engine, paged_operator.spec as s, paged_operator.contract as c; "
             f"assert engine.__file__.startswith({str(app)!r}), engine.__file__; "
             f"assert c.__file__.startswith({str(app)!r}), c.__file__; "

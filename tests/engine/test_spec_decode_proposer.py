@@ -185,7 +185,7 @@ def test_the_config_follows_vllms_defaults_and_names_the_bad_field():
 
 @pytest.mark.parametrize("value, message", [
     ({"method": "eagle", "num_speculative_tokens": 2},
-     r"^speculative_config\.method must be one of ngram, got 'eagle'$"),
+     r"^speculative_config\.method must be one of ngram, suffix, got 'eagle'$"),
     ({"num_speculative_tokens": 0},
      r"^speculative_config\.num_speculative_tokens must be a whole number in 1\.\.16, got 0$"),
     ({"method": "ngram"}, r"^speculative_config\.num_speculative_tokens is required"),

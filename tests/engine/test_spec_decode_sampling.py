@@ -177,6 +177,9 @@ class OracleProposer:
     def draft(self, seq, room: int, batch_size: int) -> list[int]:  # the scheduler's call
         return self.propose(seq.token_ids, room)
 
+    def finished(self, seq) -> None:  # the Proposer protocol's other call: nothing kept
+        pass
+
 
 @pytest.fixture(scope="module")
 def greedy_reference(tiny_checkpoints):

@@ -71,7 +71,7 @@ def test_metrics_count_only_what_each_step_added():
     ('{"method": "ngram", "num_speculative_tokens": 0}',
      "num_speculative_tokens must be a whole number in 1..16, got 0"),
     ('{"method": "medusa", "num_speculative_tokens": 2}',
-     "method must be one of ngram, got 'medusa'"),
+     "method must be one of ngram, suffix, got 'medusa'"),
     ('{"num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2}',
      "prompt_lookup_min (3) must be <= prompt_lookup_max (2)"),
     ('{"num_speculative_tokens": 2', "must be a JSON object with keys method, "),
