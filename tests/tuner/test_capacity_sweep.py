@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -121,19 +122,48 @@ def test_only_the_best_k_and_the_baseline_run_for_real_and_the_better_one_wins(
     assert all("kv_offloading_size" not in p["params"] for p in record["simulated"])
     labels = [a["label"] for a in record["arms"]]
     assert labels == ["baseline", "C1", "C2"]
-    # (K + 1) arms x R rounds real engines, nothing else
-    assert len(calls) == 3 * 3 == record["real_engines"]
+    # a pilot of the baseline, then (K + 1) arms x R rounds real engines, nothing else
+    assert len(calls) == 1 + 3 * 3 == record["real_engines"]
+    pilot, calls = calls[0], calls[1:]
+    assert pilot["settings"] == {"max_num_seqs": 8} and pilot["seed"] == 0
+    assert pilot["growth"] == 2.0 and pilot["max_probes"] == plan.real_probes + 3
+    assert record["pilot"]["capacity"] > 0
+    assert record["pilot"]["capacity"] not in record["arms"][0]["capacity"]   # not scored
     assert {c["seed"] for c in calls} == {1, 2, 3}          # one stream per round
     best = record["arms"][1]
     assert best["sim"] == max(p["capacity"] for p in record["simulated"] if p["capacity"])
     winner = {a["label"]: a for a in record["arms"]}[record["winner"]]
     assert winner["gain"]["low"] > 1 and winner["gain"]["ratio"] == pytest.approx(
         FakeSim.truth(winner["settings"]) / FakeSim.truth({"max_num_seqs": 8}), rel=0.1)
-    # the first real search brackets widely; later ones start at sim x the measured ratio
-    assert calls[0]["growth"] == 2.0 and calls[1]["growth"] == cs.REAL_GROWTH
-    assert calls[1]["start"] == pytest.approx(record["arms"][1]["sim"] * (
-        record["arms"][0]["capacity"][0] / record["arms"][0]["sim"]))
-    assert calls[0]["max_probes"] == plan.real_probes + 3
+    # every round searches alike, from sim x the real/simulated ratio (the pilot's first)
+    assert {c["growth"] for c in calls} == {cs.REAL_GROWTH}
+    assert {c["max_probes"] for c in calls} == {plan.real_probes}
+    assert calls[0]["start"] == pytest.approx(
+        record["arms"][0]["sim"] * record["pilot"]["capacity"] / record["arms"][0]["sim"])
+    assert calls[1]["start"] == pytest.approx(record["arms"][1]["sim"] * statistics.median(
+        [record["pilot"]["capacity"] / record["arms"][0]["sim"],
+         record["arms"][0]["capacity"][0] / record["arms"][0]["sim"]]))
+
+
+def test_a_failed_pilot_leaves_the_first_round_to_bracket_widely(tmp_path, monkeypatch):
+    from tuner.measure.runner import Infeasible
+
+    calls = _real(monkeypatch)
+    measured = cs.measure_capacity
+
+    def failing_pilot(settings, launch, load, slos, **kwargs):
+        if load.seed == 0:
+            calls.append({"pilot": True})
+            raise Infeasible("the engine did not start")
+        return measured(settings, launch, load, slos, **kwargs)
+    monkeypatch.setattr(cs, "measure_capacity", failing_pilot)
+    plan = cs.CapacityPlan(sim=FakeSim(), sim_base={}, trials=8, real_probes=4,
+                           log=lambda s: None)
+    record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
+    assert record["pilot"]["failed"] == "the engine did not start"
+    assert calls[1]["growth"] == 2.0 and calls[1]["max_probes"] == plan.real_probes + 3
+    assert calls[2]["growth"] == cs.REAL_GROWTH
+    assert all(record["arms"][0]["capacity"])   # the rounds still measured
 
 
 def test_no_gain_keeps_the_baseline_and_the_result_says_so(tmp_path, monkeypatch):
@@ -143,7 +173,7 @@ def test_no_gain_keeps_the_baseline_and_the_result_says_so(tmp_path, monkeypatch
                                {"max_num_seqs": 64, "block_size": 32}, "at the top")
     record = cs.run_capacity_sweep(config, cs.CapacityPlan(
         sim=FakeSim(), sim_base={}, trials=8, target_rate=50, log=lambda s: None))
-    assert record["winner"] is None and len(calls) == 2 * 2
+    assert record["winner"] is None and len(calls) == 1 + 2 * 2
     lines = result_lines(record)
     assert lines[1].startswith("keep the baseline: no significant gain")
     base = sorted(record["arms"][0]["capacity"])

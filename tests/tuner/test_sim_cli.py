@@ -90,8 +90,9 @@ def test_an_empty_or_unreadable_trace_is_refused(profile_file, tmp_path, capsys)
 
 
 def test_the_capacity_sweep_end_to_end_on_the_embedded_model(profile_file, tmp_path):
-    """Two simulated settings, then the baseline and the best one on real engines over two
-    rounds: four engines in all, and the result names capacity, gain and replicas."""
+    """Two simulated settings, then a pilot of the baseline and the baseline and the best
+    one on real engines over two rounds: five engines in all, and the result names
+    capacity, gain and replicas."""
     import os
     out = tmp_path / "out"
     done = subprocess.run(
@@ -104,9 +105,10 @@ def test_the_capacity_sweep_end_to_end_on_the_embedded_model(profile_file, tmp_p
         capture_output=True, text=True, timeout=280, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((out / "capacity.json").read_text())
-    assert len(record["simulated"]) == 2 and record["real_engines"] == 4
+    assert len(record["simulated"]) == 2 and record["real_engines"] == 5
     assert sorted(p.parent.name for p in out.rglob("engine.log")) == sorted(
-        ["baseline", "C1"] * 2)                     # no engine started for the search
+        ["baseline", "C1"] * 2 + ["pilot"])         # no engine started for the search
+    assert "the baseline's pilot" in done.stdout
     base = record["arms"][0]
     assert len(base["capacity"]) == 2 and all(c >= 0 for c in base["capacity"])
     assert re.search(r"baseline: [\d.]+ req/s per replica \(real", done.stdout)
@@ -123,47 +125,17 @@ def test_profile_refits_the_step_times_from_a_live_metrics_endpoint(profile_file
                                                                     capsys):
     """--from-metrics: a real HTTP /metrics whose step counters grow by a known law while
     it is read; the profile written keeps the base's identity and memory."""
-    import random
-    import threading
+    from step_feeder import assert_recovers_the_law, feeding_metrics
 
-    from prometheus_client import start_http_server
-
-    from engine.entrypoints.metrics import ServerMetrics
-    from engine.step_shape import StepShape
-
-    metrics, stop = ServerMetrics(model_name="m", max_model_len=2048), threading.Event()
-
-    def serve():   # the traffic's mix drifts, as a service's does: windows differ
-        rng, tick = random.Random(0), 0
-        while not stop.wait(0.01):
-            tick += 1
-            rows, prompt = 1 + (tick // 7) % 32, [0, 64, 300][(tick // 11) % 3]
-            for _ in range(rng.randint(1, 6)):
-                shape = StepShape(prefill_tokens=rng.choice([0, prompt]),
-                                  decode_seqs=rng.randint(max(1, rows - 4), rows))
-                metrics.observe_step(shape, 0.003 + 1e-5 * shape.prefill_tokens
-                                     + 5e-4 * shape.decode_seqs)
-
-    httpd, thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
-    feeder = threading.Thread(target=serve)
-    feeder.start()
     out = tmp_path / "live.json"
-    try:
-        code = main(["profile", "--from-metrics", f"http://127.0.0.1:{httpd.server_port}",
-                     "--base", str(profile_file), "--threads", "1", "--duration", "2.5",
-                     "--interval", "0.2", "--out", str(out)])
-    finally:
-        stop.set()
-        feeder.join()
-        httpd.shutdown()
+    with feeding_metrics() as url:
+        code = main(["profile", "--from-metrics", url, "--base", str(profile_file),
+                     "--threads", "1", "--duration", "2.5", "--interval", "0.2",
+                     "--out", str(out)])
     assert code == 0
     live, base = json.loads(out.read_text()), json.loads(profile_file.read_text())
     assert live["identity"] == base["identity"] and live["memory"] == base["memory"]
-    coef = live["fit"]["coefficients"]
-    # (a reading may catch a step half counted: a little noise per window)
-    assert coef["intercept"] == pytest.approx(0.003, rel=0.1)
-    assert coef["decode_seqs"] == pytest.approx(5e-4, rel=0.1)
-    assert coef["prefill_tokens"] == pytest.approx(1e-5, rel=0.1)
+    assert_recovers_the_law(live["fit"]["coefficients"])
     assert live["created"].startswith("live:") and "written to" in capsys.readouterr().out
 
 

@@ -62,3 +62,30 @@ def test_an_engine_prometheus_does_not_scrape_is_a_clear_error(prometheus):
         reader.wait_for_scrape(reader.selector_for("http://127.0.0.1:9"), after=time.time())
     with pytest.raises(PrometheusError, match="failed"):
         reader.query("sum(", at=time.time())
+
+
+def test_a_live_profile_is_fitted_from_prometheus(prometheus):
+    """tuner/sim/live_profile.prometheus_series: the step counters as Prometheus scraped
+    them (1 s), read back at 1 s windows, recover the law they grew by."""
+    from step_feeder import assert_recovers_the_law, feeding_metrics
+    from tuner.sim.live_profile import fit_live, prometheus_series
+
+    proc, targets = prometheus
+    reader, sel = PrometheusReader(proc.url, timeout=30), '{job="live-profile"}'
+    with feeding_metrics() as url:
+        write_target(targets, "live-profile", url, {"job": "live-profile"})
+        try:
+            first = reader.wait_for_scrape(sel, after=0)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:   # until 12 scrapes of the counters
+                last = reader.wait_for_scrape(sel, after=time.time() - 0.5)
+                if last - first >= 12:
+                    break
+        finally:
+            write_target(targets, "live-profile", None)
+    series = prometheus_series(reader, sel, start=first, end=last, interval=1.0)
+    fit, steps = fit_live(series)
+    assert len(series) >= 12 and steps > 500
+    assert_recovers_the_law(fit.coefficients)
+    with pytest.raises(ValueError, match='no paged:engine_step_duration_seconds for {job="none"}'):
+        prometheus_series(reader, '{job="none"}', start=first, end=last, interval=1.0)

@@ -41,6 +41,11 @@ def confirmation_table(record: dict) -> str | None:
                 else ("-" if arm["label"] == "baseline" else "failed in a round"))
         lines.append(f"  {arm['label']:>8}  {arm['sim']:>9.2f}  {rounds:<28}  "
                      f"{statistics.median(arm['capacity']):>7.2f}  {text}")
+    pilot = record.get("pilot")
+    if pilot:
+        lines.append(f"  (before the rounds, not scored: the baseline's pilot "
+                     + (f"{pilot['capacity']:.2f} req/s)" if not pilot["failed"]
+                        else f"failed: {pilot['failed']})"))
     return "\n".join(lines)
 
 

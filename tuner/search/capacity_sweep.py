@@ -144,6 +144,9 @@ def confirm_for_real(plan: CapacityPlan, config, arms: list[dict]) -> dict:
     ratios: list[float] = []
     for arm in arms:
         arm.update(capacity=[], failed=[], probes=[])
+    pilot = _pilot(plan, config, arms[0], floor)
+    if pilot["capacity"] > 0 and arms[0]["sim"] > 0:
+        ratios.append(pilot["capacity"] / arms[0]["sim"])
     for r in range(config.confirm_rounds):
         load = dataclasses.replace(config.load, seed=config.seed + 1 + r)
         for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
@@ -184,8 +187,33 @@ def confirm_for_real(plan: CapacityPlan, config, arms: list[dict]) -> dict:
                                if usable else None)
         arm["gain"] = dataclasses.asdict(gains[arm["label"]]) if usable else None
     decision = decide(gains, min_gain=config.min_gain)
-    return {"arms": arms, "rounds": config.confirm_rounds, "floor": floor,
+    return {"arms": arms, "rounds": config.confirm_rounds, "floor": floor, "pilot": pilot,
             "winner": decision.winner, "reason": decision.reason}
+
+
+def _pilot(plan: CapacityPlan, config, base: dict, floor: float) -> dict:
+    """The baseline's real capacity once, widely bracketed from its simulated one, before
+    the rounds and not scored. It gives every round's search the real/simulated ratio to
+    start from, so all rounds search alike (a first round that brackets widely from a far
+    guess reads its crossing less precisely), and it is the sweep's first engine: whatever
+    a cold machine costs (weights off disk, first compilations) is paid here. Its stream
+    (config.seed) is none of the rounds' (seed + 1 + r)."""
+    load = dataclasses.replace(config.load, seed=config.seed)
+    try:
+        result = measure_capacity(
+            {**config.fixed, **base["settings"]}, config.launch, load, config.slos,
+            workdir=config.out_dir / "confirm" / "pilot", start=max(base["sim"], floor),
+            trace_rate=plan.trace_rate, warmup_requests=config.warmup_requests,
+            attainment=plan.sim.attainment, rel_tol=REAL_REL_TOL, growth=2.0,
+            max_probes=plan.real_probes + 3)
+    except _infeasible() as exc:
+        plan.log(f"pilot baseline: failed: {exc.reason}; the first round brackets widely")
+        return {"capacity": 0.0, "probes": [], "failed": exc.reason}
+    rate = interpolated(result)
+    plan.log(f"pilot baseline: {rate:.2f} req/s real (simulated {base['sim']:.2f}; not "
+             f"scored; probes " + ", ".join(f"{p['rate']:.2f}{'+' if p['passed'] else '-'}"
+                                            for p in result.probes) + ")")
+    return {"capacity": rate, "probes": result.probes, "failed": None}
 
 
 def _infeasible():
@@ -232,7 +260,7 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
                       else "not confirmed (--confirm-rounds 0): simulated figures only")
         return record
     record.update(confirm_for_real(plan, config, arms))
-    record["real_engines"] = sum(len(a["capacity"]) for a in arms)
+    record["real_engines"] = 1 + sum(len(a["capacity"]) for a in arms)   # the pilot too
     return record
 
 

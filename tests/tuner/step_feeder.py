@@ -1,0 +1,65 @@
+"""A real HTTP /metrics whose step counters grow by a known law while it is read (the
+serving loop's paged:engine_step_* series, without an engine)."""
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from engine.entrypoints.metrics import ServerMetrics
+from engine.step_shape import StepShape
+
+LAW = {"intercept": 0.003, "prefill_tokens": 1e-5, "decode_seqs": 5e-4}
+
+
+@contextlib.contextmanager
+def feeding_metrics():
+    """Yields the endpoint's base URL; steps are observed every 10 ms meanwhile, their mix
+    drifting (as a service's does, so that windows differ)."""
+    metrics, stop = ServerMetrics(model_name="m", max_model_len=2048), threading.Event()
+
+    def serve():
+        rng, tick = random.Random(0), 0
+        while not stop.wait(0.01):
+            tick += 1
+            rows, prompt = 1 + (tick // 7) % 32, [0, 64, 300][(tick // 11) % 3]
+            for _ in range(rng.randint(1, 6)):
+                shape = StepShape(prefill_tokens=rng.choice([0, prompt]),
+                                  decode_seqs=rng.randint(max(1, rows - 4), rows))
+                metrics.observe_step(shape, LAW["intercept"]
+                                     + LAW["prefill_tokens"] * shape.prefill_tokens
+                                     + LAW["decode_seqs"] * shape.decode_seqs)
+
+    class Metrics(BaseHTTPRequestHandler):   # the text format, as the engine serves it
+        def do_GET(self):
+            body = generate_latest(metrics.registry)
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    feeder = threading.Thread(target=serve, daemon=True)
+    feeder.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_port}"
+    finally:
+        stop.set()
+        feeder.join()
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def assert_recovers_the_law(coefficients: dict) -> None:
+    # (a reading may catch a step half counted: a little noise per window)
+    for name, value in LAW.items():
+        assert abs(coefficients.get(name, 0.0) - value) <= 0.1 * value, (name, coefficients)
