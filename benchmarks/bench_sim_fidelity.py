@@ -5,10 +5,12 @@ simulated and real capacity (what the search needs: the ranking), plus the cost 
 simulated capacity against one real one.
 
     python -m benchmarks.bench_sim_fidelity [--workload chat] [--settings 12] [--rate 4]
-        [--duration 8] [--sim-duration 20] [--model M]
+        [--duration 8] [--sim-duration 20] [--model M] [--profile FILE ...]
 
 Real runs use the sweep's CPU profile for the model (tuner/arguments.py), one engine per
-setting; the step-time profile is the cached one (python -m tuner profile).
+setting; the step-time profile is the cached one (python -m tuner profile), or each
+--profile given (a live one: python -m tuner profile --from-metrics), all against the same
+real runs.
 """
 from __future__ import annotations
 
@@ -54,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=8.0, help="seconds per real load")
     ap.add_argument("--sim-duration", type=float, default=20.0)
     ap.add_argument("--model", default=None)
+    ap.add_argument("--profile", action="append", default=[], metavar="FILE",
+                    help="a profile to compare (repeatable; default: the cached one)")
     args = ap.parse_args(argv)
     prof = workload_profile(args.model)
     spec = get_workload(args.workload)
@@ -63,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     scale = prof.get("length_scale", 1.0)
     threads = engine_threads({"cpu_threads": prof["cpu_threads"]} if "cpu_threads" in prof
                              else {})
-    sim = SimContext(load_profile(args.model, threads), slos, workload=spec, users=users,
-                     length_scale=scale, duration=args.sim_duration, model=args.model)
+    sims = {Path(f).stem if f else "cached": SimContext(
+        load_profile(args.model, threads, path=f), slos, workload=spec, users=users,
+        length_scale=scale, duration=args.sim_duration, model=args.model)
+        for f in (args.profile or [None])}
     base = {"cpu_memory_gib": prof["cpu_memory_gib"]} if "cpu_memory_gib" in prof else {}
     flags = ["--cpu-memory-gib", str(prof["cpu_memory_gib"])] if base else []
     if "cpu_threads" in prof:
@@ -75,15 +81,20 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     work = Path(tempfile.mkdtemp(prefix="sim-fidelity-"))
     for i, settings in enumerate(GRID[:args.settings]):
-        t0 = time.perf_counter()
-        cap_sim = sim.capacity({**base, **settings}, rel_tol=0.05)
-        sim_s = time.perf_counter() - t0
-        fixed = sim.run({**base, **settings}, args.rate).figures
+        row: dict = {"settings": settings}
+        for label, sim in sims.items():
+            t0 = time.perf_counter()
+            cap_sim = sim.capacity({**base, **settings}, rel_tol=0.05)
+            row[f"{label}_s"] = time.perf_counter() - t0
+            fixed = sim.run({**base, **settings}, args.rate).figures
+            row[f"{label}_cap"] = interpolated(cap_sim)
+            row.update({f"{label}_{k}": fixed.get(k) for k in ("ttft_p50", "ttft_p90",
+                                                                "itl_p50")})
+        start = max(min(row[f"{label}_cap"] for label in sims) / 2, 0.5)
         t0 = time.perf_counter()
         real = measure_capacity(settings, launch, load, slos, workdir=work / f"cap-{i}",
-                                start=max(interpolated(cap_sim) / 2, 0.5), warmup_requests=2,
-                                rel_tol=0.1, max_probes=7)
-        real_s = time.perf_counter() - t0
+                                start=start, warmup_requests=2, rel_tol=0.1, max_probes=7)
+        row["real_s"] = time.perf_counter() - t0
         engine = launch.process(settings, work / f"fixed-{i}" / "engine.log")
         engine.start(timeout=launch.startup_timeout)
         try:
@@ -92,27 +103,29 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             engine.stop()
         measured = score(load_samples(work / f"fixed-{i}" / "samples.jsonl"), slos)
-        rows.append({"settings": settings, "sim_cap": interpolated(cap_sim),
-                     "real_cap": interpolated(real), "sim_s": sim_s, "real_s": real_s,
-                     **{f"sim_{k}": fixed.get(k) for k in ("ttft_p50", "ttft_p90", "itl_p50")},
-                     **{f"real_{k}": measured.get(k) for k in ("ttft_p50", "ttft_p90",
-                                                               "itl_p50")}})
-        r = rows[-1]
-        print(f"{i:>2} {settings}: capacity sim {r['sim_cap']:.2f} real {r['real_cap']:.2f}; "
-              f"ttft p50 {r['sim_ttft_p50']:.3f}/{r['real_ttft_p50']:.3f} s; cost "
-              f"{r['sim_s']:.1f} s / {r['real_s']:.1f} s", flush=True)
-    print(f"\n{'figure':<12} {'median rel. error':>18}")
-    for fig in ("cap", "ttft_p50", "ttft_p90", "itl_p50"):
-        errs = [e for r in rows if (e := rel(r[f"sim_{fig}"], r[f"real_{fig}"])) is not None]
-        print(f"{fig:<12} {statistics.median(errs):>17.1%}" if errs else f"{fig:<12} -")
-    tau = kendalltau([r["sim_cap"] for r in rows], [r["real_cap"] for r in rows]).statistic
-    ratio = statistics.median(r["real_cap"] / r["sim_cap"] for r in rows if r["sim_cap"])
-    speed = statistics.median(r["real_s"] / r["sim_s"] for r in rows)
-    print(f"Kendall tau (capacity, sim vs real): {tau:.2f} over {len(rows)} settings")
-    print(f"real / simulated capacity, median: {ratio:.2f}")
-    print(f"cost: one real capacity search / one simulated, median: {speed:.1f}x")
+        row["real_cap"] = interpolated(real)
+        row.update({f"real_{k}": measured.get(k) for k in ("ttft_p50", "ttft_p90", "itl_p50")})
+        rows.append(row)
+        print(f"{i:>2} {settings}: capacity real {row['real_cap']:.2f}, " + ", ".join(
+            f"{label} {row[f'{label}_cap']:.2f}" for label in sims)
+            + f"; ttft p50 real {row['real_ttft_p50'] or 0:.3f} s, " + ", ".join(
+            f"{label} {row[f'{label}_ttft_p50'] or 0:.3f}" for label in sims)
+            + f"; cost real {row['real_s']:.1f} s", flush=True)
+    for label in sims:
+        print(f"\nprofile {label}:\n{'figure':<12} {'median rel. error':>18}")
+        for fig in ("cap", "ttft_p50", "ttft_p90", "itl_p50"):
+            errs = [e for r in rows
+                    if (e := rel(r[f"{label}_{fig}"], r[f"real_{fig}"])) is not None]
+            print(f"{fig:<12} {statistics.median(errs):>17.1%}" if errs else f"{fig:<12} -")
+        tau = kendalltau([r[f"{label}_cap"] for r in rows],
+                         [r["real_cap"] for r in rows]).statistic
+        ratio = statistics.median(r["real_cap"] / r[f"{label}_cap"] for r in rows
+                                  if r[f"{label}_cap"])
+        speed = statistics.median(r["real_s"] / r[f"{label}_s"] for r in rows)
+        print(f"Kendall tau (capacity, sim vs real): {tau:.2f} over {len(rows)} settings")
+        print(f"real / simulated capacity, median: {ratio:.2f}")
+        print(f"cost: one real capacity search / one simulated, median: {speed:.1f}x")
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
