@@ -30,6 +30,8 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                7.5, 10.0, 20.0, 40.0, 80.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+PROMPT_TOKENS = 5
 
 
 class FakeOpenAIServer:
@@ -55,6 +57,15 @@ class FakeOpenAIServer:
                               buckets=ITL_BUCKETS, registry=reg).labels("fake")
         self._e2e = Histogram("vllm:e2e_request_latency_seconds", "E2E.", lbl,
                               buckets=E2E_BUCKETS, registry=reg).labels("fake")
+        # lengths as the engine counts them (the fake's prompts count PROMPT_TOKENS)
+        self._prompt = Counter("vllm:prompt_tokens", "Prompt tokens.", lbl,
+                               registry=reg).labels("fake")
+        self._generated = Counter("vllm:generation_tokens", "Generated tokens.", lbl,
+                                  registry=reg).labels("fake")
+        self._prompt_len = Histogram("vllm:request_prompt_tokens", "Prompt lengths.", lbl,
+                                     buckets=TOKEN_BUCKETS, registry=reg).labels("fake")
+        self._output_len = Histogram("vllm:request_generation_tokens", "Output lengths.", lbl,
+                                     buckets=TOKEN_BUCKETS, registry=reg).labels("fake")
 
     def __enter__(self) -> "FakeOpenAIServer":
         self._thread.start()
@@ -136,7 +147,12 @@ class FakeOpenAIServer:
             choice = {"index": 0, "delta": {"content": f"t{i} "}} if chat else \
                 {"index": 0, "text": f"t{i} "}
             await response.write(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
-        usage = {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": n + 5}
+        usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": n,
+                 "total_tokens": n + PROMPT_TOKENS}
+        self._prompt.inc(PROMPT_TOKENS)
+        self._generated.inc(n)
+        self._prompt_len.observe(PROMPT_TOKENS)
+        self._output_len.observe(n)
         await response.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode()
                              + b"\n\n")
         await response.write(b"data: [DONE]\n\n")

@@ -151,3 +151,37 @@ def test_profile_from_metrics_without_step_counters_is_refused(profile_file, cap
         main(["profile", "--from-metrics", "http://127.0.0.1:9", "--duration", "1",
               "--interval", "1"])
     assert "--duration (--since) at least two" in capsys.readouterr().err
+
+
+def test_the_planner_predicts_fewer_replicas_per_request_for_a_mix_of_longer_prompts(
+        profile_file):
+    """tuner/planner/predict.SimPredictor: the same arrival rate with longer prompts
+    through the simulator gives a lower capacity, so the planner asks for more replicas."""
+    from tuner.planner.core import Observation, Planner, PlannerSpec
+    from tuner.planner.predict import SimPredictor
+    from tuner.sim.context import SimContext
+    from tuner.sim.profile import Profile
+    from tuner.sources.histogram import BucketDistribution, FittedWorkload
+
+    edges = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+
+    def mix(prompt_bucket):
+        counts = [0.0] * len(edges)
+        counts[prompt_bucket] = 100.0
+        out = [0.0] * len(edges)
+        out[4] = 100.0                                   # outputs of 11-20 tokens
+        return FittedWorkload(prompt=BucketDistribution(edges, tuple(counts)),
+                              output=BucketDistribution(edges, tuple(out)), rate=20.0,
+                              requests=1200, window_s=60, source="test")
+
+    ctx = SimContext(Profile.load(profile_file), {"trace": {"ttft": 3.0, "tpot": 0.3}},
+                     duration=15.0)
+    predict = SimPredictor(ctx, {"cpu_memory_gib": 0.5})
+    short, long = predict(mix(5), 20.0), predict(mix(8), 20.0)   # 21-50 vs 201-500 tokens
+    assert long.capacity < 0.8 * short.capacity
+    assert short.itl_p50 and long.itl_p50
+    assert predict(mix(5), 20.0).capacity == short.capacity and len(predict._capacity) == 2
+    rate = 2.5 * short.capacity
+    replicas = [Planner(PlannerSpec(max_replicas=50)).decide(
+        Observation(at=0, rate=rate, replicas=1), p).replicas for p in (short, long)]
+    assert replicas[1] > replicas[0] >= 3

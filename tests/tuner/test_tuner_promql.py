@@ -89,3 +89,40 @@ def test_a_live_profile_is_fitted_from_prometheus(prometheus):
     assert_recovers_the_law(fit.coefficients)
     with pytest.raises(ValueError, match='no paged:engine_step_duration_seconds for {job="none"}'):
         prometheus_series(reader, '{job="none"}', start=first, end=last, interval=1.0)
+
+
+def test_the_planner_observes_the_service_through_prometheus(prometheus, tmp_path):
+    """tuner/planner/observe.py: the window's rate, mix and latency as Prometheus scraped
+    them from a served load; a planning step from them; no Prometheus: replicas held."""
+    from tuner.measure.loadgen import run_load
+    from tuner.planner.core import Planner, PlannerSpec, Prediction
+    from tuner.planner.observe import Step, observe
+
+    proc, targets = prometheus
+    reader, sel = PrometheusReader(proc.url, timeout=30), 'job="planner-test"'
+    with FakeOpenAIServer(ttft=0.02, itl=0.01) as server:
+        write_target(targets, "planner-test", server.url, {"job": "planner-test"})
+        start = reader.wait_for_scrape("{" + sel + "}", after=time.time())
+        run_load(LoadSpec(workload="chat", duration=3, users=3, length_scale=0.1),
+                 url=server.url, workdir=tmp_path)
+        end = reader.wait_for_scrape("{" + sel + "}", after=time.time())
+        write_target(targets, "planner-test", None)
+        served = len(server.requests)
+    obs = observe(reader, sel, window=end - start, at=end, replicas=2)
+    assert obs.rate * (end - start) == pytest.approx(served, abs=1.5)
+    assert obs.prompt_tokens == pytest.approx(5, rel=0.1) and obs.output_tokens >= 1
+    assert _bucket(BUCKETS["itl"], obs.itl_p50)[0] <= 0.01 <= _bucket(BUCKETS["itl"], obs.itl_p50)[1]
+    seen = []
+
+    def predictor(fitted, per_replica_rate):
+        seen.append((fitted.requests, per_replica_rate))
+        return Prediction(capacity=obs.rate / 3, itl_p50=obs.itl_p50)   # no correction
+    step = Step(Planner(PlannerSpec(max_replicas=10)), reader, sel, predictor,
+                window=end - start)
+    decision, _ = step(at=end, replicas=2)
+    assert seen and seen[0][1] == pytest.approx(obs.rate / 2)
+    assert decision.replicas == 3 and decision.wanted == 3
+    gone = Step(Planner(PlannerSpec()), PrometheusReader("http://127.0.0.1:9", timeout=1),
+                sel, predictor, window=30)
+    held, _ = gone(at=end, replicas=2)
+    assert held.replicas == 2 and held.reason.startswith("unchanged: Prometheus at")

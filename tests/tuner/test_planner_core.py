@@ -1,0 +1,83 @@
+"""The SLO planner's arithmetic (tuner/planner/core.py) on synthetic observations."""
+import pytest
+
+from tuner.planner.core import Observation, Planner, PlannerSpec, Prediction
+
+PRED = Prediction(capacity=10.0, itl_p50=0.05)
+
+
+def _obs(at, rate, replicas, itl=0.05):
+    return Observation(at=at, rate=rate, replicas=replicas, itl_p50=itl)
+
+
+def test_a_step_in_rate_gives_the_predicted_replicas():
+    planner = Planner(PlannerSpec(min_replicas=1, max_replicas=10))
+    assert planner.decide(_obs(0, 8.0, 1), PRED).replicas == 1
+    up = planner.decide(_obs(30, 32.0, 1), PRED)       # a 4x step: up at once
+    assert up.replicas == 4 and up.wanted == 4
+    exact = Planner(PlannerSpec(max_replicas=10)).decide(_obs(0, 20.0, 1), PRED)
+    assert exact.replicas == 2                          # 20 / 10 is 2, not 3
+    assert Planner(PlannerSpec(max_replicas=10)).decide(_obs(0, 20.5, 1), PRED).replicas == 3
+
+
+def test_a_lower_capacity_for_the_mix_raises_the_replicas():
+    """A mix shift (longer prompts): the predictor's capacity falls, the replicas rise."""
+    short = Planner(PlannerSpec(max_replicas=20)).decide(_obs(0, 30.0, 1), PRED)
+    long = Planner(PlannerSpec(max_replicas=20)).decide(
+        _obs(0, 30.0, 1), Prediction(capacity=4.0, itl_p50=0.05))
+    assert (short.replicas, long.replicas) == (3, 8)
+
+
+def test_the_correction_moves_the_prediction_toward_what_was_observed():
+    planner = Planner(PlannerSpec(max_replicas=50))
+    first = planner.decide(_obs(0, 20.0, 2, itl=0.10), PRED)  # steps 2x slower than profiled
+    assert first.correction == pytest.approx(1.5)            # half way, from 1
+    second = planner.decide(_obs(30, 20.0, 2, itl=0.10), PRED)
+    assert second.correction == pytest.approx(1.75)
+    assert second.corrected_capacity == pytest.approx(10.0 / 1.75)
+    assert second.replicas == 4                               # 20 / 5.71, not 20 / 10
+    for t in range(60, 600, 30):
+        last = planner.decide(_obs(t, 20.0, 4, itl=0.10), PRED)
+    assert last.correction == pytest.approx(2.0, rel=1e-3)
+    fast = Planner(PlannerSpec(max_replicas=50))
+    assert fast.decide(_obs(0, 20.0, 2, itl=0.001), PRED).correction == pytest.approx(
+        1 + 0.5 * (0.25 - 1))                                 # clamped at 1/4
+
+
+def test_stabilisation_holds_a_scale_down_for_its_window():
+    planner = Planner(PlannerSpec(max_replicas=10, scale_down_stabilization=120))
+    assert planner.decide(_obs(0, 40.0, 1), PRED).replicas == 4
+    dip = planner.decide(_obs(30, 10.0, 4), PRED)
+    assert dip.wanted == 1 and dip.replicas == 4 and "held at 4" in dip.reason
+    assert planner.decide(_obs(90, 10.0, 4), PRED).replicas == 4
+    assert planner.decide(_obs(121, 10.0, 4), PRED).replicas == 1   # 4 fell out of 120 s
+    assert planner.decide(_obs(150, 35.0, 1), PRED).replicas == 4   # up: at once
+
+
+def test_idle_goes_to_zero_only_after_the_idle_window_and_comes_back():
+    spec = PlannerSpec(min_replicas=0, max_replicas=4, idle_window=300,
+                       scale_down_stabilization=0)
+    planner = Planner(spec)
+    assert planner.decide(_obs(0, 5.0, 1), PRED).replicas == 1
+    assert planner.decide(_obs(200, 0.0, 1), PRED).replicas == 1     # idle 200 s
+    zero = planner.decide(_obs(300, 0.0, 1), PRED)
+    assert zero.replicas == 0 and "no request for 300 s" in zero.reason
+    assert planner.decide(_obs(330, 0.2, 0), PRED).replicas == 1     # a request: back
+    trickle = Planner(spec).decide(_obs(0, 1e-12, 0), PRED)         # any request: one
+    assert trickle.replicas == 1
+    kept = Planner(PlannerSpec(min_replicas=1, idle_window=0, scale_down_stabilization=0))
+    assert kept.decide(_obs(0, 0.0, 3), PRED).replicas == 1          # minReplicas 1
+
+
+def test_bounds_and_bad_specs():
+    capped = Planner(PlannerSpec(min_replicas=2, max_replicas=3)).decide(_obs(0, 100.0, 1), PRED)
+    assert capped.replicas == 3 and capped.wanted == 10 and "bounded to [2, 3]" in capped.reason
+    assert Planner(PlannerSpec(min_replicas=2)).decide(_obs(0, 1.0, 1), PRED).replicas == 2
+    nothing = Planner(PlannerSpec()).decide(_obs(0, 5.0, 3), Prediction(capacity=0.0))
+    assert nothing.replicas == 3 and nothing.reason.startswith("unchanged")
+    with pytest.raises(ValueError, match=r"maxReplicas \(1\) must be >= 1 and >= minReplicas \(2\)"):
+        PlannerSpec(min_replicas=2, max_replicas=1)
+    with pytest.raises(ValueError, match="forecast 'arima'"):
+        PlannerSpec(forecast="arima")
+    with pytest.raises(ValueError, match="targetAttainment"):
+        PlannerSpec(target_attainment=0)

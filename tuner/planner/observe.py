@@ -1,0 +1,57 @@
+"""What the service does now, from the Prometheus that scrapes it, and one planning step.
+
+`observe` reads the window (at - window, at]: requests finished (vllm:request_success),
+their mean prompt and output lengths, the prefix-cache hit rate and the median
+inter-token latency (tuner/measure/promql.PrometheusReader.figures). `plan_once` turns an
+observation into a decision: the mix's prediction (tuner/planner/predict.py) only when
+requests arrived; an idle window reuses the last prediction (only the idle rule decides
+then). Prometheus unreachable or without the service's series: the replicas stay.
+"""
+from __future__ import annotations
+
+import math
+
+from tuner.measure.promql import PrometheusError, PrometheusReader
+from tuner.planner.core import Decision, Observation, Planner, Prediction
+from tuner.sources.histogram import fit_from_prometheus
+
+
+def observe(reader: PrometheusReader, selector: str, *, window: float, at: float,
+            replicas: int) -> Observation:
+    sel = "{" + selector + "}"
+    figures = reader.figures(sel, at - window, at)
+    if "server_requests" not in figures:
+        raise PrometheusError(f"Prometheus at {reader.url} has no vllm:request_success for "
+                              f"{sel} in the last {window:.0f} s: does it scrape the service?")
+    requests = figures["server_requests"]
+
+    def mean(name: str) -> float | None:
+        return figures[name] / requests if requests and name in figures else None
+    return Observation(at=at, rate=requests / window, replicas=replicas,
+                       itl_p50=figures.get("server_itl_p50"),
+                       prompt_tokens=mean("server_prompt_tokens"),
+                       output_tokens=mean("server_generation_tokens"),
+                       hit_rate=figures.get("prefix_cache_hit_rate"))
+
+
+class Step:
+    """The planner with its Prometheus, service selector and predictor (one per service)."""
+
+    def __init__(self, planner: Planner, reader: PrometheusReader, selector: str, predictor,
+                 *, window: float) -> None:
+        self.planner, self.reader, self.selector = planner, reader, selector
+        self.predictor, self.window = predictor, window
+        self.last: Prediction | None = None
+
+    def __call__(self, *, at: float, replicas: int) -> tuple[Decision, Observation | None]:
+        try:
+            obs = observe(self.reader, self.selector, window=self.window, at=at,
+                          replicas=replicas)
+            if obs.rate > 0:
+                fitted = fit_from_prometheus(self.reader, selector=self.selector,
+                                             window=f"{self.window:g}s", at=at)
+                self.last = self.predictor(fitted, obs.rate / max(1, replicas))
+        except (PrometheusError, ValueError) as exc:
+            return self.planner.hold(at, replicas, str(exc)), None
+        pred = self.last or Prediction(capacity=math.inf)   # idle from the start
+        return self.planner.decide(obs, pred), obs
