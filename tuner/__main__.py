@@ -22,7 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["load-worker"]:  # a load-worker pod of a tuning (tuner/measure/load_worker.py)
         from tuner.measure import load_worker
         return load_worker.main(argv[1:])
-    parser = build_parser()
+    from tuner.sim.cli import add_parsers as add_sim_parsers
+
+    parser = build_parser(more=(add_sim_parsers,))
     args = parser.parse_args(argv)
     if args.command == "report":
         return _report(parser, args)

@@ -31,13 +31,14 @@ CPU_MODEL_PROFILES = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(more=()) -> argparse.ArgumentParser:
+    """`more`: functions adding subcommands (tuner.sim.cli.add_parsers), called first."""
     parser = argparse.ArgumentParser(prog="python -m tuner",
                                      description="Autotune the paged-KV engine for a workload.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from tuner.sim.cli import add_parsers as add_sim_parsers
-    add_sim_parsers(sub)
+    for add in more:
+        add(sub)
 
     sweep = sub.add_parser("sweep", help="search engine settings (or benchmark --target-url)")
     sweep.add_argument("--workload", default=None, choices=WORKLOAD_NAMES,
