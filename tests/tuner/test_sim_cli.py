@@ -115,6 +115,16 @@ def test_the_capacity_sweep_end_to_end_on_the_embedded_model(profile_file, tmp_p
     assert re.search(r"replicas for 40 req/s: (\d+|none meets the SLOs) with the baseline",
                      done.stdout)
     assert (out / "capacity.png").stat().st_size > 0
+    # real against simulated latency distributions where the last round's probe passed
+    for arm in record["arms"]:
+        compared = record["latency"][arm["label"]]
+        if any(p["passed"] for p in arm["probes"][-1]):
+            for kind in ("real", "sim"):
+                ttft = compared[kind]["ttft"]
+                assert len(ttft) == 19 and ttft == sorted(ttft) and ttft[0] > 0
+            assert (out / "latency.png").stat().st_size > 0
+        else:
+            assert compared is None
     if record["winner"]:
         assert "capacity gain" in done.stdout and (out / "best.yaml").exists()
     else:

@@ -138,4 +138,6 @@ def save_plots(record: dict, out_dir: Path) -> list[Path]:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
-    return [path]
+    from tuner.search.capacity_latency import save_plot
+    latency = save_plot(record.get("latency") or {}, out_dir)
+    return [path] + ([latency] if latency else [])

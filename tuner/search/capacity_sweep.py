@@ -261,7 +261,24 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
         return record
     record.update(confirm_for_real(plan, config, arms))
     record["real_engines"] = 1 + sum(len(a["capacity"]) for a in arms)   # the pilot too
+    record["latency"] = latency_comparison(plan, config, arms)
     return record
+
+
+def latency_comparison(plan: CapacityPlan, config, arms: list[dict]) -> dict:
+    """Each arm's last round: real latency distributions against simulated ones at the same
+    rate (tuner/search/capacity_latency.py)."""
+    from tuner.search.capacity_latency import compare_arm
+
+    out = {}
+    last = config.confirm_rounds - 1
+    for arm in arms:
+        probes = arm["probes"][last] if len(arm["probes"]) > last else []
+        out[arm["label"]] = compare_arm(
+            lambda settings, rate: plan.sim.run(settings, rate),
+            {**plan.sim_base, **_sim_settings(arm["settings"])},
+            config.out_dir / "confirm" / f"round-{last}" / arm["label"], probes)
+    return out
 
 
 __all__ = ["CapacityPlan", "SimPoint", "candidates", "confirm_for_real", "replicas",

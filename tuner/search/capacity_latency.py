@@ -1,0 +1,67 @@
+"""Real against simulated latency distributions of the confirmed arms (latency.png).
+
+For each arm, the last round's highest passing real probe (its samples.jsonl) and the
+simulator run at that probe's rate with the arm's settings: TTFT and inter-token gaps at
+QUANTILES. What the capacity table cannot show: whether the simulator is right about the
+shape (the queueing tail, the decode gaps) or only about the knee.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tuner.measure.scoring import load_samples
+
+QUANTILES = tuple(q / 20 for q in range(1, 20))   # 5 % .. 95 %
+
+
+def _quantiles(values: list[float]) -> list[float] | None:
+    values = sorted(values)
+    if not values:
+        return None
+    return [values[min(len(values) - 1, int(q * len(values)))] for q in QUANTILES]
+
+
+def distributions(records: list[dict]) -> dict:
+    return {"ttft": _quantiles([r["ttft"] for r in records if r.get("ttft") is not None]),
+            "itl": _quantiles([g for r in records for g in (r.get("itl") or [])])}
+
+
+def compare_arm(run, settings: dict, workdir: Path, probes: list[dict]) -> dict | None:
+    """`run(settings, rate)`: the simulator (SimContext.run); None when no real probe
+    passed or its samples are gone."""
+    passed = [(i, p) for i, p in enumerate(probes) if p["passed"]]
+    if not passed:
+        return None
+    i, probe = max(passed, key=lambda ip: ip[1]["rate"])
+    path = workdir / f"probe-{i:02d}" / "samples.jsonl"
+    if not path.exists():
+        return None
+    real = load_samples(path).records
+    sim = run(settings, probe["rate"]).samples.records
+    return {"rate": probe["rate"], "quantiles": list(QUANTILES),
+            "real": distributions(real), "sim": distributions(sim)}
+
+
+def save_plot(latency: dict, out_dir: Path) -> Path | None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = [(label, c) for label, c in latency.items() if c]
+    if not arms:
+        return None
+    fig, axes = plt.subplots(len(arms), 2, figsize=(7, 2.6 * len(arms)), squeeze=False)
+    for row, (label, c) in zip(axes, arms):
+        for ax, name in zip(row, ("ttft", "itl")):
+            for kind, style in (("real", "-"), ("sim", "--")):
+                if c[kind][name]:
+                    ax.plot(c[kind][name], c["quantiles"], style,
+                            label=f"{kind} at {c['rate']:.1f} req/s")
+            ax.set_xlabel(f"{name} (s)")
+            ax.set_ylabel(f"{label}: share")
+            ax.legend(fontsize=7)
+    path = out_dir / "latency.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
