@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +16,7 @@ import tuner.search.capacity_sweep as cs
 from engine.search_space import build_space
 from tuner.measure.capacity import CapacityResult, interpolated, search_capacity
 from tuner.search.capacity_report import result_lines
+from tuner.sim.profile import Fit, Identity, Memory, Profile
 from tuner.search.confirm import Baseline
 from tuner.measure.loadgen import LoadSpec
 
@@ -60,14 +62,20 @@ def test_a_growth_that_cannot_bracket_is_refused():
         search_capacity(_knee(1), {}, start=1.0, growth=1.0)
 
 
+def _profile():
+    return Profile(Identity("m", "f", "hw", "t", 1),
+                   Fit("tokens", {"intercept": 0.01, "num_tokens": 1e-4}, 0.05),
+                   Memory(0, 1e6, 1000, 0, 0, 2048, 100), num_steps=100)
+
+
+@dataclass
 class FakeSim:
     """The simulator's interface: a capacity that is a known function of the settings."""
 
-    attainment = 0.9
-    profile = SimpleNamespace(fit=SimpleNamespace(form="tokens", heldout_error=0.05))
-
-    def __init__(self):
-        self.calls = []
+    attainment: float = 0.9
+    profile: Profile = field(default_factory=_profile)
+    calls: list = field(default_factory=list)
+    fits: list = field(default_factory=list)     # the profile's fit of each call
 
     @staticmethod
     def truth(settings: dict) -> float:
@@ -76,6 +84,7 @@ class FakeSim:
 
     def capacity(self, settings, *, start, **search):
         self.calls.append(settings)
+        self.fits.append(self.profile.fit)
         if "kv_offloading_size" in settings:
             raise AssertionError("the simulator was given a setting it does not model")
         return search_capacity(_knee(self.truth(settings)), {"chat": {"ttft": 1.0}},
@@ -218,3 +227,74 @@ def test_the_default_objective_is_capacity_except_for_another_server():
     assert objective(parse(["sweep", "--workload", "chat", "--objective", "pareto"])) == \
         "pareto"
 
+
+
+def _steps_law(series, windows=30):
+    """What read_steps would collect from an engine whose steps follow a known law."""
+    import random
+
+    from prometheus_client import generate_latest
+
+    from engine.entrypoints.metrics import ServerMetrics
+    from engine.step_shape import StepShape
+    from tuner.sim.live_profile import parse_totals
+
+    metrics, rng = ServerMetrics(model_name="m", max_model_len=2048), random.Random(0)
+    for w in range(windows + 1):
+        rows = 1 + w % 24
+        for _ in range(20):
+            shape = StepShape(prefill_tokens=rng.choice([0, 0, 100 * (w % 3)]),
+                              decode_seqs=rng.randint(max(1, rows - 3), rows))
+            metrics.observe_step(shape, 0.002 + 2e-5 * shape.prefill_tokens
+                                 + 7e-4 * shape.decode_seqs)
+        series.append(parse_totals(generate_latest(metrics.registry).decode(), t=w))
+
+
+def test_the_search_runs_on_the_pilots_served_steps(tmp_path, monkeypatch):
+    calls = _real(monkeypatch)
+    watched = []
+
+    def read_steps(url, series, interval):
+        watched.append((url, interval))
+        _steps_law(series)
+        return lambda: None
+    monkeypatch.setattr(cs, "read_steps", read_steps)
+    calibrated, logs = FakeSim(), []
+    plan = cs.CapacityPlan(sim=calibrated, sim_base={}, trials=6, real_probes=4,
+                           log=logs.append)
+    real_launch = []
+
+    def measured(settings, launch, load, slos, *, watch=None, **kwargs):
+        if watch is not None:
+            real_launch.append(load.seed)
+            watch("http://engine:8000")()
+        return measure(settings, launch, load, slos, **kwargs)
+    measure = cs.measure_capacity
+    monkeypatch.setattr(cs, "measure_capacity", measured)
+    record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
+    assert real_launch == [0] and watched == [("http://engine:8000", 2.0)]  # the pilot only
+    assert record["profile"]["source"] == "live (the pilot's steps)"
+    coef = plan.sim.profile.fit.coefficients
+    assert coef["intercept"] == pytest.approx(0.002, rel=0.02)
+    assert coef["decode_seqs"] == pytest.approx(7e-4, rel=0.02)
+    assert plan.sim.profile.identity == calibrated.profile.identity   # memory, identity kept
+    # the pilot started from the calibration; the whole search ran on the live profile
+    assert calibrated.fits[0] is calibrated.profile.fit
+    assert len(calibrated.fits) > 2 and all(f is plan.sim.profile.fit
+                                            for f in calibrated.fits[1:])
+    assert len(calls) == 1 + 2 * 2
+    assert any("refitted from the pilot's" in line for line in logs)
+
+
+def test_without_the_pilots_steps_the_calibration_stays(tmp_path, monkeypatch):
+    _real(monkeypatch)
+    monkeypatch.setattr(cs, "read_steps", lambda url, series, interval: lambda: None)
+    logs = []
+    plan = cs.CapacityPlan(sim=FakeSim(), sim_base={}, trials=4, real_probes=4,
+                           log=logs.append)
+    measure = cs.measure_capacity
+    monkeypatch.setattr(cs, "measure_capacity", lambda *a, watch=None, **k: (
+        watch and watch("http://engine:8000")(), measure(*a, **k))[1])
+    record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
+    assert record["profile"]["source"] == "calibration"
+    assert any("the calibration stays (0 busy window(s)" in line for line in logs)

@@ -72,3 +72,25 @@ def test_too_few_busy_windows_and_a_foreign_metrics_page_are_clear_errors():
         fit_live(_series(random.Random(3), windows=3))
     with pytest.raises(ValueError, match="no paged:engine_step_duration_seconds"):
         parse_totals("# TYPE up gauge\nup 1\n", t=0)
+
+
+def test_read_steps_collects_a_series_until_stopped_and_nothing_from_a_foreign_endpoint():
+    import time
+
+    from step_feeder import assert_recovers_the_law, feeding_metrics
+    from tuner.sim.live_profile import read_steps
+
+    series = []
+    with feeding_metrics() as url:
+        done = read_steps(url, series, 0.15)
+        deadline = time.monotonic() + 30
+        while len(series) < 16 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        done()
+        count = len(series)
+    assert count >= 17 and len(series) == count          # a last reading, then none
+    assert all(b.t >= a.t and b.steps >= a.steps for a, b in zip(series, series[1:]))
+    assert_recovers_the_law(fit_live(series)[0].coefficients)
+    nothing = []
+    read_steps("http://127.0.0.1:9", nothing, 0.05)()
+    assert nothing == []

@@ -121,10 +121,13 @@ def rate_load(load: LoadSpec, rate: float, *, trace_rate: float | None = None) -
 
 def measure_capacity(settings: dict, launch, load: LoadSpec, slos: dict, *, workdir: Path,
                      start: float, trace_rate: float | None = None, warmup_requests: int = 0,
+                     watch: Callable[[str], Callable[[], None]] | None = None,
                      **search) -> CapacityResult:
     """One engine with these settings (tuner.measure.local.EngineLaunch), probed at several
     rates; `warmup_requests` are sent (and not scored) before the first probe only, and
-    every later probe waits until the engine has drained the previous one."""
+    every later probe waits until the engine has drained the previous one. `watch(url)`,
+    once the engine is up, starts watching it and returns what stops the watch (called
+    before the engine stops)."""
     from tuner.measure.engine_process import EngineStartError
     from tuner.measure.runner import Infeasible
     from tuner.measure.server_metrics import wait_idle
@@ -148,7 +151,12 @@ def measure_capacity(settings: dict, launch, load: LoadSpec, slos: dict, *, work
             engine.start(timeout=launch.startup_timeout)
         except EngineStartError as exc:
             raise Infeasible(exc.reason) from None
-        return search_capacity(probe, slos, start=start, **search)
+        stop_watching = watch(engine.url) if watch is not None else None
+        try:
+            return search_capacity(probe, slos, start=start, **search)
+        finally:
+            if stop_watching is not None:
+                stop_watching()
     finally:
         engine.stop()
 

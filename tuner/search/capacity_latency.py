@@ -42,6 +42,14 @@ def compare_arm(run, settings: dict, workdir: Path, probes: list[dict]) -> dict 
             "real": distributions(real), "sim": distributions(sim)}
 
 
+def latency_comparison(run, round_dir: Path, arms: list[dict], last: int) -> dict:
+    """Each arm's round `last` (its probes under round_dir/<label>): `run(settings, rate)`
+    simulates the arm's settings."""
+    return {arm["label"]: compare_arm(
+        run, arm["settings"], round_dir / arm["label"],
+        arm["probes"][last] if len(arm["probes"]) > last else []) for arm in arms}
+
+
 def save_plot(latency: dict, out_dir: Path) -> Path | None:
     import matplotlib
     matplotlib.use("Agg")

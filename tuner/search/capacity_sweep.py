@@ -32,7 +32,9 @@ import optuna
 from engine import settings as engine_settings
 from engine.search_space import Param, default_value
 from tuner.measure.capacity import CapacityResult, interpolated, measure_capacity
+from tuner.search.capacity_latency import latency_comparison
 from tuner.search.stats import decide, paired_gain
+from tuner.sim.live_profile import live_profile, read_steps
 
 SIM_UNMODELLED = ("kv_offloading_size",)   # tiers are not simulated (tuner/sim/engine.py)
 SIM_REL_TOL = 0.1       # a simulated capacity is known to 10 %
@@ -51,6 +53,7 @@ class CapacityPlan:
     target_rate: float | None = None
     trace_rate: float | None = None
     log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr))
+    live: bool = False             # the profile was refitted from the pilot's steps
 
 
 @dataclass
@@ -136,15 +139,15 @@ def candidates(points: list[SimPoint], k: int, baseline: dict) -> list[SimPoint]
     return ranked[:k]
 
 
-def confirm_for_real(plan: CapacityPlan, config, arms: list[dict]) -> dict:
+def confirm_for_real(plan: CapacityPlan, config, arms: list[dict], pilot: dict) -> dict:
     """Measure every arm's real capacity `config.confirm_rounds` times, interleaved;
-    arms: [{"label", "settings", "sim"}] with the baseline first. Returns the record:
-    arms with their per-round capacities and probes, gains, the decision."""
-    floor = 0.5 / config.load.duration   # half a request per load window
+    arms: [{"label", "settings", "sim"}] with the baseline first; `pilot`: the baseline's
+    unscored measurement (_pilot). Returns the record: arms with their per-round
+    capacities and probes, gains, the decision."""
+    floor = _floor(config)
     ratios: list[float] = []
     for arm in arms:
         arm.update(capacity=[], failed=[], probes=[])
-    pilot = _pilot(plan, config, arms[0], floor)
     if pilot["capacity"] > 0 and arms[0]["sim"] > 0:
         ratios.append(pilot["capacity"] / arms[0]["sim"])
     for r in range(config.confirm_rounds):
@@ -191,29 +194,53 @@ def confirm_for_real(plan: CapacityPlan, config, arms: list[dict]) -> dict:
             "winner": decision.winner, "reason": decision.reason}
 
 
-def _pilot(plan: CapacityPlan, config, base: dict, floor: float) -> dict:
-    """The baseline's real capacity once, widely bracketed from its simulated one, before
-    the rounds and not scored. It gives every round's search the real/simulated ratio to
-    start from, so all rounds search alike (a first round that brackets widely from a far
-    guess reads its crossing less precisely), and it is the sweep's first engine: whatever
-    a cold machine costs (weights off disk, first compilations) is paid here. Its stream
-    (config.seed) is none of the rounds' (seed + 1 + r)."""
+def _floor(config) -> float:
+    return 0.5 / config.load.duration   # half a request per load window
+
+
+def _pilot(plan: CapacityPlan, config, settings: dict, sim: float) -> dict:
+    """The baseline's real capacity once, widely bracketed from its simulated one `sim`,
+    before the search and not scored. Its engine's step counters are read meanwhile
+    (tuner/sim/live_profile.py: "series"), so the search can run on steps as served; it
+    gives every round's search the real/simulated ratio to start from, so all rounds
+    search alike (a first round that brackets widely from a far guess reads its crossing
+    less precisely); and it is the sweep's first engine: whatever a cold machine costs
+    (weights off disk, first compilations) is paid here. Its stream (config.seed) is none
+    of the rounds' (seed + 1 + r)."""
     load = dataclasses.replace(config.load, seed=config.seed)
+    series: list = []
     try:
         result = measure_capacity(
-            {**config.fixed, **base["settings"]}, config.launch, load, config.slos,
-            workdir=config.out_dir / "confirm" / "pilot", start=max(base["sim"], floor),
+            {**config.fixed, **settings}, config.launch, load, config.slos,
+            workdir=config.out_dir / "confirm" / "pilot", start=max(sim, _floor(config)),
             trace_rate=plan.trace_rate, warmup_requests=config.warmup_requests,
             attainment=plan.sim.attainment, rel_tol=REAL_REL_TOL, growth=2.0,
-            max_probes=plan.real_probes + 3)
+            max_probes=plan.real_probes + 3,
+            watch=lambda url: read_steps(url, series, max(0.5, config.load.duration / 5)))
     except _infeasible() as exc:
         plan.log(f"pilot baseline: failed: {exc.reason}; the first round brackets widely")
-        return {"capacity": 0.0, "probes": [], "failed": exc.reason}
+        return {"capacity": 0.0, "probes": [], "failed": exc.reason, "series": []}
     rate = interpolated(result)
-    plan.log(f"pilot baseline: {rate:.2f} req/s real (simulated {base['sim']:.2f}; not "
-             f"scored; probes " + ", ".join(f"{p['rate']:.2f}{'+' if p['passed'] else '-'}"
-                                            for p in result.probes) + ")")
-    return {"capacity": rate, "probes": result.probes, "failed": None}
+    plan.log(f"pilot baseline: {rate:.2f} req/s real (simulated {sim:.2f}; not scored; "
+             "probes " + ", ".join(f"{p['rate']:.2f}{'+' if p['passed'] else '-'}"
+                                   for p in result.probes) + ")")
+    return {"capacity": rate, "probes": result.probes, "failed": None, "series": series}
+
+
+def live_refit(plan: CapacityPlan, series: list) -> None:
+    """The simulator's profile refitted from the pilot's steps when they are enough (else
+    the calibration stays, and the log says why)."""
+    try:
+        profile = live_profile(plan.sim.profile, series)
+    except ValueError as exc:
+        plan.log(f"profile: the calibration stays ({exc})")
+        return
+    plan.log(f"profile: refitted from the pilot's {profile.num_steps} served steps, form "
+             f"{profile.fit.form}, held-out error {profile.fit.heldout_error:.1%} "
+             f"(calibration: {plan.sim.profile.fit.form}, "
+             f"{plan.sim.profile.fit.heldout_error:.1%})")
+    plan.sim = dataclasses.replace(plan.sim, profile=profile)
+    plan.live = True
 
 
 def _infeasible():
@@ -238,6 +265,13 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
     if dropped:
         plan.log(f"not searched: {', '.join(dropped)} (the simulator does not model KV tiers;"
                  " --objective goodput searches them on real engines)")
+    pilot = None
+    if config.confirm_rounds >= 2:   # the baseline for real first: its steps, as served
+        first = simulate_point(plan, _sim_settings(baseline.settings), start=1.0)
+        if first.capacity is None:
+            raise ValueError(f"the baseline settings are refused: {first.infeasible}")
+        pilot = _pilot(plan, config, baseline.settings, first.capacity)
+        live_refit(plan, pilot.pop("series"))
     wall = time.perf_counter()
     base, points = simulated_search(plan, config.space, fixed=config.fixed,
                                     baseline=baseline.settings, seed=config.seed)
@@ -253,32 +287,21 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
               "sim_baseline": base.capacity, "sim_wall_s": sim_wall,
               "attainment": plan.sim.attainment, "target_rate": plan.target_rate,
               "profile": {"form": plan.sim.profile.fit.form,
-                          "heldout_error": plan.sim.profile.fit.heldout_error}}
+                          "heldout_error": plan.sim.profile.fit.heldout_error,
+                          "source": "live (the pilot's steps)" if plan.live
+                          else "calibration"}}
     if len(arms) == 1 or config.confirm_rounds < 2:
         record.update(arms=arms, rounds=0, winner=None,
                       reason="no candidate differs from the baseline" if len(arms) == 1
                       else "not confirmed (--confirm-rounds 0): simulated figures only")
         return record
-    record.update(confirm_for_real(plan, config, arms))
+    record.update(confirm_for_real(plan, config, arms, pilot))
     record["real_engines"] = 1 + sum(len(a["capacity"]) for a in arms)   # the pilot too
-    record["latency"] = latency_comparison(plan, config, arms)
+    record["latency"] = latency_comparison(
+        lambda settings, rate: plan.sim.run({**plan.sim_base, **_sim_settings(settings)}, rate),
+        config.out_dir / "confirm" / f"round-{config.confirm_rounds - 1}", arms,
+        config.confirm_rounds - 1)
     return record
-
-
-def latency_comparison(plan: CapacityPlan, config, arms: list[dict]) -> dict:
-    """Each arm's last round: real latency distributions against simulated ones at the same
-    rate (tuner/search/capacity_latency.py)."""
-    from tuner.search.capacity_latency import compare_arm
-
-    out = {}
-    last = config.confirm_rounds - 1
-    for arm in arms:
-        probes = arm["probes"][last] if len(arm["probes"]) > last else []
-        out[arm["label"]] = compare_arm(
-            lambda settings, rate: plan.sim.run(settings, rate),
-            {**plan.sim_base, **_sim_settings(arm["settings"])},
-            config.out_dir / "confirm" / f"round-{last}" / arm["label"], probes)
-    return out
 
 
 __all__ = ["CapacityPlan", "SimPoint", "candidates", "confirm_for_real", "replicas",

@@ -18,6 +18,7 @@ that went down (the engine restarted) skips its window.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -139,3 +140,29 @@ def live_profile(base: Profile, series: list[Totals]) -> Profile:
     return dataclasses.replace(base, fit=live, num_steps=steps,
                                created=f"live: {len(series) - 1} windows, "
                                        f"{time.strftime('%Y-%m-%dT%H:%M:%S')}")
+
+
+def read_steps(url: str, series: list, interval: float):
+    """Read the engine's step counters every `interval` s into `series` until the
+    returned function is called (it reads once more); an engine without them adds
+    nothing."""
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            series.append(scrape(url))
+        except ValueError:   # an engine without the step series: no live profile
+            stop.set()
+
+    def loop() -> None:
+        while not stop.is_set():
+            read()
+            stop.wait(interval)
+    thread = threading.Thread(target=loop, name="step-reader", daemon=True)
+    thread.start()
+
+    def done() -> None:
+        stop.set()
+        thread.join()
+        read()
+    return done
