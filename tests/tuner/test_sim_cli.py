@@ -143,7 +143,7 @@ def test_profile_refits_the_step_times_from_a_live_metrics_endpoint(profile_file
     out = tmp_path / "live.json"
     with feeding_metrics() as url:
         code = main(["profile", "--from-metrics", url, "--base", str(profile_file),
-                     "--threads", "1", "--duration", "2.5", "--interval", "0.2",
+                     "--threads", "1", "--duration", "4", "--interval", "0.3",
                      "--out", str(out)])
     assert code == 0
     live, base = json.loads(out.read_text()), json.loads(profile_file.read_text())

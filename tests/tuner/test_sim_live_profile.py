@@ -82,13 +82,13 @@ def test_read_steps_collects_a_series_until_stopped_and_nothing_from_a_foreign_e
 
     series = []
     with feeding_metrics() as url:
-        done = read_steps(url, series, 0.15)
+        done = read_steps(url, series, 0.3)
         deadline = time.monotonic() + 30
-        while len(series) < 16 and time.monotonic() < deadline:
+        while len(series) < 20 and time.monotonic() < deadline:
             time.sleep(0.05)
         done()
         count = len(series)
-    assert count >= 17 and len(series) == count          # a last reading, then none
+    assert count >= 21 and len(series) == count          # a last reading, then none
     assert all(b.t >= a.t and b.steps >= a.steps for a, b in zip(series, series[1:]))
     assert_recovers_the_law(fit_live(series)[0].coefficients)
     nothing = []
