@@ -13,9 +13,11 @@ or YAML lists/mappings):
   0.5..0.95:step=0.05  ... on a grid of that step
   none               leave the setting out (the engine's default applies)
 
-A key of an object setting with a `tune` range is a dimension of its own, named by the key:
-num_speculative_tokens=0,2,4,8 searches speculative_config {"method": "ngram",
-"num_speculative_tokens": k}, 0 (the key's `tune_off`) leaving speculation off.
+A key of an object setting with a `tune` range is a dimension of its own, named by the key.
+num_speculative_tokens is the speculative method and its length in one dimension:
+num_speculative_tokens=off,ngram:4,suffix:8 (or 0,4,suffix:8: a bare K is n-gram) searches
+speculative_config {"method": "ngram" | "suffix", "num_speculative_tokens": K}, 0 or off
+(the key's `tune_off`) leaving speculation off; a range (0..8) is n-gram lengths.
 
 YAML file (`--space-file`): a mapping NAME -> SPEC string, list of choices, or
 {low, high, step, log}. It replaces the default space; `--param` then overrides entries.
@@ -31,6 +33,7 @@ import yaml
 
 from engine import settings as engine_settings
 from engine import settings_k8s
+from engine import settings_speculative as spec_decode
 
 # The settings a sweep may vary: the settings table's spec.engine ones (a result is applied
 # there), the keys of its object settings with a `tune` range, and OUTSIDE_ENGINE ones (at
@@ -89,6 +92,11 @@ class Param:
 
 
 def _convert(name: str, text: Any) -> Any:
+    if name == spec_decode.DRAFT_DIMENSION:  # the method and its length: 4, suffix:8
+        try:
+            return spec_decode.draft_choice(text)
+        except ValueError as exc:
+            raise SpaceError(str(exc)) from None
     kind = SETTINGS[name].type
     if kind is bool:
         if isinstance(text, bool):
@@ -158,7 +166,8 @@ def _allowed(name: str, values: Any) -> tuple:
         if name in PARENT and value == s.tune_off:
             continue
         try:
-            engine_settings.check(s, value, name)
+            engine_settings.check(s, spec_decode.draft_split(value)[1] if
+                                  name == spec_decode.DRAFT_DIMENSION else value, name)
         except ValueError as exc:
             off = f" (or {s.tune_off}: {PARENT[name].name} off)" if name in PARENT else ""
             raise SpaceError(f"{exc}{off}") from None
@@ -239,7 +248,8 @@ def engine_values(values: dict[str, Any]) -> dict[str, Any]:
         else:
             base = out.get(parent.name) or {k.name: k.default for k in parent.keys
                                             if k.default is not None}
-            out[parent.name] = {**base, name: value}
+            out[parent.name] = spec_decode.with_draft(base, value) if \
+                name == spec_decode.DRAFT_DIMENSION else {**base, name: value}
     return out
 
 
@@ -256,6 +266,11 @@ def to_engine_spec(settings: dict[str, Any]) -> dict[str, Any]:
             out[s.field] = None
         elif s.type is dict:
             out |= settings_k8s.to_spec({name: value})
+            draft = settings.get(spec_decode.DRAFT_DIMENSION)
+            if name == PARENT[spec_decode.DRAFT_DIMENSION].name and draft is not None:
+                # a merge patch onto the target's keys: the other method's ones removed
+                keys = {k.name: k.field for k in s.keys}
+                out[s.field] |= {keys[k]: None for k in spec_decode.other_method_keys(draft)}
         else:
             out[s.field] = round(float(value), 4) if s.type is float else s.type(value)
     return out
@@ -300,7 +315,8 @@ def from_engine_spec(spec: dict[str, Any], *, where: str = "spec.engine") -> dic
             except ValueError as exc:
                 raise SpaceError(str(exc)) from None
             # ... and its key dimensions, so the baseline compares with searched settings
-            out |= {k: SETTINGS[k].tune_off if out[s.name] is None else out[s.name][k]
+            out |= {k: spec_decode.draft_of(out[s.name]) if k == spec_decode.DRAFT_DIMENSION
+                    else SETTINGS[k].tune_off if out[s.name] is None else out[s.name][k]
                     for k, parent in PARENT.items() if parent is s}
         else:
             out[s.name] = _convert(s.name, value)

@@ -19,7 +19,7 @@ SPECULATIVE = Setting(
                 "cache_salt)", field="method", choices=("ngram", "suffix")),
         Setting("num_speculative_tokens", int, None, "draft tokens verified per "
                 "step and sequence (suffix: the most)", field="numSpeculativeTokens",
-                minimum=1, maximum=16, tune="0,2,4,8", tune_off=0),
+                minimum=1, maximum=16, tune="0,2,4,8,suffix:8,suffix:16", tune_off=0),
         Setting("prompt_lookup_max", int, None, "longest n-gram matched (default: "
                 "prompt_lookup_min, or 5)", field="promptLookupMax", optional=True,
                 minimum=1, maximum=64),
@@ -97,3 +97,61 @@ def normalize_speculative(config: dict[str, Any], label: Callable[[str], str]
         lo = hi = 5
     return {**out, "prompt_lookup_min": hi if lo is None else lo,
             "prompt_lookup_max": lo if hi is None else hi}
+
+
+# The tuner's dimension num_speculative_tokens (engine/search_space.py) holds the method and
+# its length as one value: 0 or "off" (no speculation), K or "ngram:K" (n-gram, K tokens),
+# "suffix:K" (suffix decoding, at most K). Canonical forms: 0, K (an int) and "suffix:K",
+# so an n-gram value reads as it did before suffix decoding (stored studies, baselines).
+DRAFT_DIMENSION = "num_speculative_tokens"
+DRAFT_METHODS = ("ngram", "suffix")
+_METHOD_KEYS = {"ngram": _NGRAM_KEYS, "suffix": tuple(SUFFIX_DEFAULTS)}
+
+
+def draft_choice(given: Any) -> int | str:
+    """A dimension value as written (0, "off", 4, "ngram:4", "suffix:8") -> its canonical
+    form; ValueError naming the forms."""
+    text = str(given).strip().lower()
+    method, sep, count = text.rpartition(":")
+    try:
+        if isinstance(given, bool) or (sep and method not in DRAFT_METHODS):
+            raise ValueError
+        k = 0 if text == "off" else float(count)
+        if k != int(k):
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"{DRAFT_DIMENSION}: expected off, K, ngram:K or suffix:K (a method "
+                         f"of {', '.join(DRAFT_METHODS)} and its draft length), got "
+                         f"{given!r}") from None
+    return f"suffix:{int(k)}" if method == "suffix" and k else int(k)
+
+
+def draft_split(value: int | str) -> tuple[str, int]:
+    """A canonical dimension value -> (method, num_speculative_tokens)."""
+    if isinstance(value, str):
+        method, _, count = value.partition(":")
+        return method, int(count)
+    return "ngram", int(value)
+
+
+def other_method_keys(value: int | str) -> tuple[str, ...]:
+    """The keys of the method the value does not choose (a merge patch removes them)."""
+    method, _ = draft_split(value)
+    return tuple(k for m, keys in _METHOD_KEYS.items() if m != method for k in keys)
+
+
+def with_draft(config: dict[str, Any], value: int | str) -> dict[str, Any]:
+    """speculative_config `config` (keys by name) set to the value's method and length; the
+    other method's keys dropped."""
+    method, k = draft_split(value)
+    drop = other_method_keys(value)
+    return {**{n: v for n, v in config.items() if n not in drop},
+            "method": method, DRAFT_DIMENSION: k}
+
+
+def draft_of(config: dict[str, Any] | None) -> int | str:
+    """The dimension's value of a checked speculative_config (None, off: 0)."""
+    if config is None:
+        return 0
+    k = config[DRAFT_DIMENSION]
+    return f"suffix:{k}" if config.get("method") == "suffix" else k

@@ -5,7 +5,7 @@ import importlib
 
 from loadtests.workloads.base import Request, Session, WorkloadSpec
 
-WORKLOAD_NAMES = ("chat", "summarize", "code", "rag", "mixed")  # the synthetic workloads
+WORKLOAD_NAMES = ("chat", "summarize", "code", "rag", "mixed", "agentic")  # the synthetic workloads
 TRACE_WORKLOAD = "trace"  # replays a trace file (loadtests/workloads/trace.py)
 
 __all__ = ["TRACE_WORKLOAD", "WORKLOAD_NAMES", "Request", "Session", "WorkloadSpec",

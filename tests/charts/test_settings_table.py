@@ -132,7 +132,8 @@ def test_a_spec_engine_value_reaches_the_engine_through_operator_and_cli():
     tuner_kwargs = engine_kwargs(build_parser().parse_args(["serve", *flags]))
     assert {n: tuner_kwargs[n] for n in values} == values
     # the baseline's values, and its key dimensions beside them (to compare with trials)
-    assert space.from_engine_spec(engine) == {**values, "num_speculative_tokens": 3}
+    # (num_speculative_tokens is the method and its length: this one's is suffix, 3)
+    assert space.from_engine_spec(engine) == {**values, "num_speculative_tokens": "suffix:3"}
 
 
 def _bad_values(s: settings.Setting):

@@ -92,7 +92,7 @@ def test_the_operator_image_file_set_parses_specs_without_torch(tmp_path):
         "['--block-size', '32']",
         "rag ['block_size', 'gpu_memory_utilization', 'max_num_batched_tokens', 'max_num_seqs', "
         "'num_speculative_tokens']",
-        "spec.workload: 'nope' is not one of chat, summarize, code, rag, mixed"]
+        "spec.workload: 'nope' is not one of chat, summarize, code, rag, mixed, agentic"]
 
 
 @pytest.mark.parametrize("name, value, rule", [

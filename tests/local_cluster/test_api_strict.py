@@ -118,7 +118,7 @@ def test_schema_violations_name_the_field_and_the_bound(local_cluster: LocalClus
         (pit(trials="many"), 'spec.trials: Invalid value: "string": spec.trials in body '
                              'must be of type integer: "string"'),
         (pit(workload="poems"), 'spec.workload: Unsupported value: "poems": supported values: '
-                                '"chat", "summarize", "code", "rag", "mixed"'),
+                                '"chat", "summarize", "code", "rag", "mixed", "agentic"'),
         (pit(prometheus={"url": "ftp://p"}), 'spec.prometheus.url: Invalid value: "ftp://p": '
                                              "spec.prometheus.url in body should match "
                                              "'^https?://'"),

@@ -22,7 +22,7 @@ from engine.search_space import (SpaceError, build_space, from_engine_spec, pars
 
 def test_the_default_space_searches_num_speculative_tokens_with_zero_as_off():
     space = {p.name: p for p in build_space()}
-    assert space["num_speculative_tokens"].choices == (0, 2, 4, 8)
+    assert space["num_speculative_tokens"].choices == (0, 2, 4, 8, "suffix:8", "suffix:16")
     assert parse_param("num_speculative_tokens", "0..8").low == 0
     assert engine_defaults(["num_speculative_tokens"]) == {"num_speculative_tokens": 0}
     # in-cluster: spec.searchSpace uses the key's camelCase name
@@ -97,7 +97,9 @@ def test_a_patch_that_turns_speculation_off_removes_it_and_fits_the_crd():
     assert patch["spec"]["engine"] == {"speculative": None, "maxNumSeqs": 8}
     assert validate_patch(patch) is True
     on = to_engine_spec({"num_speculative_tokens": 8})
-    assert on == {"speculative": {"method": "ngram", "numSpeculativeTokens": 8}}
+    assert on == {"speculative": {"method": "ngram", "numSpeculativeTokens": 8, **{
+        k: None for k in ("suffixDecodingMaxTreeDepth", "suffixDecodingMaxCachedRequests",
+                          "suffixDecodingMaxSpecFactor", "suffixDecodingMinTokenProb")}}}
     assert validate_patch({"spec": {"engine": on}}) is True
 
 

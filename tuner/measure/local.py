@@ -34,7 +34,8 @@ class EngineLaunch:
     prometheus_targets_dir: Path | None = None  # file_sd folder a Prometheus watches
 
     def process(self, settings: dict[str, Any], log_path: Path) -> EngineProcess:
-        flags = flags_for(engine_values(settings))  # num_speculative_tokens: 4 -> --speculative-config
+        # num_speculative_tokens 4 or suffix:8 -> --speculative-config with that method
+        flags = flags_for(engine_values(settings))
         return EngineProcess(flags=[*flags, *self.extra_flags], model=self.model,
                              log_path=log_path, engine_cmd=self.engine_cmd, env=dict(self.env))
 

@@ -186,6 +186,11 @@ def engine_schema(crd_path: Path = CRD_PATH, section: str = "engine") -> dict | 
             ["properties"]["spec"]["properties"][section])
 
 
+def _without_nulls(value: dict) -> dict:
+    return {k: _without_nulls(v) if isinstance(v, dict) else v for k, v in value.items()
+            if v is not None}
+
+
 def validate_patch(patch: dict, *, crd_path: Path = CRD_PATH) -> bool:
     """Validate patch.spec's sections (engine; kvCache when the host tier was searched)
     against the CRD; False when there is no CRD to check against, ValueError naming the
@@ -193,7 +198,7 @@ def validate_patch(patch: dict, *, crd_path: Path = CRD_PATH) -> bool:
     if engine_schema(crd_path) is None:
         return False
     for section, value in patch["spec"].items():
-        value = {k: v for k, v in value.items() if v is not None}  # null: remove
+        value = _without_nulls(value)  # null: remove (a method's keys too, nested)
         # Kubernetes structural schemas are OpenAPI v3.0: draft-4 semantics (boolean
         # exclusiveMinimum); x-kubernetes-* keys are ignored by jsonschema.
         error = jsonschema.exceptions.best_match(jsonschema.Draft4Validator(
