@@ -23,28 +23,32 @@ from engine.search_space import SETTINGS, engine_values, parse_param
 from tuner.search.stats import decide, paired_gain
 
 
-def candidates() -> list[int]:
-    """The tuner's default range for num_speculative_tokens (0 = off)."""
+def candidates() -> list[int | str]:
+    """The tuner's default range for num_speculative_tokens: 0 = off, K = n-gram with K
+    drafts, "suffix:K" = suffix decoding with at most K."""
     name = "num_speculative_tokens"
     return parse_param(name, SETTINGS[name].tune).grid_values()
 
 
-def spec_config(k: int, lo: int, hi: int) -> dict | None:
-    """A trial's engine settings for k drafts (the tuner's mapping), with the lookup bounds."""
+def spec_config(k: int | str, lo: int, hi: int) -> dict | None:
+    """A trial's engine settings for k (the tuner's mapping); n-gram gets the lookup bounds."""
     spec = engine_values({"num_speculative_tokens": k})["speculative_config"]
-    return None if spec is None else {**spec, "prompt_lookup_min": lo, "prompt_lookup_max": hi}
+    if spec is None or spec["method"] != "ngram":
+        return spec
+    return {**spec, "prompt_lookup_min": lo, "prompt_lookup_max": hi}
 
 
-def choose(serve, ks: list[int], rounds: int) -> tuple[int, str]:
+def choose(serve, ks: list, rounds: int) -> tuple[int | str, str]:
     """serve(k, round) -> output tok/s on that round's calibration requests."""
     rates: dict[int, list[float]] = {k: [] for k in ks}
     for r in range(rounds):
         for k in (ks if r % 2 == 0 else ks[::-1]):
             rates[k].append(serve(k, r))
     base = rates[0]
-    gains = {f"k={k}": paired_gain(base, rates[k], floor=1e-6) for k in ks if k}
+    label = {f"k={k}": k for k in ks if k}
+    gains = {name: paired_gain(base, rates[k], floor=1e-6) for name, k in label.items()}
     decision = decide(gains)
-    chosen = int(decision.winner[2:]) if decision.winner else 0
+    chosen = label[decision.winner] if decision.winner else 0
     shown = ", ".join(f"{label} {g.text()}" for label, g in gains.items())
     return chosen, f"{shown} -> {decision.reason}"
 

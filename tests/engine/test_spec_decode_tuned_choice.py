@@ -7,10 +7,13 @@ from benchmarks import spec_decode_tuned as tuned
 
 
 def test_the_candidates_are_the_tuners_range_and_mapping():
-    assert tuned.candidates() == [0, 2, 4, 8]
+    assert tuned.candidates() == [0, 2, 4, 8, "suffix:8", "suffix:16"]
     assert tuned.spec_config(0, 2, 4) is None
     assert tuned.spec_config(4, 2, 4) == {"method": "ngram", "num_speculative_tokens": 4,
                                           "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    # suffix decoding has no lookup bounds: they would fail its config's check
+    assert tuned.spec_config("suffix:8", 2, 4) == {"method": "suffix",
+                                                   "num_speculative_tokens": 8}
 
 
 def _serve(rates: dict[int, list[float]], calls: list):
@@ -27,6 +30,12 @@ def test_a_consistent_gain_is_chosen_and_the_order_alternates():
     assert k == 4, why  # k=8's mean is close but its rounds disagree: lower bound below
     assert calls[:4] == [(0, 0), (2, 0), (4, 0), (8, 0)]
     assert calls[4:8] == [(8, 1), (4, 1), (2, 1), (0, 1)]
+
+
+def test_a_suffix_candidate_can_be_chosen_and_is_returned_as_given():
+    rates = {0: [10, 11, 9], 4: [11, 11, 9], "suffix:8": [20, 22.5, 17.9]}
+    k, why = tuned.choose(_serve(rates, []), [0, 4, "suffix:8"], 3)
+    assert k == "suffix:8", why
 
 
 def test_no_significant_gain_keeps_speculation_off():

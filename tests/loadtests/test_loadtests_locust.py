@@ -60,7 +60,8 @@ def test_open_loop_arrivals_do_not_depend_on_how_fast_the_server_replies(tmp_pat
     offsets = []
     for run, (ttft, itl) in (("fast", (0.002, 0.0005)), ("slow", (0.3, 0.02))):
         with FakeOpenAIServer(ttft=ttft, itl=itl) as server:
-            path = run_load(LoadSpec(workload="chat", duration=2, users=1, arrival="open",
+            # 3 s: Locust's start takes 0.5 s of it here, more on a loaded machine
+            path = run_load(LoadSpec(workload="chat", duration=3, users=1, arrival="open",
                                      rate=15.0, seed=3, length_scale=0.05),
                             url=server.url, workdir=tmp_path / run)
         starts = sorted(r["start"] for r in load_samples(path).records)

@@ -48,6 +48,10 @@ BREAKING = [
     pis(modelCache={"storageClassName": "fast"}),
     pis(engine={"speculative": {"method": "ngram", "numSpeculativeTokens": 4,
                                 "promptLookupMin": 5, "promptLookupMax": 2}}),
+    pis(engine={"speculative": {"method": "suffix", "numSpeculativeTokens": 8,
+                                "promptLookupMax": 4}}),
+    pis(engine={"speculative": {"numSpeculativeTokens": 4,   # method unset: ngram
+                                "suffixDecodingMaxTreeDepth": 32}}),
     pis(kvCache={"disk": {"sizeGiB": 1, "volume": {
         "emptyDir": {}, "persistentVolumeClaim": {"claimName": "kv"}}}}),
     pis(engine={"enablePrefixCaching": False}, kvCache={"offloadGiB": 1}),

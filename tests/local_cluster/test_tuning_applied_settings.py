@@ -24,7 +24,14 @@ def test_auto_applies_a_winner_with_speculation_and_its_pods_get_the_flag(
     status = finished(target, "spec")["status"]
     speculative = {"method": "ngram", "numSpeculativeTokens": 2}
     [trial] = status["history"]
-    assert "infeasible" not in trial and trial["engine"]["speculative"] == speculative
+    assert "infeasible" not in trial, trial
+    # the line is the trial's patch: the suffix method's keys null, so that a merge onto a
+    # target running suffix decoding drops them (the CEL rules refuse them beside ngram)
+    line = trial["engine"]["speculative"]
+    assert {k: v for k, v in line.items() if v is not None} == speculative
+    assert {k for k, v in line.items() if v is None} == {
+        "suffixDecodingMaxTreeDepth", "suffixDecodingMaxCachedRequests",
+        "suffixDecodingMaxSpecFactor", "suffixDecodingMinTokenProb"}
     assert status["applied"] == "Yes", status
     live = target.json("get", "pis", "chat")["spec"]["engine"]
     # the API server stored the CRD's object (no key pruned) as the tuner patched it
