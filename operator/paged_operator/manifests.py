@@ -270,7 +270,7 @@ def model_cache_claim(spec: ServiceSpec) -> dict[str, Any] | None:
 
 def horizontal_pod_autoscaler(spec: ServiceSpec) -> dict[str, Any] | None:
     auto = spec.autoscaling
-    if auto is None:
+    if auto is None or auto.mode != "metrics":   # slo: the planner sets the replicas
         return None
     metric = {"type": "Pods", "pods": {
         "metric": {"name": AUTOSCALING_METRICS[auto.metric]},
@@ -287,7 +287,7 @@ def horizontal_pod_autoscaler(spec: ServiceSpec) -> dict[str, Any] | None:
 
 def scaled_object(spec: ServiceSpec) -> dict[str, Any] | None:
     auto = spec.autoscaling
-    if auto is None:
+    if auto is None or auto.mode != "metrics":
         return None
     metric = AUTOSCALING_METRICS[auto.metric]
     # KEDA divides the sum by the replica count (AverageValue): a per-pod target.

@@ -28,7 +28,7 @@ from typing import Any
 
 import kopf
 
-from . import kv_events, manifests, manifests_access
+from . import kv_events, manifests, manifests_access, manifests_planner
 from .kube import KINDS, ApiError, KubeApi
 from .spec import ServiceSpec, quantity_value
 
@@ -119,6 +119,10 @@ def optional_names(spec: ServiceSpec) -> dict[tuple[str, str], dict[str, Any] | 
              ("Deployment", manifests_access.router_name(spec))],
             manifests_access.router_children(spec) if router else [None] * 5):
         optional[key] = child
+    planner = manifests_planner.planner_name(spec)
+    for kind, child in zip(("ServiceAccount", "Role", "RoleBinding", "Deployment"),
+                           manifests_planner.planner_children(spec) or [None] * 4):
+        optional[(kind, planner)] = child
     return optional
 
 

@@ -8,7 +8,6 @@ with a message naming the field, before any child object is made.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +18,7 @@ from .fields import (DNS_LABEL, DNS_SUBDOMAIN, PERCENT_OR_INT, InvalidSpecError,
                      get_field, positive, quantity, quantity_value)
 from .access import (NetworkPolicy, Router, SecretKeyRef, parse_api_key, parse_network_policy,
                      parse_router)
+from .autoscaling import AUTOSCALING_METRICS, Autoscaling, SloPlanner, parse_autoscaling
 from .kv_cache import KvCache, parse_kv_cache
 from .model_source import ModelSource, parse_model
 
@@ -32,12 +32,6 @@ MAX_NAME_LENGTH = 52
 # (or, for --api-key/--api-key-file, put a key in argv: use spec.apiKeySecretRef).
 # From the settings table (engine/settings.py), as is the CRD's extraArgs rule.
 MANAGED_FLAGS = settings_k8s.managed_flags()
-PROMETHEUS_URL = re.compile(r"^https?://[^\s/?#@]+(/[^\s]*)?$")
-AUTOSCALING_METRICS = {
-    # spec value -> engine metric name (vLLM's), read per pod through the metrics pipeline
-    "queueDepth": "vllm:num_requests_waiting",
-    "kvCacheUsage": "vllm:kv_cache_usage_perc",
-}
 
 
 def _applied(self) -> dict[str, Any]:
@@ -62,15 +56,6 @@ EngineSettings = dataclasses.make_dataclass(
     + [("extra_args", tuple[str, ...], dataclasses.field(default=()))],
     namespace={"applied": _applied, "flags": _flags, "__module__": __name__}, frozen=True,
     kw_only=True)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Autoscaling:
-    min_replicas: int
-    max_replicas: int
-    metric: str            # a key of AUTOSCALING_METRICS
-    target: str            # per-pod average, as a Kubernetes quantity string
-    prometheus_server_address: str
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -140,36 +125,6 @@ def parse_engine(engine: Mapping[str, Any]) -> EngineSettings:
                                    f"({managed}): the operator sets it from spec.engine, "
                                    "spec.model, spec.kvCache, spec.router or spec.apiKeySecretRef")
     return EngineSettings(**values, extra_args=tuple(extra))
-
-
-def parse_autoscaling(auto: Mapping[str, Any] | None) -> Autoscaling | None:
-    if not auto:
-        return None
-    lo = positive(get_field(auto, "minReplicas", "autoscaling.", int, 1), "autoscaling.minReplicas")
-    hi = get_field(auto, "maxReplicas", "autoscaling.", int)
-    if hi is None:
-        raise InvalidSpecError("spec.autoscaling.maxReplicas is required when autoscaling is set")
-    if hi < lo:
-        raise InvalidSpecError(f"spec.autoscaling.maxReplicas ({hi}) must be >= "
-                               f"spec.autoscaling.minReplicas ({lo})")
-    metric = get_field(auto, "metric", "autoscaling.", str, "queueDepth")
-    if metric not in AUTOSCALING_METRICS:
-        raise InvalidSpecError(f"spec.autoscaling.metric must be one of "
-                               f"{sorted(AUTOSCALING_METRICS)}, got {metric!r}")
-    default_target = "5" if metric == "queueDepth" else "0.8"
-    target = quantity(auto.get("target", default_target), "autoscaling.target")
-    assert target is not None
-    if metric == "kvCacheUsage" and not 0 < (quantity_value(target) or 0) <= 1:
-        raise InvalidSpecError(f"spec.autoscaling.target for kvCacheUsage is a fraction in "
-                               f"(0, 1], got {target}")
-    address = get_field(auto, "prometheusServerAddress", "autoscaling.", str,
-                   "http://prometheus-operated.monitoring.svc:9090")
-    if not PROMETHEUS_URL.match(address):
-        # KEDA's operator will call this URL from its own place in the network.
-        raise InvalidSpecError(f"spec.autoscaling.prometheusServerAddress must be an http:// "
-                               f"or https:// URL without credentials, got {address!r}")
-    return Autoscaling(min_replicas=lo, max_replicas=hi, metric=metric, target=target,
-                       prometheus_server_address=address)
 
 
 def parse_rollout(rollout: Mapping[str, Any]) -> Rollout:

@@ -23,6 +23,8 @@ VALID = [
                            "--model-impl", "x", "--hostname-alias", "--portable"]},
     {"autoscaling": {"maxReplicas": 1}},                  # minReplicas defaults to 1
     {"autoscaling": {"minReplicas": 3, "maxReplicas": 3}},
+    {"autoscaling": {"mode": "slo", "minReplicas": 0, "maxReplicas": 2,
+                     "slo": {"ttftSeconds": 1}}},
     {"modelCache": {"claimName": "weights"}},
     {"modelCache": {"size": "10Gi"}},
     {"model__uri": "pvc://models/llama...3/v..2"},         # dots inside names are fine
@@ -62,6 +64,11 @@ INVALID = [
     ({"engine__extraArgs": ["--kv-events-config={}"]}, "spec.engine.extraArgs"),
     ({"autoscaling": {"minReplicas": 3, "maxReplicas": 2}}, "spec.autoscaling"),
     ({"autoscaling": {"minReplicas": 2, "maxReplicas": 1}}, "spec.autoscaling"),
+    ({"autoscaling": {"minReplicas": 0, "maxReplicas": 1}}, "spec.autoscaling"),
+    ({"autoscaling": {"mode": "metrics", "minReplicas": 0, "maxReplicas": 1}},
+     "spec.autoscaling"),
+    ({"autoscaling": {"mode": "slo", "maxReplicas": 1}}, "spec.autoscaling"),
+    ({"autoscaling": {"mode": "slo", "maxReplicas": 1, "slo": {}}}, "spec.autoscaling"),
     ({"modelCache": {"claimName": "c", "size": "1Gi"}}, "spec.modelCache"),
     ({"modelCache": {"storageClassName": "fast"}}, "spec.modelCache"),
     ({"model__uri": "pvc://models/../etc"}, "spec.model.uri"),

@@ -6,6 +6,8 @@ import copy
 import kubernetes_validate
 import pytest
 from chart_tools import CHART, crd, helm, render, validate_k8s
+from paged_operator.manifests_planner import planner_role
+from paged_operator.spec import parse_spec
 
 
 def by_kind(docs):
@@ -107,6 +109,13 @@ def test_rbac_is_minimal_and_has_no_wildcards():
                                                                "delete"}
     assert granted[("networking.k8s.io", "networkpolicies")] == {"get", "create", "patch",
                                                                  "delete"}
+    # the SLO planner's Role (spec.autoscaling.mode slo): the operator creates it, so holds it
+    planner = planner_role(parse_spec({"model": {"uri": "hf://m"}, "autoscaling": {
+        "mode": "slo", "maxReplicas": 4, "slo": {"ttftSeconds": 1}}}, name="s", namespace="n"))
+    for rule in planner["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                assert set(rule["verbs"]) <= granted.get((group, resource), set()), rule
     assert not any(r == "secrets" for _, r in granted)  # mounted by the kubelet, never read
     assert not any(r in ("clusterroles", "clusterrolebindings") for _, r in granted)
 

@@ -45,6 +45,8 @@ BREAKING = [
     pis(engine={"maxNumSeqs": 64, "maxNumBatchedTokens": 32}),
     pis(engine={"extraArgs": ["--block-size=8"]}),
     pis(autoscaling={"minReplicas": 3, "maxReplicas": 2}),
+    pis(autoscaling={"minReplicas": 0, "maxReplicas": 2}),              # mode metrics
+    pis(autoscaling={"mode": "slo", "maxReplicas": 2}),                 # no slo
     pis(modelCache={"storageClassName": "fast"}),
     pis(engine={"speculative": {"method": "ngram", "numSpeculativeTokens": 4,
                                 "promptLookupMin": 5, "promptLookupMax": 2}}),

@@ -9,7 +9,7 @@ import pytest
 from paged_operator.access import NetworkPolicy, Router, SecretKeyRef
 from paged_operator.model_source import ModelSource
 from paged_operator.spec import (Autoscaling, EngineSettings, InvalidSpecError, ModelCache,
-                                 Rollout, ServiceSpec, parse_spec)
+                                 Rollout, ServiceSpec, SloPlanner, parse_spec)
 
 FULL = {
     "model": {"uri": "pvc://models/qwen/7b", "servedName": "chat"},
@@ -96,12 +96,26 @@ def test_applied_settings_leave_out_unset_ones_and_keep_extra_args():
     {"resources": {"gpus": 0}},                               # a CPU engine
     {"autoscaling": {"minReplicas": 3, "maxReplicas": 3}},    # a fixed size under autoscaling
     {"autoscaling": {"maxReplicas": 2, "metric": "kvCacheUsage", "target": 1}},
+    {"autoscaling": {"mode": "slo", "minReplicas": 0, "maxReplicas": 1,   # scale to zero
+                     "slo": {"e2eSeconds": 0.5}, "targetAttainment": 1,
+                     "intervalSeconds": 5, "scaleDownStabilizationSeconds": 0,
+                     "idleWindowSeconds": 0}},
     {"rollout": {"strategy": "Recreate", "maxSurge": 0, "maxUnavailable": 0}},
     {"rollout": {"startupTimeoutSeconds": 10}},
     {"modelCache": {"claimName": "shared-cache"}},
 ], ids=lambda f: str(f))
 def test_boundary_values_are_accepted(fields):
     parse(**fields)
+
+
+def test_mode_slo_parses_the_planners_settings_with_their_defaults():
+    auto = parse(autoscaling={"mode": "slo", "minReplicas": 0, "maxReplicas": 4,
+                              "slo": {"ttftSeconds": 2, "itlSeconds": 0.05}}).autoscaling
+    assert (auto.mode, auto.min_replicas, auto.max_replicas) == ("slo", 0, 4)
+    assert auto.planner == SloPlanner(slos={"ttft": 2.0, "itl": 0.05})
+    assert (auto.planner.interval_seconds, auto.planner.idle_window_seconds,
+            auto.planner.scale_down_stabilization_seconds) == (30, 600, 300)
+    assert parse(autoscaling={"maxReplicas": 2}).autoscaling.planner is None
 
 
 def test_the_longest_accepted_name_is_52_characters():
@@ -189,6 +203,30 @@ INVALID = [
      "spec.autoscaling.target for kvCacheUsage is a fraction in (0, 1], got 1.5"),
     ({"autoscaling": {"maxReplicas": 2, "metric": "kvCacheUsage", "target": 0}},
      "spec.autoscaling.target for kvCacheUsage is a fraction in (0, 1], got 0"),
+    ({"autoscaling": {"maxReplicas": 2, "mode": "hpa"}},
+     "spec.autoscaling.mode must be one of ['metrics', 'slo'], got 'hpa'"),
+    ({"autoscaling": {"maxReplicas": 2, "mode": "slo"}},
+     "spec.autoscaling.mode slo needs spec.autoscaling.slo with at least one of ttftSeconds, "
+     "itlSeconds, e2eSeconds"),
+    ({"autoscaling": {"maxReplicas": 2, "mode": "slo", "minReplicas": -1,
+                      "slo": {"ttftSeconds": 1}}},
+     "spec.autoscaling.minReplicas must be >= 0, got -1"),
+    ({"autoscaling": {"maxReplicas": 0, "mode": "slo", "minReplicas": 0,
+                      "slo": {"ttftSeconds": 1}}},
+     "spec.autoscaling.maxReplicas must be >= 1, got 0"),
+    ({"autoscaling": {"maxReplicas": 2, "mode": "slo", "slo": {"itlSeconds": 0}}},
+     "spec.autoscaling.slo.itlSeconds must be > 0, got 0"),
+    ({"autoscaling": {"maxReplicas": 2, "mode": "slo", "slo": {"itlSeconds": "fast"}}},
+     "spec.autoscaling.slo.itlSeconds must be an integer or a number, got 'fast'"),
+    ({"autoscaling": {"maxReplicas": 2, "mode": "slo", "slo": {"itlSeconds": 0.1},
+                      "targetAttainment": 1.2}},
+     "spec.autoscaling.targetAttainment must be in (0, 1], got 1.2"),
+    ({"autoscaling": {"maxReplicas": 2, "mode": "slo", "slo": {"itlSeconds": 0.1},
+                      "intervalSeconds": 1}},
+     "spec.autoscaling.intervalSeconds must be >= 5, got 1"),
+    ({"autoscaling": {"maxReplicas": 2, "mode": "slo", "slo": {"itlSeconds": 0.1},
+                      "forecast": "prophet"}},
+     "spec.autoscaling.forecast must be one of ['none'], got 'prophet'"),
     ({"autoscaling": {"maxReplicas": 2, "prometheusServerAddress": 9090}},
      "spec.autoscaling.prometheusServerAddress must be a string, got 9090"),
     ({"autoscaling": {"maxReplicas": 2, "prometheusServerAddress": "http://user:pw@prom:9090"}},

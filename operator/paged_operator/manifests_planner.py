@@ -1,0 +1,90 @@
+"""The SLO planner's children (spec.autoscaling.mode: slo): its Deployment and identity.
+
+The planner runs as a Deployment the operator owns, not inside the operator: it imports
+the simulator (the engine's own scheduler and the step-time profile), which the engine
+image holds and the operator's image does not, a simulated capacity search takes seconds
+of CPU that would stall every other resource's handlers, and a planner that fails takes
+only its own service's scaling down with it. One replica per service (a second would
+race the first on the scale subresource); its Role allows exactly the calls of
+tuner/planner/run.py.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from .contract import GROUP, MANAGED_BY, SERVICE_PLURAL
+from .manifests import CONTAINER_SECURITY, POD_SECURITY
+from .spec import ServiceSpec
+
+
+def planner_name(spec: ServiceSpec) -> str:
+    return f"{spec.name}-planner"
+
+
+def planner_labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "paged-inference-planner",
+            "app.kubernetes.io/instance": name, "app.kubernetes.io/component": "planner",
+            "app.kubernetes.io/managed-by": MANAGED_BY}
+
+
+def _meta(spec: ServiceSpec) -> dict[str, Any]:
+    return {"name": planner_name(spec), "namespace": spec.namespace,
+            "labels": planner_labels(spec.name)}
+
+
+def planner_role(spec: ServiceSpec) -> dict[str, Any]:
+    group = GROUP
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(spec),
+            "rules": [
+                {"apiGroups": [group], "resources": [SERVICE_PLURAL],
+                 "resourceNames": [spec.name], "verbs": ["get"]},
+                {"apiGroups": [group], "resources": [f"{SERVICE_PLURAL}/status"],
+                 "resourceNames": [spec.name], "verbs": ["get", "patch"]},
+                {"apiGroups": ["apps"], "resources": ["deployments/scale"],
+                 "resourceNames": [spec.name], "verbs": ["get", "patch", "update"]},
+                {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]}
+
+
+def planner_children(spec: ServiceSpec) -> list[dict[str, Any]]:
+    """ServiceAccount, Role, RoleBinding, Deployment; [] unless autoscaling.mode is slo."""
+    auto = spec.autoscaling
+    if auto is None or auto.mode != "slo":
+        return []
+    name = planner_name(spec)
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(spec),
+               "automountServiceAccountToken": True}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": _meta(spec),
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                           "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": name,
+                             "namespace": spec.namespace}]}
+    container = {
+        "name": "planner", "image": spec.image, "imagePullPolicy": spec.image_pull_policy,
+        "command": ["python", "-m", "tuner", "plan", "--name", spec.name],
+        "env": [{"name": "POD_NAMESPACE",
+                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                {"name": "HOME", "value": "/tmp"}],
+        # the simulator's capacity search: one core's worth, its tokenizer and traces
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"},
+                      "limits": {"memory": "2Gi"}},
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": name, "automountServiceAccountToken": True,
+        "securityContext": copy.deepcopy(POD_SECURITY),
+        "containers": [container], "volumes": [{"name": "tmp", "emptyDir": {}}],
+    }
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    selector = {k: v for k, v in planner_labels(spec.name).items()
+                if k in ("app.kubernetes.io/name", "app.kubernetes.io/instance")}
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(spec),
+                  "spec": {"replicas": 1, "strategy": {"type": "Recreate"},
+                           "selector": {"matchLabels": selector},
+                           "template": {"metadata": {"labels": planner_labels(spec.name)},
+                                        "spec": pod_spec}}}
+    return [account, planner_role(spec), binding, deployment]
