@@ -1,5 +1,6 @@
-"""`python -m tuner sweep|report|trace` (see tuner/README.md); `tune` and
-`load-worker` are the in-cluster tuning's Job and load-worker pods."""
+"""`python -m tuner sweep|report|trace|profile|simulate` (see tuner/README.md); `tune`
+and `load-worker` are the in-cluster tuning's Job and load-worker pods, `plan` a
+service's SLO planner pod."""
 from __future__ import annotations
 
 import argparse
@@ -22,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["load-worker"]:  # a load-worker pod of a tuning (tuner/measure/load_worker.py)
         from tuner.measure import load_worker
         return load_worker.main(argv[1:])
+    if argv[:1] == ["plan"]:  # a service's SLO planner pod (spec.autoscaling.mode slo)
+        from tuner.planner import run as planner
+        return planner.main(argv[1:])
     from tuner.sim.cli import add_parsers as add_sim_parsers
 
     parser = build_parser(more=(add_sim_parsers,))

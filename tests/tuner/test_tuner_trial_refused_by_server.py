@@ -5,17 +5,12 @@ kubectl's message does not depend on it. The real server (localcluster/api) in t
 process, over HTTP, with the chart's CRDs; the real kubernetes client and tuner Cluster."""
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 
 import pytest
-from kubernetes import client
-
-from localcluster.commands import apply_crds
+from local_api import api_url, kube_client
 from tuner.incluster.cluster import Cluster
 from tuner.incluster.service_runner import ServiceRunner
 from tuner.measure.loadgen import LoadSpec
@@ -23,34 +18,7 @@ from tuner.measure.runner import Infeasible, TrialRequest
 
 SERVICES = "/apis/serving.pagedinference.dev/v1alpha1/namespaces/default/pagedinferenceservices"
 RULE = "kvCache needs engine.enablePrefixCaching"
-
-
-@pytest.fixture(scope="module")
-def api_url() -> Iterator[str]:
-    """The local API server on a free port, in a thread of its own, the CRDs applied."""
-    import kmock
-
-    from localcluster.api import ApiServer
-
-    started, url = threading.Event(), []
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-
-    async def serve() -> None:
-        async with ApiServer() as api, kmock.Server(api) as server:
-            url.append(str(server.url).rstrip("/"))
-            started.set()
-            await stop.wait()
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
-    thread.start()
-    assert started.wait(30), "the API server did not start"
-    try:
-        apply_crds(url[0])
-        yield url[0]
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(30)
+__all__ = ["api_url"]   # the module's API server (a fixture)
 
 
 def create(api_url: str, spec: dict) -> tuple[int, dict]:
@@ -81,9 +49,7 @@ def test_a_resource_the_crd_refuses_is_answered_422_invalid(api_url, spec, words
 
 
 def test_a_trial_the_crd_refuses_ends_infeasible(api_url, tmp_path):
-    configuration = client.Configuration()
-    configuration.host = api_url
-    cluster = Cluster(client.ApiClient(configuration), "default", "tune")
+    cluster = Cluster(kube_client(api_url), "default", "tune")
     target = {"metadata": {"name": "svc"},
               "spec": {"model": {"uri": "builtin://default"},
                        "engine": {"enablePrefixCaching": False}}}

@@ -1,0 +1,125 @@
+"""`python -m tuner plan` (tuner/planner/run.py): one interval of a service's SLO planner
+against the local API server (real kubernetes client, the chart's CRDs) and a real
+Prometheus scraping a served load. The predictor stands in for the simulator (whose
+capacity per mix tests/tuner/test_sim_cli.py pins): the loop is what is tested here,
+from the PagedInferenceService's spec to the Deployment's scale subresource, status.planner
+and the Event."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fake_openai_server import FakeOpenAIServer
+from local_api import api_url, kube_client
+from localcluster.prometheus import start_prometheus
+from paged_operator.spec import InvalidSpecError
+from tuner.measure.loadgen import LoadSpec, run_load
+from tuner.measure.promql import PrometheusReader, write_target
+from tuner.planner.core import Prediction
+from tuner.planner.run import Loop, ServiceScale, selector
+
+__all__ = ["api_url"]   # the module's API server (a fixture)
+GROUP, VERSION = "serving.pagedinference.dev", "v1alpha1"
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("prometheus")
+    proc = start_prometheus(workdir, scrape_interval="1s")
+    yield proc, workdir / "targets"
+    proc.stop()
+
+
+def make_service(api, name: str, autoscaling: dict, replicas: int) -> None:
+    from kubernetes import client
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, "default", "pagedinferenceservices",
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PagedInferenceService",
+         "metadata": {"name": name},
+         "spec": {"model": {"uri": "builtin://default"}, "autoscaling": autoscaling}})
+    labels = {"app": name}
+    client.AppsV1Api(api).create_namespaced_deployment("default", {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels},
+                              "spec": {"containers": [{"name": "e", "image": "engine"}]}}}})
+
+
+def events_of(api, name: str) -> list:
+    from kubernetes import client
+    found = client.CoreV1Api(api).list_namespaced_event("default").items
+    return [e for e in found if e.involved_object.name == name]
+
+
+def test_a_served_load_scales_the_deployment_and_the_decision_is_recorded(
+        api_url, prometheus, tmp_path):
+    api, (prom, targets) = kube_client(api_url), prometheus
+    make_service(api, "chat", {"mode": "slo", "maxReplicas": 8, "minReplicas": 1,
+                               "slo": {"ttftSeconds": 1.0}, "intervalSeconds": 5,
+                               "prometheusServerAddress": prom.url,
+                               "selector": 'job="planner-run"'}, replicas=1)
+    reader = PrometheusReader(prom.url, timeout=30)
+    with FakeOpenAIServer(ttft=0.02, itl=0.01) as server:
+        write_target(targets, "planner-run", server.url, {"job": "planner-run"})
+        reader.wait_for_scrape('{job="planner-run"}', after=time.time())
+        run_load(LoadSpec(workload="chat", duration=4, users=3, length_scale=0.1),
+                 url=server.url, workdir=tmp_path)
+        end = reader.wait_for_scrape('{job="planner-run"}', after=time.time())
+        served = len(server.requests)
+    seen = []
+
+    def predictor_for(spec):
+        assert selector(spec) == 'job="planner-run"'
+
+        def predict(fitted, per_replica_rate):   # one replica serves a quarter of the load
+            seen.append(per_replica_rate)
+            return Prediction(capacity=seen[0] / 4)
+        return predict
+
+    scale = ServiceScale(api, "default", "chat")
+    loop = Loop(scale, predictor_for=predictor_for, clock=lambda: end)
+    decision = loop.tick()
+    assert served > 0 and seen and decision.replicas == 4, decision
+    assert loop.interval == 5 and loop.step is not None and loop.step.window == 10
+    assert scale.replicas() == 4   # through the scale subresource
+    status = scale.service()["status"]["planner"]
+    assert status["replicas"] == 4 and status["previousReplicas"] == 1 and not status["held"]
+    assert status["observed"]["rate"] == pytest.approx(decision.rate)
+    assert "req/s per replica" in status["reason"]
+    [event] = events_of(api, "chat")
+    assert (event.reason, event.type) == ("PlannerScaled", "Normal")
+    assert event.message.startswith("replicas 1 -> 4: ")
+    # the same spec keeps the planner (its smoothing and stabilisation); a new one restarts it
+    step = loop.step
+    assert loop.tick().replicas == 4 and loop.step is step and seen[1] == pytest.approx(seen[0] / 4)
+    from kubernetes import client
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        GROUP, VERSION, "default", "pagedinferenceservices", "chat",
+        {"spec": {"autoscaling": {"maxReplicas": 3}}})
+    decision = loop.tick()
+    assert loop.step is not step and decision.replicas == 3 == scale.replicas()
+    assert "bounded to [1, 3]" in decision.reason
+
+
+def test_without_prometheus_the_replicas_stay_and_the_status_says_why(api_url):
+    api = kube_client(api_url)
+    make_service(api, "dark", {"mode": "slo", "maxReplicas": 4, "minReplicas": 0,
+                               "slo": {"itlSeconds": 0.1},
+                               "prometheusServerAddress": "http://127.0.0.1:9"}, replicas=2)
+    scale = ServiceScale(api, "default", "dark")
+    decision = Loop(scale, predictor_for=lambda spec: None, clock=time.time).tick()
+    assert decision.replicas == 2 and scale.replicas() == 2
+    planner = scale.service()["status"]["planner"]
+    assert planner["held"] and planner["reason"].startswith("unchanged: Prometheus at")
+    [event] = events_of(api, "dark")
+    assert (event.reason, event.type) == ("PlannerHeld", "Warning")
+
+
+def test_a_service_not_in_mode_slo_is_not_planned(api_url):
+    api = kube_client(api_url)
+    make_service(api, "hpa", {"maxReplicas": 4}, replicas=3)
+    scale = ServiceScale(api, "default", "hpa")
+    with pytest.raises(InvalidSpecError, match="spec.autoscaling.mode is not slo"):
+        Loop(scale, predictor_for=lambda spec: None, clock=time.time).tick()
+    assert scale.replicas() == 3 and events_of(api, "hpa") == []

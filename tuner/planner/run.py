@@ -1,0 +1,174 @@
+"""`python -m tuner plan --name SVC`: the SLO planner of one PagedInferenceService.
+
+The operator runs it as the Deployment `<SVC>-planner` when spec.autoscaling.mode is slo
+(operator/paged_operator/manifests_planner.py, whose Role allows exactly the calls of
+`ServiceScale`). Every spec.autoscaling.intervalSeconds it reads the service, observes the
+last interval in Prometheus (spec.autoscaling.prometheusServerAddress, the service's pods
+by spec.autoscaling.selector), decides (tuner/planner/core.py), sets the engine
+Deployment's replicas through the scale subresource when they change, and writes the
+decision to status.planner and an Event. A changed spec.autoscaling or spec.engine starts
+a new planner (the old smoothing and stabilisation belonged to other settings).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from paged_operator.contract import GROUP, SERVICE_KIND, SERVICE_PLURAL, VERSION
+from paged_operator.spec import InvalidSpecError, ServiceSpec, parse_spec
+from tuner.measure.promql import PrometheusReader
+from tuner.planner.core import Decision, Observation, Planner, PlannerSpec
+from tuner.planner.observe import Step
+
+MERGE = "application/merge-patch+json"
+WINDOW_FACTOR = 2   # the observation window, in intervals: a 15-s scrape needs > 1 point
+
+
+def planner_spec(spec: ServiceSpec) -> PlannerSpec:
+    auto = spec.autoscaling
+    assert auto is not None and auto.planner is not None
+    p = auto.planner
+    return PlannerSpec(min_replicas=auto.min_replicas, max_replicas=auto.max_replicas,
+                       target_attainment=p.target_attainment, interval=p.interval_seconds,
+                       scale_down_stabilization=p.scale_down_stabilization_seconds,
+                       idle_window=p.idle_window_seconds, forecast=p.forecast)
+
+
+def selector(spec: ServiceSpec) -> str:
+    """The service's engine pods (pod names: <name>-<replicaset hash>-<pod hash>)."""
+    auto = spec.autoscaling
+    assert auto is not None and auto.planner is not None
+    return auto.planner.selector or f'namespace="{spec.namespace}",pod=~"{spec.name}-[^-]+-[^-]+"'
+
+
+def sim_predictor(spec: ServiceSpec):
+    """One replica's capacity from the simulator: the profile of the service's model (cached
+    or calibrated in this pod), the service's engine settings and SLOs."""
+    from engine import settings_k8s
+    from paged_operator.manifests import model_arg
+    from tuner.planner.predict import SimPredictor
+    from tuner.sim.context import SimContext, engine_threads, load_profile
+
+    auto = spec.autoscaling
+    assert auto is not None and auto.planner is not None
+    settings = settings_k8s.from_spec(spec.engine.applied())
+    profile = load_profile(model_arg(spec), engine_threads(settings))
+    ctx = SimContext(profile=profile, slos=dict(auto.planner.slos), model=profile.identity.model,
+                     attainment=auto.planner.target_attainment)
+    return SimPredictor(ctx, settings)
+
+
+class ServiceScale:
+    """The planner's calls on the cluster, through the official client."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, name: str) -> None:
+        self.ns, self.name = namespace, name
+        self.custom, self.apps = client.CustomObjectsApi(api), client.AppsV1Api(api)
+        self.core = client.CoreV1Api(api)
+
+    def service(self) -> dict:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns,
+                                                        SERVICE_PLURAL, self.name)
+
+    def replicas(self) -> int:
+        scale = self.apps.read_namespaced_deployment_scale(self.name, self.ns)
+        return int(scale.spec.replicas or 0)
+
+    def scale(self, replicas: int) -> None:
+        self.apps.patch_namespaced_deployment_scale(self.name, self.ns,
+                                                    {"spec": {"replicas": replicas}})
+
+    def record(self, obj: dict, decision: Decision, obs: Observation | None,
+               previous: int) -> None:
+        held = decision.reason.startswith("unchanged: ")
+        planner = {k: v for k, v in asdict(decision).items() if v is not None}
+        planner.update(time=_now(), previousReplicas=previous, held=held)
+        if obs is not None:
+            planner["observed"] = {k: v for k, v in asdict(obs).items()
+                                   if v is not None and k != "at"}
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, self.ns, SERVICE_PLURAL, self.name, {"status": {"planner": planner}},
+            _content_type=MERGE)
+        reason = "PlannerHeld" if held else (
+            "PlannerScaled" if decision.replicas != previous else "PlannerKept")
+        meta = obj["metadata"]
+        self.core.create_namespaced_event(self.ns, {
+            "metadata": {"generateName": f"{self.name}.", "namespace": self.ns},
+            "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": SERVICE_KIND,
+                               "name": self.name, "namespace": self.ns, "uid": meta.get("uid")},
+            "reason": reason, "type": "Warning" if held else "Normal",
+            "message": f"replicas {previous} -> {decision.replicas}: {decision.reason}"[:1024],
+            "source": {"component": "paged-inference-planner"},
+            "firstTimestamp": _now(), "lastTimestamp": _now(), "count": 1})
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Loop:
+    """One service's planner: `tick()` is one interval's decision."""
+
+    def __init__(self, cluster: ServiceScale, *, predictor_for: Callable = sim_predictor,
+                 clock: Callable[[], float]) -> None:
+        self.cluster, self.predictor_for, self.clock = cluster, predictor_for, clock
+        self.step: Step | None = None
+        self.key: str | None = None
+        self.interval = 30.0
+
+    def _step_for(self, obj: dict) -> Step:
+        spec = parse_spec(obj.get("spec") or {}, name=self.cluster.name, namespace=self.cluster.ns)
+        if spec.autoscaling is None or spec.autoscaling.mode != "slo":
+            raise InvalidSpecError("spec.autoscaling.mode is not slo: nothing to plan")
+        key = json.dumps([obj["spec"].get("autoscaling"), obj["spec"].get("engine")],
+                         sort_keys=True)
+        if self.step is None or key != self.key:
+            pspec = planner_spec(spec)
+            reader = PrometheusReader(spec.autoscaling.prometheus_server_address, timeout=30)
+            self.step = Step(Planner(pspec), reader, selector(spec), self.predictor_for(spec),
+                             window=WINDOW_FACTOR * pspec.interval)
+            self.key, self.interval = key, pspec.interval
+        return self.step
+
+    def tick(self) -> Decision:
+        obj = self.cluster.service()
+        step = self._step_for(obj)
+        previous = self.cluster.replicas()
+        decision, obs = step(at=self.clock(), replicas=previous)
+        if decision.replicas != previous:
+            self.cluster.scale(decision.replicas)
+        self.cluster.record(obj, decision, obs, previous)
+        return decision
+
+
+def main(argv: list[str] | None = None) -> int:
+    import time
+
+    from tuner.incluster.cluster import current_namespace, load_client
+
+    parser = argparse.ArgumentParser(prog="python -m tuner plan",
+                                     description="The SLO planner of one PagedInferenceService.")
+    parser.add_argument("--name", required=True, help="the PagedInferenceService")
+    parser.add_argument("--namespace", default=None, help="default: this pod's")
+    parser.add_argument("--once", action="store_true", help="one decision, then exit")
+    args = parser.parse_args(argv)
+    cluster = ServiceScale(load_client(), args.namespace or current_namespace(), args.name)
+    loop, stop = Loop(cluster, clock=time.time), threading.Event()
+    while True:
+        try:
+            decision = loop.tick()
+            print(f"{args.name}: {decision.replicas} replica(s): {decision.reason}", flush=True)
+        except (ApiException, InvalidSpecError, ValueError, OSError) as exc:
+            # the next interval tries again: a planner that exits takes the scaling with it
+            print(f"{args.name}: no decision: {exc}", file=sys.stderr, flush=True)
+        if args.once or stop.wait(loop.interval):
+            return 0
