@@ -17,10 +17,14 @@ LAW = {"intercept": 0.003, "prefill_tokens": 1e-5, "decode_seqs": 5e-4}
 
 
 @contextlib.contextmanager
-def feeding_metrics():
+def feeding_metrics(num_gpu_blocks: int | None = None):
     """Yields the endpoint's base URL; steps are observed every 10 ms meanwhile, their mix
-    drifting (as a service's does, so that windows differ)."""
+    drifting (as a service's does, so that windows differ). With `num_gpu_blocks` it also
+    exports vllm:cache_config_info, as the engine does."""
     metrics, stop = ServerMetrics(model_name="m", max_model_len=2048), threading.Event()
+    if num_gpu_blocks is not None:
+        metrics.set_cache_config(block_size=16, num_gpu_blocks=num_gpu_blocks,
+                                 enable_prefix_caching=True, gpu_memory_utilization=0.9)
 
     def serve():
         rng, tick = random.Random(0), 0

@@ -91,6 +91,42 @@ def test_a_live_profile_is_fitted_from_prometheus(prometheus):
         prometheus_series(reader, '{job="none"}', start=first, end=last, interval=1.0)
 
 
+def test_the_planners_live_steps_accumulate_and_refit_the_profile(prometheus):
+    """tuner/planner/predict.LiveSteps: readings since the last one join a rolling series
+    (older than `history` dropped); once it holds enough busy windows the profile's fit
+    is the service's law, its memory kept; the KV pool is the engine's own."""
+    from step_feeder import assert_recovers_the_law, feeding_metrics
+    from tuner.planner.predict import LiveSteps
+    from tuner.sim.profile import Fit, Identity, Memory, Profile
+
+    base = Profile(Identity("m", "f", "cpu", "2", 1),
+                   Fit("intercept", {"intercept": 1.0}, 0.5), Memory(0, 1, 2, 3, 4, 512, 100), 9)
+    proc, targets = prometheus
+    reader, sel = PrometheusReader(proc.url, timeout=30), 'job="live-steps"'
+    live = LiveSteps(reader, sel, every=1.0, history=13.0)
+    with feeding_metrics(num_gpu_blocks=321) as url:
+        write_target(targets, "live-steps", url, {"job": "live-steps"})
+        try:
+            first = reader.wait_for_scrape("{" + sel + "}", after=0)
+            early, blocks = live.update(first + 1.5, base)
+            assert early is None and blocks == 321   # two readings: too few windows
+            assert "busy window(s)" in live.why and len(live.readings) == 2
+            last = first
+            while last - first < 15:
+                last = reader.wait_for_scrape("{" + sel + "}", after=time.time() - 0.5)
+        finally:
+            write_target(targets, "live-steps", None)
+    profile, blocks = live.update(last, base)
+    assert blocks == 321 and profile is not None, live.why
+    assert profile.memory == base.memory
+    assert profile.fit.form != "intercept" and profile.num_steps > 300
+    assert_recovers_the_law(profile.fit.coefficients)
+    assert all(last - 13.0 <= r.t <= last for r in live.readings)   # the first ones dropped
+    assert min(r.t for r in live.readings) > first + 1.5
+    assert len({r.t for r in live.readings}) == len(live.readings)   # none read twice
+    assert live.update(last, base) == (None, 321)   # nothing new: no refit
+
+
 def test_the_planner_observes_the_service_through_prometheus(prometheus, tmp_path):
     """tuner/planner/observe.py: the window's rate, mix and latency as Prometheus scraped
     them from a served load; a planning step from them; no Prometheus: replicas held."""

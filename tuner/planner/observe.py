@@ -48,6 +48,9 @@ class Step:
             obs = observe(self.reader, self.selector, window=self.window, at=at,
                           replicas=replicas)
             if obs.rate > 0:
+                refresh = getattr(self.predictor, "refresh", None)
+                if refresh is not None:   # a predictor that follows the service's steps
+                    refresh(at)
                 fitted = fit_from_prometheus(self.reader, selector=self.selector,
                                              window=f"{self.window:g}s", at=at)
                 self.last = self.predictor(fitted, obs.rate / max(1, replicas))

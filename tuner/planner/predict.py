@@ -7,13 +7,23 @@ settings: its capacity by bisection on rate, and the median inter-token latency 
 rate each replica receives now (what the planner's correction compares with the observed
 one). A mix is simulated once: predictions are remembered by the mix's bucket shares,
 rounded to MIX_RESOLUTION.
+
+With `live` (a LiveSteps), the profile is the service's own: before each prediction the
+step counters the engines export (paged:engine_step_*, as Prometheus scraped them) since
+the last reading are added to a rolling series, and the step-time fit is refitted from it
+once it holds enough busy windows; the KV pool is the engines' own size
+(vllm:cache_config_info's num_gpu_blocks, the smallest of the pods). Either change drops
+the remembered capacities.
 """
 from __future__ import annotations
 
 import dataclasses
 
+from tuner.measure.promql import PrometheusError
 from tuner.planner.core import Prediction
 from tuner.sim.context import SimContext
+from tuner.sim.live_profile import Totals, live_profile, prometheus_series
+from tuner.sim.profile import Profile
 from tuner.sources.histogram import FittedWorkload
 
 MIX_RESOLUTION = 0.05      # bucket shares rounded to 5 %: a mix that moves less is the same
@@ -26,12 +36,66 @@ def mix_key(fitted: FittedWorkload) -> tuple:
     return shares(fitted.prompt), shares(fitted.output)
 
 
+class LiveSteps:
+    """The service's step counters read back from Prometheus every `every` s, the last
+    `history` s of them kept."""
+
+    def __init__(self, reader, selector: str, *, every: float = 15.0,
+                 history: float = 1800.0) -> None:
+        self.reader, self.sel = reader, "{" + selector + "}"
+        self.every, self.history = every, history
+        self.readings: list[Totals] = []
+        self.why = "no step series read yet"
+
+    def update(self, at: float, base: Profile) -> tuple[Profile | None, int | None]:
+        """(base refitted from the series when it grew and holds enough busy windows,
+        else None; the engines' KV blocks, else None)."""
+        start = self.readings[-1].t + self.every if self.readings else at - self.history
+        new: list[Totals] = []
+        if start <= at:
+            try:
+                new = prometheus_series(self.reader, self.sel, start=start, end=at,
+                                        interval=self.every)
+            except (ValueError, PrometheusError) as exc:
+                self.why = str(exc)
+        self.readings = [r for r in self.readings + new if r.t >= at - self.history]
+        profile = None
+        if new:
+            try:
+                profile = live_profile(base, self.readings)
+            except ValueError as exc:
+                self.why = str(exc)
+        return profile, self._blocks(at)
+
+    def _blocks(self, at: float) -> int | None:
+        try:
+            found = self.reader.query(f"vllm:cache_config_info{self.sel}", at=at)
+        except PrometheusError:
+            return None
+        sizes = [int(labels["num_gpu_blocks"]) for labels, _ in found
+                 if str(labels.get("num_gpu_blocks", "")).isdigit()]
+        return min(sizes) if sizes else None
+
+
 class SimPredictor:
-    def __init__(self, ctx: SimContext, settings: dict) -> None:
+    def __init__(self, ctx: SimContext, settings: dict, *, live: LiveSteps | None = None) -> None:
         """`ctx`: a SimContext whose profile and SLOs are the service's (its trace is set
-        per mix); `settings`: the service's engine settings."""
-        self.ctx, self.settings = ctx, settings
+        per mix); `settings`: the service's engine settings; `live`: the service's own
+        step series (else the profile's fit stands)."""
+        self.ctx, self.settings, self.live = ctx, settings, live
         self._capacity: dict[tuple, float] = {}
+
+    def refresh(self, at: float) -> None:
+        """The service's own steps and KV pool, when `live` has them (see the module)."""
+        if self.live is None:
+            return
+        profile, blocks = self.live.update(at, self.ctx.profile)
+        if profile is not None:
+            self.ctx = dataclasses.replace(self.ctx, profile=profile, _loaded=self.ctx._loaded)
+            self._capacity.clear()
+        if blocks is not None and blocks != self.settings.get("num_gpu_blocks_override"):
+            self.settings = {**self.settings, "num_gpu_blocks_override": blocks}
+            self._capacity.clear()
 
     def __call__(self, fitted: FittedWorkload, per_replica_rate: float) -> Prediction:
         # the mix, not the rate, decides the capacity: synthesise enough requests of it

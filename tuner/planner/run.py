@@ -52,10 +52,11 @@ def selector(spec: ServiceSpec) -> str:
 
 def sim_predictor(spec: ServiceSpec):
     """One replica's capacity from the simulator: the profile of the service's model (cached
-    or calibrated in this pod), the service's engine settings and SLOs."""
+    or calibrated in this pod) refitted to the service's own steps as Prometheus has them,
+    the engines' KV pool, the service's engine settings and SLOs."""
     from engine import settings_k8s
     from paged_operator.manifests import model_arg
-    from tuner.planner.predict import SimPredictor
+    from tuner.planner.predict import LiveSteps, SimPredictor
     from tuner.sim.context import SimContext, engine_threads, load_profile
 
     auto = spec.autoscaling
@@ -64,7 +65,9 @@ def sim_predictor(spec: ServiceSpec):
     profile = load_profile(model_arg(spec), engine_threads(settings))
     ctx = SimContext(profile=profile, slos=dict(auto.planner.slos), model=profile.identity.model,
                      attainment=auto.planner.target_attainment)
-    return SimPredictor(ctx, settings)
+    live = LiveSteps(PrometheusReader(auto.prometheus_server_address, timeout=30),
+                     selector(spec))
+    return SimPredictor(ctx, settings, live=live)
 
 
 class ServiceScale:
