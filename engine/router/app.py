@@ -48,6 +48,8 @@ class RouterConfig:
     health_interval: float = 1.0
     connect_timeout: float = 2.0
     api_key: str | None = None
+    hold_seconds: float = 0.0            # --cold-start-hold
+    max_held: int = 64                   # --cold-start-queue
 
     def __post_init__(self) -> None:
         if bool(self.backends) == bool(self.discover):
@@ -101,7 +103,9 @@ def build_app(config: RouterConfig) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         forwarder = app.state.forwarder = Forwarder(pool, policy, hasher, metrics,
-                                                    connect_timeout=config.connect_timeout)
+                                                    connect_timeout=config.connect_timeout,
+                                                    hold_seconds=config.hold_seconds,
+                                                    max_held=config.max_held)
         watcher = None
         if config.discover:
             from engine.router.discovery import EndpointSliceWatcher

@@ -76,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--health-interval", type=float, default=1.0,
                    help="seconds between /health probes (and load scrapes) per backend")
     p.add_argument("--connect-timeout", type=float, default=2.0)
+    p.add_argument("--cold-start-hold", type=float, default=0.0, metavar="SECONDS",
+                   help="with no healthy backend, a request waits up to this long for one "
+                        "(a service scaled to zero starting its first replica) instead of "
+                        "a 503 at once; 0 (default): no wait")
+    p.add_argument("--cold-start-queue", type=int, default=64, metavar="N",
+                   help="at most N requests wait at once (--cold-start-hold); beyond it a 503 "
+                        "with Retry-After")
     p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/* (env VLLM_API_KEY); "
                         "the header is forwarded to the engines")
@@ -109,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{name} must be >= 1, got {value}")
     if args.health_interval <= 0 or args.connect_timeout <= 0:
         raise SystemExit("--health-interval and --connect-timeout must be > 0")
+    if args.cold_start_hold < 0 or args.cold_start_queue < 1:
+        raise SystemExit("--cold-start-hold must be >= 0 (seconds) and --cold-start-queue >= 1")
     if args.api_key_file:
         try:
             args.api_key = Path(args.api_key_file).read_text().strip()
@@ -135,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             chunk_chars=args.chunk_chars,
             max_chunks=args.max_chunks, table_size=args.table_size, tokenizer=args.tokenizer,
             hash_block_size=args.hash_block_size, health_interval=args.health_interval,
-            connect_timeout=args.connect_timeout, api_key=args.api_key or None)
+            connect_timeout=args.connect_timeout, api_key=args.api_key or None,
+            hold_seconds=args.cold_start_hold, max_held=args.cold_start_queue)
         app = build_app(config)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None

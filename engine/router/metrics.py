@@ -23,6 +23,10 @@ class RouterMetrics:
         self.ejections = Counter(
             "paged_router_ejections", "Backends taken out of rotation until /health answers.",
             ["backend", "reason"], registry=r)
+        self.held = Gauge(
+            "paged_router_held_requests", "Requests waiting for a first backend "
+            "(--cold-start-hold: a service scaled to zero while its first replica starts).",
+            registry=r)
         self.backends = Gauge("paged_router_backends", "Known backends by state.", ["state"],
                               registry=r)
         self.in_flight = Gauge("paged_router_in_flight_requests",

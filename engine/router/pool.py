@@ -8,6 +8,7 @@ and `vllm:num_requests_waiting` scraped from each backend's `/metrics`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -63,6 +64,7 @@ class BackendPool:
         self._backends: dict[str, Backend] = {}
         self._task: asyncio.Task | None = None
         self._client: httpx.AsyncClient | None = None
+        self._change: asyncio.Event | None = None   # set at the next membership/health change
 
     # -- membership ------------------------------------------------------------------
     def set_urls(self, urls: Iterable[str]) -> None:
@@ -84,6 +86,20 @@ class BackendPool:
 
     def get(self, url: str) -> Backend | None:
         return self._backends.get(url)
+
+    async def wait_available(self, timeout: float) -> list[Backend]:
+        """The available backends, waiting up to `timeout` s for a first one (a service
+        scaled to zero while its first replica starts); [] when none came."""
+        deadline = time.monotonic() + timeout
+        while not (found := self.available()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            if self._change is None:
+                self._change = asyncio.Event()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._change.wait(), left)
+        return found
 
     # -- health ----------------------------------------------------------------------
     def eject(self, backend: Backend, reason: str) -> None:
@@ -148,3 +164,6 @@ class BackendPool:
         self.metrics.backends.labels(state="healthy").set(len(self.available()))
         self.metrics.backends.labels(state="ejected").set(len(self._backends)
                                                           - len(self.available()))
+        if self._change is not None:   # wake the requests waiting for a backend
+            self._change.set()
+            self._change = None

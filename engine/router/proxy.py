@@ -127,8 +127,13 @@ HASHED = ("prefix", "precise")  # the policies that route by the request's prefi
 
 class Forwarder:
     def __init__(self, pool: BackendPool, policy: Policy, hasher: Any,
-                 metrics: RouterMetrics, *, connect_timeout: float = 2.0) -> None:
+                 metrics: RouterMetrics, *, connect_timeout: float = 2.0,
+                 hold_seconds: float = 0.0, max_held: int = 64) -> None:
         self.pool, self.policy, self.hasher, self.metrics = pool, policy, hasher, metrics
+        # with no backend at all, a request waits up to hold_seconds for the first one
+        # (the SLO planner brings a replica back when it sees requests held), at most
+        # max_held of them at once
+        self.hold_seconds, self.max_held, self.held = hold_seconds, max_held, 0
         # made inside the running loop (the app's lifespan); no limit on connections, no
         # read timeout (a long generation is normal), compressed bodies pass as they are
         self.client = aiohttp.ClientSession(
@@ -139,6 +144,15 @@ class Forwarder:
     async def aclose(self) -> None:
         await self.client.close()
 
+    async def _hold(self) -> list:
+        self.held += 1
+        self.metrics.held.set(self.held)
+        try:
+            return await self.pool.wait_available(self.hold_seconds)
+        finally:
+            self.held -= 1
+            self.metrics.held.set(self.held)
+
     def route_request(self, body: dict[str, Any], headers: Any) -> RouteRequest:
         session = headers.get("x-session-id") or body.get("user")
         hashes = self.hasher.request_hashes(body) if self.policy.name in HASHED else []
@@ -148,6 +162,15 @@ class Forwarder:
                       route: RouteRequest, start: float | None = None) -> Response:
         start = time.perf_counter() if start is None else start
         backends = self.pool.available()
+        if not backends and self.hold_seconds > 0:
+            if self.held >= self.max_held:
+                self.metrics.failures.labels(reason="hold_queue_full").inc()
+                return error(f"no replica is serving and {self.held} requests already wait "
+                             "for the first one to start; retry later", 503,
+                             "no_healthy_backend",
+                             **{"Retry-After": str(max(1, round(self.hold_seconds)))})
+            backends = await self._hold()
+            start = time.perf_counter()   # the wait is the cold start's, not the router's
         if not backends:
             self.metrics.failures.labels(reason="no_backend").inc()
             return error("no healthy backend: every engine replica is down or ejected; "

@@ -44,6 +44,10 @@ def test_bad_flags_say_what_to_change(capsys):
     assert "--load-factor must be >= 0" in str(code)
     code, _ = run(capsys, "--backends", "http://a:1", "--hit-load-factor", "-1")
     assert "--hit-load-factor must be >= 0" in str(code)
+    code, _ = run(capsys, "--backends", "http://a:1", "--cold-start-hold", "-1")
+    assert code == "--cold-start-hold must be >= 0 (seconds) and --cold-start-queue >= 1"
+    code, _ = run(capsys, "--backends", "http://a:1", "--cold-start-queue", "0")
+    assert code == "--cold-start-hold must be >= 0 (seconds) and --cold-start-queue >= 1"
     code, err = run(capsys, "--backends", "http://a:1", "--cache-balance", "some")
     assert code == 2 and "--cache-balance" in err and "'off'" in err
 
