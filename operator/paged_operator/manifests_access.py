@@ -104,6 +104,16 @@ def router_role_binding(spec: ServiceSpec) -> dict[str, Any]:
                           "namespace": spec.namespace}]}
 
 
+def cold_start_args(spec: ServiceSpec) -> list[str]:
+    """A service the SLO planner may scale to zero: the router holds requests while the
+    first replica starts (up to its startup timeout, at most 10 minutes: clients give up
+    sooner), and the planner sees them held."""
+    auto = spec.autoscaling
+    if auto is None or auto.mode != "slo" or auto.min_replicas > 0:
+        return []
+    return ["--cold-start-hold", str(min(600, spec.rollout.startup_timeout_seconds))]
+
+
 def router_args(spec: ServiceSpec) -> list[str]:
     # No API key here: the router forwards the client's Authorization header and the
     # engines (spec.apiKeySecretRef) check it; `python -m engine router` takes its key only
@@ -112,6 +122,7 @@ def router_args(spec: ServiceSpec) -> list[str]:
     return ["--discover", engine_service_name(spec), "--policy", spec.router.policy,
             *kv_events.router_args(spec, manifests.model_arg(spec)),
             *(["--hit-load-factor", format(hit, "g")] if hit is not None else []),
+            *cold_start_args(spec),
             "--port-name", "http",  # the slices also carry the engines' event ports
             "--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
 

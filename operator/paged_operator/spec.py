@@ -187,6 +187,11 @@ def parse_spec(spec: Mapping[str, Any], *, name: str, namespace: str,
     if not all(isinstance(v, str) for v in node_selector.values()):
         raise InvalidSpecError("spec.nodeSelector values must be strings")
     engine = parse_engine(get_field(spec, "engine", "", dict, {}))
+    autoscaling = parse_autoscaling(get_field(spec, "autoscaling", "", dict))
+    router = parse_router(get_field(spec, "router", "", dict, {}))
+    if autoscaling is not None and autoscaling.min_replicas == 0 and not router.enabled:
+        raise InvalidSpecError("spec.autoscaling.minReplicas 0 needs spec.router.enabled: the "
+                               "router holds requests while the first replica starts")
     return ServiceSpec(
         name=name, namespace=namespace,
         model=parse_model(model, default_name=name),
@@ -199,7 +204,7 @@ def parse_spec(spec: Mapping[str, Any], *, name: str, namespace: str,
         shared_memory=quantity(res.get("sharedMemory", "2Gi"), "resources.sharedMemory")
         or "2Gi",
         engine=engine,
-        autoscaling=parse_autoscaling(get_field(spec, "autoscaling", "", dict)),
+        autoscaling=autoscaling,
         rollout=parse_rollout(get_field(spec, "rollout", "", dict, {})),
         model_cache=parse_model_cache(get_field(spec, "modelCache", "", dict)),
         env=tuple(get_field(spec, "env", "", list, [])),
@@ -208,7 +213,7 @@ def parse_spec(spec: Mapping[str, Any], *, name: str, namespace: str,
         runtime_class_name=runtime_class,
         api_key=parse_api_key(get_field(spec, "apiKeySecretRef", "", dict)),
         network_policy=parse_network_policy(get_field(spec, "networkPolicy", "", dict, {})),
-        router=parse_router(get_field(spec, "router", "", dict, {})),
+        router=router,
         kv_cache=parse_kv_cache(get_field(spec, "kvCache", "", dict),
                                 prefix_caching=engine.enable_prefix_caching),
     )

@@ -24,7 +24,7 @@ VALID = [
     {"autoscaling": {"maxReplicas": 1}},                  # minReplicas defaults to 1
     {"autoscaling": {"minReplicas": 3, "maxReplicas": 3}},
     {"autoscaling": {"mode": "slo", "minReplicas": 0, "maxReplicas": 2,
-                     "slo": {"ttftSeconds": 1}}},
+                     "slo": {"ttftSeconds": 1}}, "router": {"enabled": True}},
     {"modelCache": {"claimName": "weights"}},
     {"modelCache": {"size": "10Gi"}},
     {"model__uri": "pvc://models/llama...3/v..2"},         # dots inside names are fine
@@ -64,9 +64,14 @@ INVALID = [
     ({"engine__extraArgs": ["--kv-events-config={}"]}, "spec.engine.extraArgs"),
     ({"autoscaling": {"minReplicas": 3, "maxReplicas": 2}}, "spec.autoscaling"),
     ({"autoscaling": {"minReplicas": 2, "maxReplicas": 1}}, "spec.autoscaling"),
-    ({"autoscaling": {"minReplicas": 0, "maxReplicas": 1}}, "spec.autoscaling"),
-    ({"autoscaling": {"mode": "metrics", "minReplicas": 0, "maxReplicas": 1}},
+    ({"autoscaling": {"minReplicas": 0, "maxReplicas": 1}, "router": {"enabled": True}},
      "spec.autoscaling"),
+    ({"autoscaling": {"mode": "metrics", "minReplicas": 0, "maxReplicas": 1},
+      "router": {"enabled": True}}, "spec.autoscaling"),
+    ({"autoscaling": {"mode": "slo", "minReplicas": 0, "maxReplicas": 1,
+                      "slo": {"ttftSeconds": 1}}}, "spec"),
+    ({"autoscaling": {"mode": "slo", "minReplicas": 0, "maxReplicas": 1,
+                      "slo": {"ttftSeconds": 1}}, "router": {"enabled": False}}, "spec"),
     ({"autoscaling": {"mode": "slo", "maxReplicas": 1}}, "spec.autoscaling"),
     ({"autoscaling": {"mode": "slo", "maxReplicas": 1, "slo": {}}}, "spec.autoscaling"),
     ({"modelCache": {"claimName": "c", "size": "1Gi"}}, "spec.modelCache"),
@@ -124,7 +129,8 @@ def test_invalid_resources_break_the_rule_and_the_operator_rejects_them(changes,
     body = with_spec(**changes)
     broken = violations(SCHEMA, body)
     assert [r.path for r in broken] == [path], broken
-    field = "kvCache" if path == "spec" else path.removeprefix("spec.").split(".")[0]
+    # the spec-level rules: kvCache with prefix caching, minReplicas 0 with the router
+    field = "(kvCache|autoscaling)" if path == "spec" else path.removeprefix("spec.").split(".")[0]
     with pytest.raises(InvalidSpecError, match=f"spec.{field}"):
         parse_spec(body["spec"], name="svc", namespace="default")
 

@@ -45,7 +45,10 @@ BREAKING = [
     pis(engine={"maxNumSeqs": 64, "maxNumBatchedTokens": 32}),
     pis(engine={"extraArgs": ["--block-size=8"]}),
     pis(autoscaling={"minReplicas": 3, "maxReplicas": 2}),
-    pis(autoscaling={"minReplicas": 0, "maxReplicas": 2}),              # mode metrics
+    pis(autoscaling={"minReplicas": 0, "maxReplicas": 2},               # mode metrics
+        router={"enabled": True}),
+    pis(autoscaling={"mode": "slo", "minReplicas": 0, "maxReplicas": 2,  # no router
+                     "slo": {"ttftSeconds": 1}}),
     pis(autoscaling={"mode": "slo", "maxReplicas": 2}),                 # no slo
     pis(modelCache={"storageClassName": "fast"}),
     pis(engine={"speculative": {"method": "ngram", "numSpeculativeTokens": 4,

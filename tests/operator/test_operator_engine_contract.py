@@ -167,3 +167,12 @@ def test_router_args_parse_with_the_router_cli():
         "containers"][0]
     args = build_parser().parse_args(container["args"])
     assert (args.policy, args.hit_load_factor) == ("prefix", 2.5)
+    assert args.cold_start_hold == 0.0   # no hold unless the planner may scale to zero
+    spec = parse_spec({"model": {"uri": "a/b"}, "router": {"enabled": True},
+                       "rollout": {"startupTimeoutSeconds": 240},
+                       "autoscaling": {"mode": "slo", "minReplicas": 0, "maxReplicas": 2,
+                                       "slo": {"ttftSeconds": 1}}},
+                      name="svc", namespace="default")
+    container = manifests_access.router_deployment(spec)["spec"]["template"]["spec"][
+        "containers"][0]
+    assert build_parser().parse_args(container["args"]).cold_start_hold == 240.0

@@ -24,8 +24,8 @@ class Discovery:
         return self.keda and kind_name == "ScaledObject"
 
 
-def children(autoscaling: dict | None, *, keda: bool):
-    spec = parse_spec({"model": {"uri": "hf://org/model"},
+def children(autoscaling: dict | None, *, keda: bool, router: bool = True):
+    spec = parse_spec({"model": {"uri": "hf://org/model"}, "router": {"enabled": router},
                        **({"autoscaling": autoscaling} if autoscaling else {})},
                       name="svc", namespace="team")
     wanted, unwanted = asyncio.run(desired_children(None, Discovery(keda), spec))  # type: ignore[arg-type]
@@ -53,6 +53,16 @@ def test_mode_slo_makes_the_planner_and_no_autoscaler(keda):
     binding = wanted[("RoleBinding", "svc-planner")]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "svc-planner",
                                     "namespace": "team"}]
+
+
+def test_a_service_the_planner_may_scale_to_zero_has_a_router_that_holds_requests():
+    args = children(SLO, keda=False)[0][("Deployment", "svc-router")]["spec"]["template"][
+        "spec"]["containers"][0]["args"]
+    assert args[args.index("--cold-start-hold") + 1] == "600"   # min(600, startup timeout)
+    for floor in ({**SLO, "minReplicas": 1}, {"maxReplicas": 3}):
+        args = children(floor, keda=False)[0][("Deployment", "svc-router")]["spec"][
+            "template"]["spec"]["containers"][0]["args"]
+        assert "--cold-start-hold" not in args
 
 
 @pytest.mark.parametrize("autoscaling", [{"maxReplicas": 3}, None])

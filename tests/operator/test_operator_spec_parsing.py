@@ -99,7 +99,7 @@ def test_applied_settings_leave_out_unset_ones_and_keep_extra_args():
     {"autoscaling": {"mode": "slo", "minReplicas": 0, "maxReplicas": 1,   # scale to zero
                      "slo": {"e2eSeconds": 0.5}, "targetAttainment": 1,
                      "intervalSeconds": 5, "scaleDownStabilizationSeconds": 0,
-                     "idleWindowSeconds": 0}},
+                     "idleWindowSeconds": 0}, "router": {"enabled": True}},
     {"rollout": {"strategy": "Recreate", "maxSurge": 0, "maxUnavailable": 0}},
     {"rollout": {"startupTimeoutSeconds": 10}},
     {"modelCache": {"claimName": "shared-cache"}},
@@ -110,7 +110,8 @@ def test_boundary_values_are_accepted(fields):
 
 def test_mode_slo_parses_the_planners_settings_with_their_defaults():
     auto = parse(autoscaling={"mode": "slo", "minReplicas": 0, "maxReplicas": 4,
-                              "slo": {"ttftSeconds": 2, "itlSeconds": 0.05}}).autoscaling
+                              "slo": {"ttftSeconds": 2, "itlSeconds": 0.05}},
+                 router={"enabled": True}).autoscaling
     assert (auto.mode, auto.min_replicas, auto.max_replicas) == ("slo", 0, 4)
     assert auto.planner == SloPlanner(slos={"ttft": 2.0, "itl": 0.05})
     assert (auto.planner.interval_seconds, auto.planner.idle_window_seconds,
@@ -208,11 +209,15 @@ INVALID = [
     ({"autoscaling": {"maxReplicas": 2, "mode": "slo"}},
      "spec.autoscaling.mode slo needs spec.autoscaling.slo with at least one of ttftSeconds, "
      "itlSeconds, e2eSeconds"),
+    ({"autoscaling": {"maxReplicas": 2, "mode": "slo", "minReplicas": 0,
+                      "slo": {"ttftSeconds": 1}}},
+     "spec.autoscaling.minReplicas 0 needs spec.router.enabled: the router holds requests "
+     "while the first replica starts"),
     ({"autoscaling": {"maxReplicas": 2, "mode": "slo", "minReplicas": -1,
                       "slo": {"ttftSeconds": 1}}},
      "spec.autoscaling.minReplicas must be >= 0, got -1"),
     ({"autoscaling": {"maxReplicas": 0, "mode": "slo", "minReplicas": 0,
-                      "slo": {"ttftSeconds": 1}}},
+                      "slo": {"ttftSeconds": 1}}, "router": {"enabled": True}},
      "spec.autoscaling.maxReplicas must be >= 1, got 0"),
     ({"autoscaling": {"maxReplicas": 2, "mode": "slo", "slo": {"itlSeconds": 0}}},
      "spec.autoscaling.slo.itlSeconds must be > 0, got 0"),
