@@ -69,6 +69,20 @@ def test_idle_goes_to_zero_only_after_the_idle_window_and_comes_back():
     assert kept.decide(_obs(0, 0.0, 3), PRED).replicas == 1          # minReplicas 1
 
 
+def test_requests_held_at_zero_wake_the_first_replica_and_restart_the_idle_clock():
+    spec = PlannerSpec(min_replicas=0, max_replicas=4, idle_window=300,
+                       scale_down_stabilization=0)
+    planner = Planner(spec)
+    zero = planner.decide(_obs(0, 0.0, 0), PRED)     # a planner started at zero keeps it
+    assert zero.replicas == 0 and zero.reason == "no request and no replica: zero stays"
+    woke = planner.wake(1000, held=3)
+    assert woke.replicas == 1 and woke.reason.startswith("3 request(s) held by the router")
+    # the idle window counts from the wake-up, not from the last request Prometheus saw
+    assert planner.decide(_obs(1200, 0.0, 1), PRED).replicas == 1
+    assert planner.decide(_obs(1300, 0.0, 1), PRED).replicas == 0
+    assert Planner(PlannerSpec(min_replicas=0, max_replicas=4)).wake(0, held=1).replicas == 1
+
+
 def test_bounds_and_bad_specs():
     capped = Planner(PlannerSpec(min_replicas=2, max_replicas=3)).decide(_obs(0, 100.0, 1), PRED)
     assert capped.replicas == 3 and capped.wanted == 10 and "bounded to [2, 3]" in capped.reason

@@ -31,13 +31,14 @@ def prometheus(tmp_path_factory):
     proc.stop()
 
 
-def make_service(api, name: str, autoscaling: dict, replicas: int) -> None:
+def make_service(api, name: str, autoscaling: dict, replicas: int, router: bool = False) -> None:
     from kubernetes import client
     client.CustomObjectsApi(api).create_namespaced_custom_object(
         GROUP, VERSION, "default", "pagedinferenceservices",
         {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PagedInferenceService",
          "metadata": {"name": name},
-         "spec": {"model": {"uri": "builtin://default"}, "autoscaling": autoscaling}})
+         "spec": {"model": {"uri": "builtin://default"}, "autoscaling": autoscaling,
+                  "router": {"enabled": router}}})
     labels = {"app": name}
     client.AppsV1Api(api).create_namespaced_deployment("default", {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
@@ -104,7 +105,7 @@ def test_a_served_load_scales_the_deployment_and_the_decision_is_recorded(
 
 def test_without_prometheus_the_replicas_stay_and_the_status_says_why(api_url):
     api = kube_client(api_url)
-    make_service(api, "dark", {"mode": "slo", "maxReplicas": 4, "minReplicas": 0,
+    make_service(api, "dark", {"mode": "slo", "maxReplicas": 4, "minReplicas": 1,
                                "slo": {"itlSeconds": 0.1},
                                "prometheusServerAddress": "http://127.0.0.1:9"}, replicas=2)
     scale = ServiceScale(api, "default", "dark")
@@ -114,6 +115,51 @@ def test_without_prometheus_the_replicas_stay_and_the_status_says_why(api_url):
     assert planner["held"] and planner["reason"].startswith("unchanged: Prometheus at")
     [event] = events_of(api, "dark")
     assert (event.reason, event.type) == ("PlannerHeld", "Warning")
+
+
+def test_at_zero_replicas_requests_held_by_the_router_bring_the_first_replica(api_url):
+    """Scaled to zero, the service has no series in Prometheus: the router's held requests
+    (a real router holding one) wake the planner, which scales to one replica at once."""
+    import threading
+
+    import httpx
+    from router_fakes import FakeBackend
+    from router_harness import RouterThread
+
+    from tuner.planner.run import held_at
+
+    api = kube_client(api_url)
+    make_service(api, "cold", {"mode": "slo", "maxReplicas": 4, "minReplicas": 0,
+                               "slo": {"ttftSeconds": 1.0}, "idleWindowSeconds": 60,
+                               "prometheusServerAddress": "http://127.0.0.1:9"}, replicas=0,
+                 router=True)
+    scale = ServiceScale(api, "default", "cold")
+    with FakeBackend("127.0.0.5") as engine, \
+            RouterThread(backends=[engine.url], hold_seconds=30.0) as router:
+        engine.health_status = 503   # no replica serves
+        deadline = time.monotonic() + 15
+        while httpx.get(router.url + "/health").status_code != 503:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        loop = Loop(scale, predictor_for=lambda spec: None, held=lambda spec: held_at(router.url),
+                    clock=time.time)
+        kept = loop.tick()    # nothing held: zero stays (Prometheus is not asked)
+        assert kept.replicas == 0 and scale.replicas() == 0 and "zero stays" in kept.reason
+        got = []
+        thread = threading.Thread(target=lambda: got.append(httpx.post(
+            router.url + "/v1/completions", json={"prompt": "p"}, timeout=30)), daemon=True)
+        thread.start()
+        while held_at(router.url) < 1:
+            assert time.monotonic() < deadline + 15
+            time.sleep(0.02)
+        woke = loop.tick()
+        assert woke.replicas == 1 == scale.replicas()
+        assert woke.reason == "1 request(s) held by the router with no replica serving"
+        assert sorted(e.reason for e in events_of(api, "cold")) == ["PlannerKept", "PlannerScaled"]
+        engine.health_status = 200   # the replica is ready: the held request is served
+        thread.join(30)
+        assert [r.status_code for r in got] == [200]
+    assert held_at("http://127.0.0.1:9") == 0   # no router answering: nothing held
 
 
 def test_a_service_not_in_mode_slo_is_not_planned(api_url):

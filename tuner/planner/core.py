@@ -12,13 +12,15 @@ latency the simulator expects at the observed per-replica rate). Then:
    clamped to [1/4, 4]; the corrected capacity is the predicted one divided by it;
 2. forecast: the next interval's rate; `none` repeats the observed one;
 3. wanted = ceil(forecast / corrected capacity), at least one while any request arrives;
-   zero only when `min_replicas` is 0 and no request arrived for `idle_window` s;
+   zero only when `min_replicas` is 0 and no request arrived for `idle_window` s (or
+   none arrives while it is at zero already);
 4. bounds: within [min_replicas, max_replicas];
 5. stabilisation (the HPA's rule): scaling up is immediate, scaling down goes only to the
    highest wanted count of the last `scale_down_stabilization` s, so a dip does not shed
    replicas that the next minute needs again.
 Without an observation (Prometheus unreachable, or no data) the replicas stay as they are
-and the decision says why.
+and the decision says why. At zero replicas, requests held by the router (`wake`) bring
+the first replica back.
 """
 from __future__ import annotations
 
@@ -97,6 +99,16 @@ class Planner:
         """No usable observation: keep the replicas."""
         return Decision(at=at, replicas=replicas, reason=f"unchanged: {why}")
 
+    def wake(self, at: float, held: int) -> Decision:
+        """Requests wait at the router while no replica serves (zero replicas): Prometheus
+        has no series of the service then, so this, not the observation, brings the
+        first replicas back, at once."""
+        self.last_arrival = at
+        wanted = max(1, self.spec.min_replicas)
+        self._wanted.append((at, wanted))
+        return Decision(at=at, replicas=wanted, wanted=wanted,
+                        reason=f"{held} request(s) held by the router with no replica serving")
+
     def decide(self, obs: Observation, pred: Prediction) -> Decision:
         spec = self.spec
         if obs.rate > 0:
@@ -118,6 +130,8 @@ class Planner:
                 f"{forecast:.3g} req/s / {corrected:.3g} req/s per replica")
         elif idle_for >= spec.idle_window:
             wanted, why = 0, f"no request for {idle_for:.0f} s"
+        elif obs.replicas == 0:   # e.g. a restarted planner: only a request brings one
+            wanted, why = 0, "no request and no replica: zero stays"
         else:
             wanted, why = 1, f"idle for {idle_for:.0f} s (< {spec.idle_window:.0f} s)"
         bounded = min(max(wanted, spec.min_replicas), spec.max_replicas)

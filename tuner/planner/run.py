@@ -18,8 +18,8 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
 
+import httpx
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -114,6 +114,28 @@ class ServiceScale:
             "firstTimestamp": _now(), "lastTimestamp": _now(), "count": 1})
 
 
+def router_held(spec: ServiceSpec) -> int:
+    """Requests the service's router holds for a first replica (its /metrics, through the
+    service's own Service, which selects the router pods); 0 without a router or an
+    answer."""
+    if not spec.router.enabled:
+        return 0
+    from paged_operator.spec import ENGINE_PORT
+    return held_at(f"http://{spec.name}.{spec.namespace}.svc:{ENGINE_PORT}")
+
+
+def held_at(router_url: str) -> int:
+    """paged_router_held_requests on the router at `router_url`; 0 without an answer."""
+    from prometheus_client.parser import text_string_to_metric_families
+    try:
+        text = httpx.get(router_url + "/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return 0
+    return int(sum(sample.value for family in text_string_to_metric_families(text)
+                   for sample in family.samples
+                   if sample.name == "paged_router_held_requests"))
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -122,13 +144,15 @@ class Loop:
     """One service's planner: `tick()` is one interval's decision."""
 
     def __init__(self, cluster: ServiceScale, *, predictor_for: Callable = sim_predictor,
+                 held: Callable[[ServiceSpec], int] = router_held,
                  clock: Callable[[], float]) -> None:
         self.cluster, self.predictor_for, self.clock = cluster, predictor_for, clock
+        self.held = held
         self.step: Step | None = None
         self.key: str | None = None
         self.interval = 30.0
 
-    def _step_for(self, obj: dict) -> Step:
+    def _step_for(self, obj: dict) -> tuple[ServiceSpec, Step]:
         spec = parse_spec(obj.get("spec") or {}, name=self.cluster.name, namespace=self.cluster.ns)
         if spec.autoscaling is None or spec.autoscaling.mode != "slo":
             raise InvalidSpecError("spec.autoscaling.mode is not slo: nothing to plan")
@@ -140,13 +164,20 @@ class Loop:
             self.step = Step(Planner(pspec), reader, selector(spec), self.predictor_for(spec),
                              window=WINDOW_FACTOR * pspec.interval)
             self.key, self.interval = key, pspec.interval
-        return self.step
+        return spec, self.step
 
     def tick(self) -> Decision:
         obj = self.cluster.service()
-        step = self._step_for(obj)
+        spec, step = self._step_for(obj)
         previous = self.cluster.replicas()
-        decision, obs = step(at=self.clock(), replicas=previous)
+        if previous == 0:   # no series in Prometheus then: the router's queue decides
+            held = self.held(spec)
+            decision = step.planner.wake(self.clock(), held) if held else Decision(
+                at=self.clock(), replicas=0, wanted=0,
+                reason="no replica serves and the router holds no request: zero stays")
+            obs = None
+        else:
+            decision, obs = step(at=self.clock(), replicas=previous)
         if decision.replicas != previous:
             self.cluster.scale(decision.replicas)
         self.cluster.record(obj, decision, obs, previous)
