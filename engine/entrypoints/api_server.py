@@ -36,6 +36,7 @@ from engine.entrypoints.protocol import (ChatCompletionRequest, CompletionReques
 from engine.entrypoints.request_log import RequestLog
 from engine.entrypoints.serving import Serving
 from engine.entrypoints.tokenization import Tokenization
+from engine.entrypoints.tokenizer_files import tokenizer_files
 
 if TYPE_CHECKING:
     from engine import LLMEngine
@@ -232,6 +233,16 @@ def build_app(*, engine_factory: Callable[[], Any], settings: ServerSettings,
             raise APIError("KV cache events are off; start the engine with --kv-events-config "
                            "'{\"enable_kv_cache_events\": true}'", status=404, code="not_found")
         return publisher.info()
+
+    @app.get("/tokenizer", responses=document_errors(503))
+    async def tokenizer() -> dict[str, str]:
+        """The files a router hashes requests with as this engine tokenizes them
+        (engine/entrypoints/tokenizer_files.py): `--policy precise` without --tokenizer."""
+        state.require_async_engine()
+        try:
+            return tokenizer_files(state.engine.tokenizer, state.settings.chat_template)
+        except ValueError as exc:
+            raise APIError(str(exc), status=404, code="not_found") from None
 
     @app.get("/version")
     async def version() -> dict[str, str]:

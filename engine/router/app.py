@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from engine.router.engine_tokenizer import EngineTokenizer
 from engine.router.hashing import CharChunkHasher, EngineBlockHasher, TokenBlockHasher
 from engine.router.kv_follower import KVEventFollower
 from engine.router.metrics import RouterMetrics
@@ -54,10 +55,6 @@ class RouterConfig:
     def __post_init__(self) -> None:
         if bool(self.backends) == bool(self.discover):
             raise ValueError("give exactly one of --backends URL[,URL...] or --discover SERVICE")
-        if self.policy == "precise" and not self.tokenizer:
-            raise ValueError("--policy precise hashes requests as the engines do: give "
-                             "--tokenizer MODEL (the engines' model: a directory, tokenizer.json, "
-                             "builtin://NAME or a hub id)")
 
 
 def _authorized(request: Request, api_key: str | None) -> bool:
@@ -81,7 +78,10 @@ def build_app(config: RouterConfig) -> Starlette:
     pool.set_urls(config.backends)
     follower = None
     if isinstance(policy, PrecisePolicy):
-        hasher = EngineBlockHasher(config.tokenizer, config.hash_block_size, config.max_chunks)
+        # the engines' own tokenizer (GET /tokenizer) unless --tokenizer names one
+        hasher = (EngineBlockHasher(config.tokenizer, config.hash_block_size, config.max_chunks)
+                  if config.tokenizer else
+                  EngineTokenizer(config.hash_block_size, config.max_chunks))
 
         def on_block_size(url: str, size: int) -> None:
             if size != hasher.block_size:
@@ -98,6 +98,8 @@ def build_app(config: RouterConfig) -> Starlette:
         assert follower is not None
         while True:
             follower.track(b.url for b in pool.available())
+            if isinstance(hasher, EngineTokenizer) and not hasher.ready and pool.available():
+                await hasher.fetch(b.url for b in pool.available())
             await asyncio.sleep(0.1)
 
     @contextlib.asynccontextmanager
@@ -167,6 +169,9 @@ def build_app(config: RouterConfig) -> Starlette:
             # a (re)started router serves once the engines' snapshots are in its index
             body["kv_index_ready"] = follower.ready()
             ready = ready and body["kv_index_ready"]
+        if isinstance(hasher, EngineTokenizer):   # hashing needs the engines' tokenizer
+            body["tokenizer"] = hasher.source or f"not yet: {hasher.error}"
+            ready = ready and hasher.ready
         return JSONResponse(body, status_code=200 if ready else 503)
 
     async def prometheus(request: Request) -> Response:

@@ -64,9 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prefix policy: chunk hashes remembered (LRU)")
     p.add_argument("--tokenizer", default=None,
                    help="prefix policy: hash token blocks with this tokenizer.json (or model "
-                        "directory) instead of characters; precise policy (required): the "
-                        "engines' model argument (a directory, builtin://NAME or a hub id: "
-                        "its tokenizer files only), to hash requests as the engines do")
+                        "directory) instead of characters; precise policy: by default the "
+                        "engines' own (GET /tokenizer of the first that answers); this "
+                        "overrides it with the engines' model argument (a directory, "
+                        "builtin://NAME or a hub id: its tokenizer files only)")
     p.add_argument("--hash-block-size", type=int, default=16,
                    help="tokens per hashed block with --tokenizer (the engine's --block-size; "
                         "the precise policy takes the engines' own from GET /kv_events)")

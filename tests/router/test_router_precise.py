@@ -4,6 +4,7 @@ ZeroMQ publisher (gap -> replay, gap the buffer lost -> snapshot, restart -> cle
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -301,12 +302,32 @@ def test_a_restarted_engine_is_cleared_and_resynced():
         publisher.close()
 
 
-def test_precise_without_a_tokenizer_or_with_mismatched_endpoints_names_the_flag():
-    from engine.router.app import RouterConfig
+def test_precise_without_a_tokenizer_waits_for_the_engines_and_says_why():
+    """No --tokenizer: the engines' (GET /tokenizer) is fetched; a backend that serves none
+    leaves the router unready, /health naming what failed, and requests unhashed."""
+    import httpx
+    from router_fakes import FakeBackend
+    from router_harness import RouterThread
+
+    from engine.router.engine_tokenizer import EngineTokenizer
+
+    with FakeBackend("127.0.0.6") as engine, \
+            RouterThread(backends=[engine.url], policy="precise") as router:
+        hasher = router.app.state.forwarder.hasher
+        assert isinstance(hasher, EngineTokenizer)
+        deadline = time.monotonic() + 15
+        while "tokenizer" not in hasher.error:
+            assert time.monotonic() < deadline, hasher.error
+            time.sleep(0.02)
+        health = httpx.get(router.url + "/health")
+        assert health.status_code == 503 and not hasher.ready
+        assert health.json()["tokenizer"].startswith(f"not yet: {engine.url}/tokenizer: ")
+        assert hasher.request_hashes({"prompt": "x" * 100}) == []
+
+
+def test_mismatched_endpoints_name_the_flag():
     from engine.router.cli import main
 
-    with pytest.raises(ValueError, match="--policy precise .* --tokenizer"):
-        RouterConfig(backends=["http://127.0.0.2:8000"], policy="precise")
     with pytest.raises(SystemExit, match="--kv-events-endpoints lists 1 .* --backends lists 2"):
         main(["--backends", "http://127.0.0.2:8000,http://127.0.0.3:8000", "--policy",
               "precise", "--kv-events-endpoints", "tcp://127.0.0.2:5557"])

@@ -126,14 +126,37 @@ def test_a_prefix_served_by_a_replica_goes_back_to_it_until_that_replica_evicts_
                   decision="prefix_hit") == 1
 
 
+def test_the_engines_tokenizer_hashes_requests_as_the_model_folder_does(engines, model_dir):
+    """GET /tokenizer: the files the router hashes with when given no --tokenizer give the
+    same block hashes as the model's own folder, for chat (the template) and text."""
+    import asyncio
+
+    from engine.router.engine_tokenizer import EngineTokenizer
+
+    fetched = EngineTokenizer(BLOCK, 256)
+    assert asyncio.run(fetched.fetch(["http://127.0.0.1:9", engines[0].url]))
+    assert fetched.source == engines[0].url and "127.0.0.1:9/tokenizer" in fetched.error
+    own = EngineBlockHasher(model_dir, BLOCK)
+    chat = {"messages": [{"role": "system", "content": "You answer briefly. " * 8},
+                         {"role": "user", "content": "Where is my parcel? " * 4}]}
+    text = {"prompt": "please summarise the following report in three lines. " * 6}
+    for body in (chat, text, {**text, "cache_salt": "tenant-a"}):
+        assert fetched.request_hashes(body) == own.request_hashes(body) != []
+
+
 def test_a_restarted_router_recovers_the_index_from_snapshots(engines, front, model_dir):
     a, b = engines
     text = prompt_owned_by(b.url, [a.url], model_dir, "invoice")
     complete(a.url, text + " before the restart")
     front["router"].kill()
-    r = front["router"] = router([e.url for e in engines], "--policy", "precise",
-                                 "--tokenizer", model_dir, "--hash-block-size", str(BLOCK))
+    # restarted with the backends alone: the tokenizer and block size are the engines'
+    r = front["router"] = router([e.url for e in engines], "--policy", "precise")
     synced(r.url, engines)
+    deadline = time.monotonic() + 30   # ready: the index synced and the tokenizer fetched
+    while httpx.get(r.url + "/health").status_code != 200:
+        assert time.monotonic() < deadline, httpx.get(r.url + "/health").json()
+        time.sleep(0.05)
+    assert httpx.get(r.url + "/health").json()["tokenizer"] in (a.url, b.url)
     assert metric(r.url, "paged_router_kv_resyncs_total", backend=a.url, how="snapshot") >= 1
     routed = complete(r.url, text + " after the restart")
     assert routed.headers["x-routed-to"] == a.url
