@@ -30,6 +30,12 @@ def external_hash(block_hash: bytes) -> int:
     return int.from_bytes(block_hash[:8], "big")
 
 
+def event_hash(h: bytes | int) -> int:
+    """A block hash as an event carries it, one int either way: vLLM publishes ints (older
+    releases) or the digest bytes (newer)."""
+    return external_hash(h) if isinstance(h, bytes) else int(h)
+
+
 def full_block_hashes(token_ids: Sequence[int], block_size: int, extra: str | None = None,
                       max_blocks: int | None = None) -> list[bytes]:
     """The chained hashes of the full blocks of `token_ids` (a partial tail is never cached)."""

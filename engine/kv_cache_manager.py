@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from engine.block_hash import hash_block  # shared with the router (engine/block_hash.py)
 from engine.kv_blocks import Block, KVCacheStats, check_kv_invariants
+from engine.kv_medium import Medium
 from engine.sequence import Sequence
 
 if TYPE_CHECKING:
@@ -46,11 +47,11 @@ class KVCacheManager:
         # KV tiers under the pool (engine/kv_offload/); None: evicted blocks are gone
         self.offload: OffloadTiers | None = None
         self._loading: dict[int, TierHit] = {}  # block id -> the hit its load job writes
-        self.hits_by_medium = {"GPU": 0}
+        self.hits_by_medium = {Medium.GPU: 0}
 
     def attach_offload(self, tiers: OffloadTiers) -> None:
         self.offload, tiers.kv = tiers, self
-        self.hits_by_medium.update({"CPU": 0, "Disk": 0})
+        self.hits_by_medium.update({Medium.CPU: 0, Medium.DISK: 0})
 
     # ---- accounting -------------------------------------------------------------------
     @property
@@ -176,7 +177,7 @@ class KVCacheManager:
             self.prefix_queries += seq.num_tokens
             self.prefix_hits += len(hits) * self.block_size
             for hit in hits:
-                medium = "GPU" if type(hit) is int else hit.medium
+                medium = Medium.GPU if type(hit) is int else hit.medium
                 self.hits_by_medium[medium] += self.block_size
 
     # ---- loads from the tiers below (engine/kv_offload/loads.py) ----------------------------
@@ -214,7 +215,7 @@ class KVCacheManager:
         if register and h not in self._hash_to_block:
             block.block_hash, self._hash_to_block[h] = h, block_id
             if self.events is not None:
-                self.events.copied(h, "GPU")
+                self.events.copied(h, Medium.GPU)
         self._release(block_id)
 
     def keep_prefix(self, seq: Sequence, num_blocks: int, media: dict[int, str]) -> None:
@@ -225,7 +226,7 @@ class KVCacheManager:
         if self.enable_prefix_caching:
             for i in dropped:
                 self.prefix_hits -= self.block_size
-                self.hits_by_medium[media.get(i, "GPU")] -= self.block_size
+                self.hits_by_medium[media.get(i, Medium.GPU)] -= self.block_size
         for block_id in reversed(seq.block_table[num_blocks:]):
             self._release(block_id)
         del seq.block_table[num_blocks:]

@@ -39,22 +39,22 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from engine.block_hash import external_hash
+from engine.block_hash import event_hash, external_hash
+from engine.kv_medium import Medium
 
 logger = logging.getLogger("engine.kv_events")
 
-MEDIUM_GPU = "GPU"
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 SNAPSHOT_REQUEST = b"snapshot"
 Event = list  # a tagged array, as above
 
 
 def block_stored(hashes: list[int], parent: int | None, token_ids: list[int],
-                 block_size: int, medium: str | None = MEDIUM_GPU) -> Event:
+                 block_size: int, medium: str | None = Medium.GPU) -> Event:
     return ["BlockStored", hashes, parent, token_ids, block_size, None, medium]
 
 
-def block_removed(hashes: list[int], medium: str | None = MEDIUM_GPU) -> Event:
+def block_removed(hashes: list[int], medium: str | None = Medium.GPU) -> Event:
     return ["BlockRemoved", hashes, medium]
 
 
@@ -90,17 +90,12 @@ def _event_from_map(e: dict[str, Any]) -> Event:
     return [tag]
 
 
-def _hash_int(h: Any) -> int:
-    """vLLM publishes ints (older releases) or the digest bytes (newer): one int either way."""
-    return int.from_bytes(h[:8], "big") if isinstance(h, bytes) else int(h)
-
-
 Held = dict[int, tuple[int | None, tuple[int, ...]]]  # one medium's {hash: (parent, tokens)}
 
 
 def _medium(event: Event, at: int) -> str:
     """The event's medium; one that names none (vLLM before media) is the device's."""
-    return (event[at] if len(event) > at else None) or MEDIUM_GPU
+    return (event[at] if len(event) > at else None) or Medium.GPU
 
 
 def apply_events(state: dict[str, Held], events: Iterable[Event]) -> None:
@@ -113,14 +108,14 @@ def apply_events(state: dict[str, Held], events: Iterable[Event]) -> None:
             held = state.setdefault(_medium(event, 6), {})
             parent, tokens, size = event[2], event[3], event[4] or 1
             for i, h in enumerate(event[1]):
-                h = _hash_int(h)
-                held[h] = (None if parent is None else _hash_int(parent),
+                h = event_hash(h)
+                held[h] = (None if parent is None else event_hash(parent),
                            tuple(tokens[i * size:(i + 1) * size]))
                 parent = h
         elif tag == "BlockRemoved":
             held = state.get(_medium(event, 2), {})
             for h in event[1]:
-                held.pop(_hash_int(h), None)
+                held.pop(event_hash(h), None)
         elif tag == "AllBlocksCleared":
             state.clear()
 
@@ -139,7 +134,7 @@ class KVEventRecorder:
     chained stores and consecutive removals of one medium, and keeps {hash: (parent,
     tokens)} of what each medium holds, for a rebase after a dropped batch."""
 
-    def __init__(self, block_size: int, medium: str = MEDIUM_GPU) -> None:
+    def __init__(self, block_size: int, medium: str = Medium.GPU) -> None:
         self.block_size, self.medium = block_size, medium
         self.pending: list[Event] = []
         self.cached: Held = {}  # `medium`'s

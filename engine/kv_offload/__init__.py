@@ -9,10 +9,9 @@ from typing import Any
 
 from engine.kv_offload.arc import ArcHostTier
 from engine.kv_offload.host import HostEntry, HostTier
-from engine.kv_offload.tiers import (MEDIUM_CPU, MEDIUM_DISK, MEDIUM_GPU, OffloadTiers, TierHit,
-                                     TierStats)
+from engine.kv_offload.tiers import OffloadTiers, TierHit, TierStats
 
-__all__ = ["ArcHostTier", "HostEntry", "HostTier", "MEDIUM_CPU", "MEDIUM_DISK", "MEDIUM_GPU", "OffloadTiers",
+__all__ = ["ArcHostTier", "HostEntry", "HostTier", "OffloadTiers",
            "TierHit", "TierStats", "make_offload"]
 
 GIB = 2**30

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from engine.kv_offload.tiers import LOAD_SECONDS_BUCKETS, MEDIUM_CPU, MEDIUM_DISK, OffloadTiers
+from engine.kv_medium import Medium
+from engine.kv_offload.tiers import LOAD_SECONDS_BUCKETS, OffloadTiers
 
 
 def collector(tiers: OffloadTiers, model_name: str) -> Any:
@@ -32,15 +33,15 @@ def collector(tiers: OffloadTiers, model_name: str) -> Any:
             nbytes = family(CounterMetricFamily, "vllm:kv_offload_total_bytes",
                             "Bytes moved between the KV tiers.", ("transfer_type",))
             disk_bytes = disk.file_bytes if disk is not None else bb
-            for medium, per_block in ((MEDIUM_CPU, bb), (MEDIUM_DISK, disk_bytes)):
+            for medium, per_block in ((Medium.CPU, bb), (Medium.DISK, disk_bytes)):
                 stored.add_metric([model_name, medium], stats.blocks_stored[medium])
                 loaded.add_metric([model_name, medium], stats.blocks_loaded[medium])
-            nbytes.add_metric([model_name, "GPU_to_CPU"], stats.blocks_stored[MEDIUM_CPU] * bb)
-            nbytes.add_metric([model_name, "CPU_to_GPU"], stats.blocks_loaded[MEDIUM_CPU] * bb)
+            nbytes.add_metric([model_name, "GPU_to_CPU"], stats.blocks_stored[Medium.CPU] * bb)
+            nbytes.add_metric([model_name, "CPU_to_GPU"], stats.blocks_loaded[Medium.CPU] * bb)
             nbytes.add_metric([model_name, "CPU_to_Disk"],
-                              stats.blocks_stored[MEDIUM_DISK] * disk_bytes)
+                              stats.blocks_stored[Medium.DISK] * disk_bytes)
             nbytes.add_metric([model_name, "Disk_to_GPU"],
-                              stats.blocks_loaded[MEDIUM_DISK] * disk_bytes)
+                              stats.blocks_loaded[Medium.DISK] * disk_bytes)
             yield from (stored, loaded, nbytes)
 
             seconds = family(HistogramMetricFamily, "vllm:kv_offload_load_seconds",
@@ -68,7 +69,7 @@ def collector(tiers: OffloadTiers, model_name: str) -> Any:
             for medium, (used, cap) in tiers.usage().items():
                 usage.add_metric([model_name, medium], used)
                 capacity.add_metric([model_name, medium], cap)
-            used, cap = tiers.usage()[MEDIUM_CPU]
+            used, cap = tiers.usage()[Medium.CPU]
             perc = family(GaugeMetricFamily, "vllm:kv_offload_cpu_cache_usage_perc",
                           "Host KV tier usage. 1 means 100 percent usage.")
             perc.add_metric([model_name], used / cap if cap else 0.0)

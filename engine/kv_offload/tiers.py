@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from engine.kv_medium import Medium
 from engine.kv_offload.host import HostEntry, HostTier
 from engine.kv_offload.loads import LoadJob, LoadState
 
@@ -40,8 +41,6 @@ class BlockPool(Protocol):
 
     def end_load(self, block_id: int, register: bool) -> None: ...
 
-# vLLM's medium names (vllm/v1/kv_offload/mediums.py), also in KV events
-MEDIUM_GPU, MEDIUM_CPU, MEDIUM_DISK = "GPU", "CPU", "Disk"
 # load latency histogram edges, seconds
 LOAD_SECONDS_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                         0.5, 1.0, 2.5, 5.0)
@@ -57,8 +56,8 @@ class TierHit:
 
 @dataclass
 class TierStats:
-    blocks_stored: dict[str, int] = field(default_factory=lambda: {MEDIUM_CPU: 0, MEDIUM_DISK: 0})
-    blocks_loaded: dict[str, int] = field(default_factory=lambda: {MEDIUM_CPU: 0, MEDIUM_DISK: 0})
+    blocks_stored: dict[str, int] = field(default_factory=lambda: {Medium.CPU: 0, Medium.DISK: 0})
+    blocks_loaded: dict[str, int] = field(default_factory=lambda: {Medium.CPU: 0, Medium.DISK: 0})
     stores_dropped: int = 0  # the worker's queue was full
     loads_cancelled: int = 0  # blocks whose request was gone before its load was done
     loads_failed: int = 0  # blocks recomputed: their read failed (or one before them did)
@@ -97,10 +96,10 @@ class OffloadTiers:
     def find(self, block_hash: bytes) -> TierHit | None:
         entry = self.host.get(block_hash)
         if entry is not None:
-            return TierHit(block_hash, entry, MEDIUM_CPU) if entry.loadable else None
+            return TierHit(block_hash, entry, Medium.CPU) if entry.loadable else None
         if self.disk is None or not self.disk.path_for(block_hash).exists():
             return None
-        return TierHit(block_hash, HostEntry(block_hash), MEDIUM_DISK)  # read by the load
+        return TierHit(block_hash, HostEntry(block_hash), Medium.DISK)  # read by the load
 
     # ---- loads (scheduler, then the step, then the load worker) ------------------------------
     def can_plan_load(self) -> bool:
@@ -148,7 +147,7 @@ class OffloadTiers:
         start = time.perf_counter()
         try:
             for hit, _ in job.loads:
-                data = hit.entry.data if hit.medium == MEDIUM_CPU else self.disk.read(
+                data = hit.entry.data if hit.medium == Medium.CPU else self.disk.read(
                     hit.block_hash)
                 if data is None:
                     break  # a bad file: this block and the ones after it are recomputed
@@ -190,7 +189,7 @@ class OffloadTiers:
             self.stats.loads_failed += len(job.loads) - job.num_loaded
             for (hit, _), data in zip(job.loads, job.read):
                 self.stats.blocks_loaded[hit.medium] += 1
-                if hit.medium == MEDIUM_DISK and hit.block_hash not in self.host:
+                if hit.medium == Medium.DISK and hit.block_hash not in self.host:
                     hit.entry.data, hit.entry.on_disk = data, True  # promoted to host memory
                     hit.entry.ready.set()
                     self._spill(self._insert(hit.entry))
@@ -227,7 +226,7 @@ class OffloadTiers:
             entry.data = data
             entry.ready.set()
         if self.host.max_entries:  # else they only pass through, to disk
-            self.stats.blocks_stored[MEDIUM_CPU] += len(entries)
+            self.stats.blocks_stored[Medium.CPU] += len(entries)
 
     def _insert(self, entry: HostEntry) -> list[HostEntry]:
         """Into the host tier; returns what it evicted (entry itself when it holds none)."""
@@ -235,10 +234,10 @@ class OffloadTiers:
         evicted = self.host.insert(entry)
         if events is not None:
             if entry not in evicted:
-                events.copied(entry.block_hash, MEDIUM_CPU)
+                events.copied(entry.block_hash, Medium.CPU)
             for old in evicted:
                 if old is not entry:
-                    events.removed(old.block_hash, MEDIUM_CPU)
+                    events.removed(old.block_hash, Medium.CPU)
         return evicted
 
     def _spill(self, entries: list[HostEntry]) -> None:
@@ -254,13 +253,13 @@ class OffloadTiers:
             self.stats.stores_dropped += len(entries)
         elif self.kv is not None and self.kv.events is not None:
             for entry in entries:
-                self.kv.events.copied(entry.block_hash, MEDIUM_DISK)
+                self.kv.events.copied(entry.block_hash, Medium.DISK)
 
     def _write(self, entries: list[HostEntry]) -> None:
         for entry in entries:
             if entry.data is not None and self.disk.write(entry.block_hash, entry.data):
                 entry.on_disk = True
-                self.stats.blocks_stored[MEDIUM_DISK] += 1
+                self.stats.blocks_stored[Medium.DISK] += 1
 
     # ---- upkeep --------------------------------------------------------------------------------
     def drain(self) -> None:
@@ -283,8 +282,8 @@ class OffloadTiers:
 
     def usage(self) -> dict[str, tuple[int, int]]:
         """(bytes used, capacity) per tier."""
-        out = {MEDIUM_CPU: (self.host.used_bytes, self.host.capacity_bytes)}
+        out = {Medium.CPU: (self.host.used_bytes, self.host.capacity_bytes)}
         if self.disk is not None:
-            out[MEDIUM_DISK] = (self.disk.usage_bytes, self.disk.capacity_bytes)
+            out[Medium.DISK] = (self.disk.usage_bytes, self.disk.capacity_bytes)
         return out
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-DEVICE = "GPU"  # vLLM's medium of the device pool (also of events that name none)
-HOST = "CPU"    # ... of the host tier (below it: "Disk")
+from engine.block_hash import event_hash
+from engine.kv_medium import Medium
 
 
 class KVIndex:
@@ -36,7 +36,7 @@ class KVIndex:
         mine = self.blocks.setdefault(url, set())
         new = 0
         for h in hashes:
-            self.holders.setdefault(h, {}).setdefault(url, set()).add(medium or DEVICE)
+            self.holders.setdefault(h, {}).setdefault(url, set()).add(medium or Medium.GPU)
             if h not in mine:
                 mine.add(h)
                 new += 1
@@ -59,7 +59,7 @@ class KVIndex:
             tiers = by_url.get(url) if by_url is not None else None
             if tiers is None:
                 continue
-            tiers.discard(medium or DEVICE)
+            tiers.discard(medium or Medium.GPU)
             if tiers:
                 continue  # still in another of this backend's tiers
             del by_url[url]
@@ -90,9 +90,9 @@ class KVIndex:
     def apply(self, url: str, events: Sequence[list]) -> None:
         for event in events:
             if event[0] == "BlockStored":
-                self.store(url, (_int(h) for h in event[1]), _medium(event, 6))
+                self.store(url, (event_hash(h) for h in event[1]), _medium(event, 6))
             elif event[0] == "BlockRemoved":
-                self.remove(url, (_int(h) for h in event[1]), _medium(event, 2))
+                self.remove(url, (event_hash(h) for h in event[1]), _medium(event, 2))
             elif event[0] == "AllBlocksCleared":
                 self.clear(url)
 
@@ -117,9 +117,9 @@ class KVIndex:
             device = host = 0
             for h in hashes[:n]:
                 tiers = self.holders[h][url]
-                if DEVICE in tiers:
+                if Medium.GPU in tiers:
                     device += 1
-                elif HOST in tiers:
+                elif Medium.CPU in tiers:
                     host += 1
             out[url] = (device, host)
         return out
@@ -130,7 +130,3 @@ class KVIndex:
 
 def _medium(event: Sequence[Any], at: int) -> str | None:
     return event[at] if len(event) > at else None
-
-
-def _int(h: Any) -> int:
-    return int.from_bytes(h[:8], "big") if isinstance(h, bytes) else int(h)

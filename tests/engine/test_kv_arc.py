@@ -11,7 +11,7 @@ from test_kv_tiers import block_gib, prompts, run_phases, with_tail
 
 from engine import LLM
 from engine.kv_offload import ArcHostTier, HostEntry, HostTier
-from engine.kv_offload.tiers import MEDIUM_CPU
+from engine.kv_medium import Medium
 
 B = 64  # bytes per block in the unit tests
 
@@ -159,7 +159,7 @@ def test_greedy_output_is_the_same_with_arc_under_eviction_from_pool_and_host(
             assert isinstance(tier, ArcHostTier) == (policy == "arc")
             stats[policy] = llm.llm_engine.offload.stats
     assert outs["arc"] == outs["lru"] == outs[None]
-    assert all(s.blocks_loaded[MEDIUM_CPU] > 0 for s in stats.values())
+    assert all(s.blocks_loaded[Medium.CPU] > 0 for s in stats.values())
 
 
 def test_the_policy_is_checked_against_the_settings_table():

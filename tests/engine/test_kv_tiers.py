@@ -10,7 +10,7 @@ from test_prefix_and_cow import _finish_step  # the second half of a step the te
 
 from engine import LLM, LLMEngine, SamplingParams
 from engine.config import EngineConfig
-from engine.kv_offload import MEDIUM_CPU, MEDIUM_DISK, MEDIUM_GPU
+from engine.kv_medium import Medium
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
@@ -75,8 +75,8 @@ def test_evicted_prefixes_load_from_host_with_identical_greedy_output(
     assert run_phases(llm, phases) == oracle(phases)
     kv = llm.llm_engine.kv.stats()
     stats = llm.llm_engine.offload.stats
-    assert stats.blocks_stored[MEDIUM_CPU] > 0 and stats.blocks_loaded[MEDIUM_CPU] > 0
-    assert kv.hits_by_medium[MEDIUM_CPU] >= 3 * 48 // block_size * block_size, \
+    assert stats.blocks_stored[Medium.CPU] > 0 and stats.blocks_loaded[Medium.CPU] > 0
+    assert kv.hits_by_medium[Medium.CPU] >= 3 * 48 // block_size * block_size, \
         "the first prefixes were evicted from the pool and must come back from the host tier"
     assert kv.prefix_hits == sum(kv.hits_by_medium.values())
 
@@ -115,7 +115,7 @@ def test_preemption_and_a_mixed_batch_match_the_oracle(tiny_checkpoints, oracle)
     engine = llm.llm_engine
     assert engine.scheduler.num_preemptions > 0, "the small pool should have forced preemption"
     hits = engine.kv.stats().hits_by_medium
-    assert hits[MEDIUM_CPU] > 0 and hits[MEDIUM_GPU] > 0
+    assert hits[Medium.CPU] > 0 and hits[Medium.GPU] > 0
 
 
 # abort, preemption and failure while blocks load, and loads off the step:
@@ -133,7 +133,7 @@ def test_invariants_hold_across_tiers_after_every_step(tiny_checkpoints):
         engine.step()
         engine.check_no_leaks()
         assert engine.offload.host.used_bytes <= engine.offload.host.capacity_bytes
-    assert engine.offload.stats.blocks_loaded[MEDIUM_CPU] > 0
+    assert engine.offload.stats.blocks_loaded[Medium.CPU] > 0
 
 
 def test_events_name_each_tier_with_vllms_medium(tiny_checkpoints):
@@ -157,7 +157,7 @@ def test_events_name_each_tier_with_vllms_medium(tiny_checkpoints):
     cpu = {h for e in events if e[0] == "BlockStored" and e[-1] == "CPU" for h in e[1]}
     gpu_removed = {h for e in events if e[0] == "BlockRemoved" and e[-1] == "GPU" for h in e[1]}
     assert cpu <= gpu_removed, "the host tier stores only what the pool evicted"
-    assert (MEDIUM_CPU, MEDIUM_DISK) == ("CPU", "Disk")  # vllm/v1/kv_offload/mediums.py
+    assert (Medium.CPU, Medium.DISK) == ("CPU", "Disk")  # vllm/v1/kv_offload/mediums.py
 
 
 def test_the_cpu_transfer_round_trips_blocks_and_the_cuda_one_fills_the_interface():
@@ -270,13 +270,13 @@ def test_a_loaded_block_is_cached_in_the_pool_and_announced_there(tiny_checkpoin
     for i, p in enumerate(first):  # each evicts the one before into the host tier
         warm = run(f"warm{i}", p)
     loaded = run("again", with_tail(first[0], 1))
-    assert loaded[MEDIUM_CPU] > warm[MEDIUM_CPU], "the prefix should load from the host tier"
-    assert engine.offload.stats.blocks_loaded[MEDIUM_CPU] > 0
+    assert loaded[Medium.CPU] > warm[Medium.CPU], "the prefix should load from the host tier"
+    assert engine.offload.stats.blocks_loaded[Medium.CPU] > 0
     cached = {external_hash(b.block_hash) for b in engine.kv.blocks if b.block_hash is not None}
     assert set(recorder.cached) == cached
     final = run("again2", with_tail(first[0], 2))
-    assert final[MEDIUM_CPU] == loaded[MEDIUM_CPU]
-    assert final[MEDIUM_GPU] - loaded[MEDIUM_GPU] == 64
+    assert final[Medium.CPU] == loaded[Medium.CPU]
+    assert final[Medium.GPU] - loaded[Medium.GPU] == 64
 
 
 def test_tier_invariants_catch_a_queued_store_of_a_block_still_cached_as_itself(
@@ -306,12 +306,12 @@ def test_the_byte_counters_are_blocks_times_the_block_size(tiny_checkpoints):
     llm = tiered(tiny_checkpoints["llama"], 16, pool_blocks=10, host_blocks=20)
     run_phases(llm, [[p] for p in first] + [[with_tail(first[0], 3)]])
     stats = llm.llm_engine.offload.stats
-    assert stats.blocks_stored[MEDIUM_CPU] > 0 and stats.blocks_loaded[MEDIUM_CPU] > 0
+    assert stats.blocks_stored[Medium.CPU] > 0 and stats.blocks_loaded[Medium.CPU] > 0
     families = {f.name: f for f in collector(llm.llm_engine.offload, "m").collect()}
     moved = {s.labels["transfer_type"]: s.value for s in families["vllm:kv_offload_total_bytes"].samples}
     block = 2 * 2 * 16 * 2 * 16 * 4
-    assert moved["GPU_to_CPU"] == stats.blocks_stored[MEDIUM_CPU] * block
-    assert moved["CPU_to_GPU"] == stats.blocks_loaded[MEDIUM_CPU] * block
+    assert moved["GPU_to_CPU"] == stats.blocks_stored[Medium.CPU] * block
+    assert moved["CPU_to_GPU"] == stats.blocks_loaded[Medium.CPU] * block
 
 
 def test_invariants_hold_while_blocks_load_and_catch_a_loading_block_in_the_cache(

@@ -11,7 +11,7 @@ from test_kv_tiers import GREEDY, block_gib, prompts, with_tail
 from test_prefix_and_cow import _finish_step
 
 from engine import LLM, LLMEngine
-from engine.kv_offload import MEDIUM_CPU, MEDIUM_DISK
+from engine.kv_medium import Medium
 from engine.kv_offload.transfer import TransferWorker
 
 WAIT = 30  # seconds: a bound on waiting for the worker, never a sleep
@@ -96,8 +96,8 @@ def test_other_requests_step_while_a_load_is_held_and_the_load_is_used_after(
     assert done["again"].outputs[0].token_ids == oracle(again)
     assert done["twin"].outputs[0].token_ids == oracle(twin)
     assert done["again"].num_cached_tokens == 64 and done["twin"].num_cached_tokens == 64
-    assert engine.kv.stats().hits_by_medium[MEDIUM_CPU] == 128
-    assert engine.offload.stats.blocks_loaded[MEDIUM_CPU] == 8
+    assert engine.kv.stats().hits_by_medium[Medium.CPU] == 128
+    assert engine.offload.stats.blocks_loaded[Medium.CPU] == 8
 
 
 def test_the_admitting_step_computes_nothing_of_a_loading_request(tiny_checkpoints, oracle):
@@ -151,7 +151,7 @@ def test_abort_while_planned_queued_or_running_frees_everything(tiny_checkpoints
     engine.step()  # polls the done load: discarded
     engine.check_no_leaks()
     assert gate.calls == 1, "the cancelled queued job was skipped"
-    assert stats.loads_cancelled == 12 and stats.blocks_loaded[MEDIUM_CPU] == 0
+    assert stats.loads_cancelled == 12 and stats.blocks_loaded[Medium.CPU] == 0
     assert engine.get_stats().num_used_blocks == 0
     assert all(kv.blocks[b].block_hash is None for b in held["running"])
     assert not engine.has_unfinished_requests() and not engine.scheduler.has_unfinished()
@@ -207,7 +207,7 @@ def test_a_full_load_queue_recomputes_instead_of_waiting(tiny_checkpoints, oracl
     # skips an entry that is not ready): wait for the store worker, not the load worker
     engine.offload.worker.drain()
     hits = engine.kv.lookup_prefix(engine.scheduler.waiting[0])
-    assert [getattr(h, "medium", "GPU") for h in hits] == [MEDIUM_CPU] * 4
+    assert [getattr(h, "medium", "GPU") for h in hits] == [Medium.CPU] * 4
     batch = engine.scheduler.schedule()
     assert [s.request_id for s in batch.seqs] == ["c"] and batch.num_tokens == len(tails[2])
     assert not batch.blocks_to_load
@@ -245,7 +245,7 @@ def test_a_disk_file_found_bad_by_its_load_is_recomputed(tiny_checkpoints, oracl
     assert out.outputs[0].token_ids == oracle(again)
     assert out.num_cached_tokens == 16 and disk.bad_files["corrupt"] == 1
     stats = engine.offload.stats
-    assert stats.blocks_loaded[MEDIUM_DISK] == 1 and stats.loads_failed == 3
+    assert stats.blocks_loaded[Medium.DISK] == 1 and stats.loads_failed == 3
     from engine.kv_offload.metrics import collector
 
     family = next(f for f in collector(engine.offload, "m").collect()
@@ -253,5 +253,5 @@ def test_a_disk_file_found_bad_by_its_load_is_recomputed(tiny_checkpoints, oracl
     assert {s.labels["reason"]: s.value for s in family.samples} == {"cancelled": 0,
                                                                      "failed": 3}
     hits = engine.kv.stats()
-    assert hits.hits_by_medium[MEDIUM_DISK] == 16 and hits.prefix_hits == sum(
+    assert hits.hits_by_medium[Medium.DISK] == 16 and hits.prefix_hits == sum(
         hits.hits_by_medium.values())

@@ -16,7 +16,7 @@ import torch
 from test_kv_tiers import GREEDY, prompts, run_phases, tokens, with_tail
 
 from engine import LLM
-from engine.kv_offload import MEDIUM_DISK
+from engine.kv_medium import Medium
 from engine.kv_offload.disk import HEADER, DiskTier
 
 SHAPE = (2, 2, 4, 2, 8)  # [2, layers, block_size, kv_heads, head_dim]
@@ -189,7 +189,7 @@ def test_a_restarted_engine_finds_its_prefixes_on_disk(tiny_checkpoints, recompu
                                     copy_function=shutil.copy))  # new mtimes
     restarted = disk_llm(model, disk_dir)
     assert run_phases(restarted, again) == recompute(again)
-    assert restarted.llm_engine.kv.stats().hits_by_medium[MEDIUM_DISK] >= 4 * 64
+    assert restarted.llm_engine.kv.stats().hits_by_medium[Medium.DISK] >= 4 * 64
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncate"])
@@ -206,7 +206,7 @@ def test_damaged_files_never_give_wrong_tokens(tiny_checkpoints, recompute, tmp_
     restarted = disk_llm(tiny_checkpoints["llama"], tmp_path)
     assert run_phases(restarted, again) == recompute(again)
     disk = restarted.llm_engine.offload.disk
-    assert restarted.llm_engine.kv.stats().hits_by_medium[MEDIUM_DISK] == 0
+    assert restarted.llm_engine.kv.stats().hits_by_medium[Medium.DISK] == 0
     assert disk.bad_files["corrupt" if damage == "garbage" else "truncated"] > 0
 
 
@@ -220,7 +220,7 @@ def test_a_full_disk_skips_and_counts_while_the_engine_serves(tiny_checkpoints, 
     llm = disk_llm(tiny_checkpoints["llama"], tmp_path, kv_offloading_size=0)
     assert run_phases(llm, phases) == recompute(phases)
     assert llm.llm_engine.offload.disk.write_failures > 0
-    assert llm.llm_engine.offload.stats.blocks_stored[MEDIUM_DISK] == 0
+    assert llm.llm_engine.offload.stats.blocks_stored[Medium.DISK] == 0
 
 
 ENGINE = textwrap.dedent("""
@@ -269,7 +269,7 @@ def test_two_engine_processes_share_one_directory(tiny_checkpoints, recompute, t
         assert r["tokens"] == recompute([spec])
         assert r["bad"] == {"truncated": 0, "corrupt": 0, "foreign": 0}, \
             "a reader saw a partial file"
-    assert rc["hits"][MEDIUM_DISK] >= 4 * 64
+    assert rc["hits"][Medium.DISK] >= 4 * 64
 
 
 def test_a_step_evicting_many_blocks_spills_them_all(tiny_checkpoints, recompute, tmp_path):
@@ -281,12 +281,12 @@ def test_a_step_evicting_many_blocks_spills_them_all(tiny_checkpoints, recompute
     run_phases(llm, [[p] for p in first])
     tiers = llm.llm_engine.offload
     assert tiers.stats.stores_dropped == 0
-    assert tiers.stats.blocks_stored[MEDIUM_DISK] >= 2 * 112
+    assert tiers.stats.blocks_stored[Medium.DISK] >= 2 * 112
     again = [[with_tail(p, 70 + i)] for i, p in enumerate(first[:2])]
     restarted = disk_llm(tiny_checkpoints["llama"], tmp_path, block_size=1,
                          num_gpu_blocks_override=130)
     assert run_phases(restarted, again) == recompute(again)
-    assert restarted.llm_engine.kv.stats().hits_by_medium[MEDIUM_DISK] >= 2 * 112
+    assert restarted.llm_engine.kv.stats().hits_by_medium[Medium.DISK] >= 2 * 112
 
 
 def test_each_block_written_to_disk_is_counted_once(tiny_checkpoints, tmp_path):
@@ -299,11 +299,11 @@ def test_each_block_written_to_disk_is_counted_once(tiny_checkpoints, tmp_path):
     llm = disk_llm(tiny_checkpoints["llama"], tmp_path, kv_offloading_size=0)
     run_phases(llm, [[p] for p in first] + [[with_tail(p, 50)] for p in first]
                + [[with_tail(first[0], 70)]])
-    assert llm.llm_engine.kv.stats().hits_by_medium[MEDIUM_DISK] > 0
+    assert llm.llm_engine.kv.stats().hits_by_medium[Medium.DISK] > 0
     tiers = llm.llm_engine.offload
     files = len(block_files(tmp_path))
     assert files >= 4 and tiers.stats.stores_dropped == 0
-    assert tiers.stats.blocks_stored[MEDIUM_DISK] == files
+    assert tiers.stats.blocks_stored[Medium.DISK] == files
 
 
 def test_disk_writes_are_announced_as_disk_and_counted_like_the_events(tiny_checkpoints,
@@ -324,7 +324,7 @@ def test_disk_writes_are_announced_as_disk_and_counted_like_the_events(tiny_chec
     stored = {m: [h for e in events if e[0] == "BlockStored" and e[-1] == m for h in e[1]]
               for m in ("CPU", "Disk")}
     stats = engine.offload.stats
-    assert stats.blocks_stored[MEDIUM_DISK] > 0
-    assert len(stored["Disk"]) == stats.blocks_stored[MEDIUM_DISK] == len(block_files(tmp_path))
+    assert stats.blocks_stored[Medium.DISK] > 0
+    assert len(stored["Disk"]) == stats.blocks_stored[Medium.DISK] == len(block_files(tmp_path))
     assert len(stored["CPU"]) == stats.blocks_stored["CPU"] > 0
     assert set(stored["Disk"]) <= set(stored["CPU"]), "spilled from the host tier"

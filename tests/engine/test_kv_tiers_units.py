@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.kv_offload import MEDIUM_CPU, MEDIUM_DISK
+from engine.kv_medium import Medium
 
 
 def test_load_latencies_fill_a_cumulative_histogram_as_prometheus_reads_it():
@@ -40,7 +40,7 @@ def test_a_host_copy_still_in_flight_is_no_hit_until_ready():
     entry.data = "the block"
     entry.ready.set()
     hit = tiers.find(b"h" * 16)
-    assert (hit.block_hash, hit.entry, hit.medium) == (b"h" * 16, entry, MEDIUM_CPU)
+    assert (hit.block_hash, hit.entry, hit.medium) == (b"h" * 16, entry, Medium.CPU)
     assert tiers.find(b"x" * 16) is None
 
 
@@ -115,9 +115,9 @@ def test_loads_run_on_the_worker_and_are_counted_when_polled():
             return None if block_hash == b"\x03" * 16 else f"disk{block_hash[0]}"
 
     hits = [TierHit(bytes([i]) * 16, HostEntry(bytes([i]) * 16, data=f"kv{i}"),
-                    MEDIUM_CPU) for i in range(5)]
-    hits[1] = TierHit(b"\x01" * 16, HostEntry(b"\x01" * 16), MEDIUM_DISK)
-    hits[3] = TierHit(b"\x03" * 16, HostEntry(b"\x03" * 16), MEDIUM_DISK)  # a bad file
+                    Medium.CPU) for i in range(5)]
+    hits[1] = TierHit(b"\x01" * 16, HostEntry(b"\x01" * 16), Medium.DISK)
+    hits[3] = TierHit(b"\x03" * 16, HostEntry(b"\x03" * 16), Medium.DISK)  # a bad file
     transfer, pool, worker = _Transfer(), _Pool(), TransferWorker(4, name="kv-load-unit")
     tiers = OffloadTiers(HostTier(4 * 64, 64), transfer, _Worker([]), disk=Disk(),
                          load_worker=worker)
@@ -133,7 +133,7 @@ def test_loads_run_on_the_worker_and_are_counted_when_polled():
     assert transfer.loaded == [(["kv0", "disk1", "kv2"], [10, 11, 12])]
     assert tiers.poll() == [job] and job.num_loaded == 3 and job.kept_blocks() == 4
     assert pool.ended[1:] == [(10, True), (11, True), (12, True), (13, False), (14, False)]
-    assert tiers.stats.blocks_loaded == {MEDIUM_CPU: 2, MEDIUM_DISK: 1}
+    assert tiers.stats.blocks_loaded == {Medium.CPU: 2, Medium.DISK: 1}
     assert tiers.stats.loads_failed == 2 and sum(tiers.stats.load_buckets) == 1
     assert tiers.host.get(b"\x01" * 16).data == "disk1", "a disk hit is promoted once loaded"
     assert tiers.poll() == []
@@ -144,7 +144,7 @@ def test_loads_run_on_the_worker_and_are_counted_when_polled():
     tiers.cancel_load(late)
     assert tiers.stats.loads_cancelled == 1
     assert tiers.poll() == [] and pool.ended[-1] == (30, False)
-    assert tiers.stats.loads_cancelled == 2 and tiers.stats.blocks_loaded[MEDIUM_CPU] == 2
+    assert tiers.stats.loads_cancelled == 2 and tiers.stats.blocks_loaded[Medium.CPU] == 2
     worker.close()
 
 
