@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 
 class HostEntry:
@@ -28,6 +28,30 @@ class HostEntry:
     @property
     def loadable(self) -> bool:
         return self.ready.is_set() and self.data is not None
+
+
+@runtime_checkable
+class HostPolicy(Protocol):
+    """The host tier's index as the tiers use it: LRU (HostTier, below) or ARC
+    (arc.ArcHostTier). `get` counts as a use; `insert` returns the entries it evicted."""
+    capacity_bytes: int
+    block_bytes: int
+    max_entries: int
+
+    @property
+    def used_bytes(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+    def __contains__(self, block_hash: bytes) -> bool: ...
+
+    def get(self, block_hash: bytes) -> HostEntry | None: ...
+
+    def insert(self, entry: HostEntry) -> list[HostEntry]: ...
+
+    def hashes(self) -> list[bytes]: ...
+
+    def check_invariants(self) -> None: ...
 
 
 class HostTier:

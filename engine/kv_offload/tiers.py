@@ -26,11 +26,15 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.kv_medium import Medium
-from engine.kv_offload.host import HostEntry, HostTier
+from engine.kv_offload.host import HostEntry, HostPolicy
 from engine.kv_offload.loads import LoadJob, LoadState
+
+if TYPE_CHECKING:   # torch's modules: the annotations only
+    from engine.kv_offload.disk import DiskTier
+    from engine.kv_offload.transfer import KVTransfer, TransferWorker
 
 
 class BlockPool(Protocol):
@@ -70,8 +74,9 @@ class TierStats:
 
 
 class OffloadTiers:
-    def __init__(self, host: HostTier, transfer: Any, worker: Any, disk: Any = None,
-                 load_worker: Any = None) -> None:
+    def __init__(self, host: HostPolicy, transfer: KVTransfer, worker: TransferWorker,
+                 disk: DiskTier | None = None, load_worker: TransferWorker | None = None
+                 ) -> None:
         self.host, self.io, self.worker, self.disk = host, transfer, worker, disk
         self.load_worker = load_worker  # its own thread: loads never queue behind disk writes
         self.block_bytes = host.block_bytes

@@ -10,8 +10,8 @@ import pytest
 from test_kv_tiers import block_gib, prompts, run_phases, with_tail
 
 from engine import LLM
-from engine.kv_offload import ArcHostTier, HostEntry, HostTier
 from engine.kv_medium import Medium
+from engine.kv_offload import ArcHostTier, HostEntry, HostTier
 
 B = 64  # bytes per block in the unit tests
 
@@ -167,3 +167,10 @@ def test_the_policy_is_checked_against_the_settings_table():
 
     with pytest.raises(ValueError, match="kv_offloading_eviction_policy must be one of lru, arc"):
         EngineConfig(model="m", kv_offloading_eviction_policy="lfu")
+
+
+def test_lru_and_arc_are_both_the_host_policy_the_tiers_take():
+    from engine.kv_offload.host import HostPolicy
+    for index in (HostTier(4096, 1024), ArcHostTier(4096, 1024)):
+        assert isinstance(index, HostPolicy), type(index)
+    assert not isinstance(object(), HostPolicy)
