@@ -20,6 +20,9 @@ written for vLLM reads ours:
   as of the seq it carries, then the end marker: for a subscriber that starts late or lost
   more than the buffer holds.
 
+The events are typed structs (engine/kv_event_wire.py: BlockStored, BlockRemoved,
+AllBlocksCleared, with the codec); everything here and in the router reads them by name.
+
 The engine thread only appends to a list (the KV cache manager calls `stored`/`removed`)
 and, once per step, puts the step's events on a bounded queue without waiting (`flush`).
 A thread drains the queue: encodes, sends, keeps the replay buffer and its own copy of
@@ -40,62 +43,21 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from engine.block_hash import event_hash, external_hash
+from engine.kv_event_wire import (AllBlocksCleared, BlockRemoved, BlockStored, Event,
+                                  all_blocks_cleared, block_removed, block_stored,
+                                  decode_batch, encode_batch)
 from engine.kv_medium import Medium
+
+__all__ = ["END_SEQ", "SNAPSHOT_REQUEST", "KVEventRecorder", "ZmqKVEventPublisher",
+           "apply_events", "block_removed", "block_stored", "all_blocks_cleared",
+           "decode_batch", "encode_batch", "make_publisher", "snapshot_events"]
 
 logger = logging.getLogger("engine.kv_events")
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 SNAPSHOT_REQUEST = b"snapshot"
-Event = list  # a tagged array, as above
-
-
-def block_stored(hashes: list[int], parent: int | None, token_ids: list[int],
-                 block_size: int, medium: str | None = Medium.GPU) -> Event:
-    return ["BlockStored", hashes, parent, token_ids, block_size, None, medium]
-
-
-def block_removed(hashes: list[int], medium: str | None = Medium.GPU) -> Event:
-    return ["BlockRemoved", hashes, medium]
-
-
-def all_blocks_cleared() -> Event:
-    return ["AllBlocksCleared"]
-
-
-def encode_batch(ts: float, events: list[Event]) -> bytes:
-    import msgpack
-
-    return msgpack.packb([ts, events])
-
-
-def decode_batch(payload: bytes) -> tuple[float, list[Event]]:
-    """(ts, events) of a KVEventBatch; also reads the map layout of newer vLLM releases
-    (`{"ts":, "events": [{"type": "BlockStored", "block_hashes": ...}]}`)."""
-    import msgpack
-
-    batch = msgpack.unpackb(payload, strict_map_key=False)
-    if isinstance(batch, dict):
-        events = [_event_from_map(e) for e in batch.get("events", [])]
-        return float(batch.get("ts", 0.0)), events
-    return float(batch[0]), [e if isinstance(e, list) else _event_from_map(e) for e in batch[1]]
-
-
-def _event_from_map(e: dict[str, Any]) -> Event:
-    tag = e.get("type")
-    if tag == "BlockStored":
-        return block_stored(e["block_hashes"], e.get("parent_block_hash"), e.get("token_ids", []),
-                            e.get("block_size", 0), e.get("medium"))
-    if tag == "BlockRemoved":
-        return block_removed(e["block_hashes"], e.get("medium"))
-    return [tag]
-
 
 Held = dict[int, tuple[int | None, tuple[int, ...]]]  # one medium's {hash: (parent, tokens)}
-
-
-def _medium(event: Event, at: int) -> str:
-    """The event's medium; one that names none (vLLM before media) is the device's."""
-    return (event[at] if len(event) > at else None) or Medium.GPU
 
 
 def apply_events(state: dict[str, Held], events: Iterable[Event]) -> None:
@@ -103,20 +65,19 @@ def apply_events(state: dict[str, Held], events: Iterable[Event]) -> None:
     block leaves only the medium its removal names (a device eviction leaves the host's
     copy), and AllBlocksCleared empties every medium."""
     for event in events:
-        tag = event[0]
-        if tag == "BlockStored":
-            held = state.setdefault(_medium(event, 6), {})
-            parent, tokens, size = event[2], event[3], event[4] or 1
-            for i, h in enumerate(event[1]):
+        if isinstance(event, BlockStored):
+            held = state.setdefault(event.where, {})
+            parent, tokens, size = event.parent_block_hash, event.token_ids, event.block_size or 1
+            for i, h in enumerate(event.block_hashes):
                 h = event_hash(h)
                 held[h] = (None if parent is None else event_hash(parent),
                            tuple(tokens[i * size:(i + 1) * size]))
                 parent = h
-        elif tag == "BlockRemoved":
-            held = state.get(_medium(event, 2), {})
-            for h in event[1]:
+        elif isinstance(event, BlockRemoved):
+            held = state.get(event.where, {})
+            for h in event.block_hashes:
                 held.pop(event_hash(h), None)
-        elif tag == "AllBlocksCleared":
+        elif isinstance(event, AllBlocksCleared):
             state.clear()
 
 
@@ -152,10 +113,10 @@ class KVEventRecorder:
     def _stored(self, h: int, p: int | None, tokens: tuple[int, ...], medium: str) -> None:
         self._held(medium)[h] = (p, tokens)
         last = self.pending[-1] if self.pending else None
-        if last is not None and last[0] == "BlockStored" and last[1][-1] == p \
-                and last[6] == medium:
-            last[1].append(h)
-            last[3].extend(tokens)
+        if isinstance(last, BlockStored) and last.block_hashes[-1] == p \
+                and last.medium == medium:
+            last.block_hashes.append(h)
+            last.token_ids.extend(tokens)
         else:
             self.pending.append(block_stored([h], p, list(tokens), self.block_size, medium))
 
@@ -174,8 +135,8 @@ class KVEventRecorder:
         if info is not None:
             self._gone[h] = info
         last = self.pending[-1] if self.pending else None
-        if last is not None and last[0] == "BlockRemoved" and last[2] == medium:
-            last[1].append(h)
+        if isinstance(last, BlockRemoved) and last.medium == medium:
+            last.block_hashes.append(h)
         else:
             self.pending.append(block_removed([h], medium))
 

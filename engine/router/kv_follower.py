@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
-from engine.kv_events import END_SEQ, SNAPSHOT_REQUEST, decode_batch
+from engine.kv_event_wire import AllBlocksCleared, decode_batch
+from engine.kv_events import END_SEQ, SNAPSHOT_REQUEST
 from engine.router.kv_index import KVIndex
 
 logger = logging.getLogger("engine.router")
@@ -139,7 +140,7 @@ class KVEventFollower:
     async def _on_batch(self, url: str, seq: int, payload: bytes, replay: Any) -> None:
         last = self.last_seq[url]
         _, events = decode_batch(payload)
-        clears = bool(events) and events[0][0] == "AllBlocksCleared"
+        clears = bool(events) and isinstance(events[0], AllBlocksCleared)
         if seq == last + 1 or (clears and seq > last):
             self._apply(url, seq, events)  # in order, or a rebase: history no longer matters
         elif seq <= last:

@@ -8,9 +8,9 @@ run in the router's event loop, so the index needs no lock.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from engine.block_hash import event_hash
+from engine.kv_event_wire import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from engine.kv_medium import Medium
 
 
@@ -87,13 +87,13 @@ class KVIndex:
         self.clear(url)
         self.blocks.pop(url, None)
 
-    def apply(self, url: str, events: Sequence[list]) -> None:
+    def apply(self, url: str, events: Sequence[Event]) -> None:
         for event in events:
-            if event[0] == "BlockStored":
-                self.store(url, (event_hash(h) for h in event[1]), _medium(event, 6))
-            elif event[0] == "BlockRemoved":
-                self.remove(url, (event_hash(h) for h in event[1]), _medium(event, 2))
-            elif event[0] == "AllBlocksCleared":
+            if isinstance(event, BlockStored):
+                self.store(url, (event_hash(h) for h in event.block_hashes), event.where)
+            elif isinstance(event, BlockRemoved):
+                self.remove(url, (event_hash(h) for h in event.block_hashes), event.where)
+            elif isinstance(event, AllBlocksCleared):
                 self.clear(url)
 
     def prefix_blocks(self, hashes: Sequence[int], urls: Iterable[str]) -> dict[str, int]:
@@ -126,7 +126,3 @@ class KVIndex:
 
     def size(self, url: str) -> int:
         return len(self.blocks.get(url, ()))
-
-
-def _medium(event: Sequence[Any], at: int) -> str | None:
-    return event[at] if len(event) > at else None

@@ -17,6 +17,7 @@ import pytest
 import zmq
 
 from engine import LLMEngine, SamplingParams
+from engine import kv_event_wire as wire
 from engine.block_hash import external_hash, full_block_hashes
 from engine.kv_events import (END_SEQ, SNAPSHOT_REQUEST, KVEventRecorder, ZmqKVEventPublisher,
                               apply_events, decode_batch)
@@ -206,7 +207,7 @@ def test_snapshot_rebuilds_the_cache_state_for_a_subscriber_that_starts_late(eng
     (seq, payload), = sub.ask(SNAPSHOT_REQUEST)
     assert seq == last
     ts, events = decode_batch(payload)
-    assert events[0] == ["AllBlocksCleared"]
+    assert events[0] == wire.AllBlocksCleared()
     state: dict[int, Any] = {}
     apply_events(state, events)
     assert set(state) == {"GPU"} and set(state["GPU"]) == cache_contents(engine)
@@ -260,7 +261,7 @@ def test_a_full_queue_drops_counts_and_then_rebases_every_subscriber():
         seqs = sub.drain(n + 5)
         assert n + 3 not in sub.batches and n + 4 not in sub.batches  # the gap subscribers see
         _, rebase = decode_batch(sub.batches[n + 5])
-        assert rebase[0] == ["AllBlocksCleared"]
+        assert rebase[0] == wire.AllBlocksCleared()
         state: dict[int, Any] = {}
         apply_events(state, rebase)
         assert state == {"GPU": {external_hash(b"b" * 16): (external_hash(b"a" * 16), (3, 4)),

@@ -18,6 +18,7 @@ import zmq
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
+from engine.kv_event_wire import AllBlocksCleared
 from engine.block_hash import external_hash
 from engine.kv_events import (END_SEQ, SNAPSHOT_REQUEST, KVEventRecorder, ZmqKVEventPublisher,
                               apply_events, decode_batch)
@@ -188,7 +189,7 @@ def test_the_rebase_after_a_dropped_batch_keeps_the_host_and_disk_copies():
         wait_for(lambda: publisher.last_seq == 2)
         (_, rebase), = [(s, p) for s, p in publisher._buffer if s == 2]
         events = decode_batch(rebase)[1]
-        assert events[0] == ["AllBlocksCleared"]
+        assert events[0] == AllBlocksCleared()
         state: dict[str, Any] = {}
         apply_events(state, events)
         assert state == {"GPU": {b: (a, (1, 2))}, "CPU": {a: (None, (0, 1))},

@@ -10,6 +10,7 @@ from test_prefix_and_cow import _finish_step  # the second half of a step the te
 
 from engine import LLM, LLMEngine, SamplingParams
 from engine.config import EngineConfig
+from engine.kv_event_wire import BlockRemoved, BlockStored
 from engine.kv_medium import Medium
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -151,11 +152,13 @@ def test_events_name_each_tier_with_vllms_medium(tiny_checkpoints):
             engine.step()
             events += recorder.take()
         engine.offload.drain()
-    by = {(e[0], e[-1]) for e in events}
+    by = {(type(e).__name__, e.medium) for e in events}
     assert {("BlockStored", "GPU"), ("BlockRemoved", "GPU"), ("BlockStored", "CPU"),
             ("BlockRemoved", "CPU")} <= by
-    cpu = {h for e in events if e[0] == "BlockStored" and e[-1] == "CPU" for h in e[1]}
-    gpu_removed = {h for e in events if e[0] == "BlockRemoved" and e[-1] == "GPU" for h in e[1]}
+    cpu = {h for e in events if isinstance(e, BlockStored) and e.medium == "CPU"
+           for h in e.block_hashes}
+    gpu_removed = {h for e in events if isinstance(e, BlockRemoved) and e.medium == "GPU"
+                   for h in e.block_hashes}
     assert cpu <= gpu_removed, "the host tier stores only what the pool evicted"
     assert (Medium.CPU, Medium.DISK) == ("CPU", "Disk")  # vllm/v1/kv_offload/mediums.py
 

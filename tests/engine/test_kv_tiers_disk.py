@@ -16,6 +16,7 @@ import torch
 from test_kv_tiers import GREEDY, prompts, run_phases, tokens, with_tail
 
 from engine import LLM
+from engine.kv_event_wire import BlockStored
 from engine.kv_medium import Medium
 from engine.kv_offload.disk import HEADER, DiskTier
 
@@ -321,8 +322,8 @@ def test_disk_writes_are_announced_as_disk_and_counted_like_the_events(tiny_chec
         llm.generate([p], GREEDY)
         events += recorder.take()
         engine.offload.drain()
-    stored = {m: [h for e in events if e[0] == "BlockStored" and e[-1] == m for h in e[1]]
-              for m in ("CPU", "Disk")}
+    stored = {m: [h for e in events if isinstance(e, BlockStored) and e.medium == m
+                  for h in e.block_hashes] for m in ("CPU", "Disk")}
     stats = engine.offload.stats
     assert stats.blocks_stored[Medium.DISK] > 0
     assert len(stored["Disk"]) == stats.blocks_stored[Medium.DISK] == len(block_files(tmp_path))

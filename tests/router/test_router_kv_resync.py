@@ -7,6 +7,7 @@ from typing import Any
 
 from test_router_precise import E, buffered, follow, new_publisher, publish
 
+from engine.kv_event_wire import AllBlocksCleared, BlockStored
 from engine.kv_events import encode_batch
 from engine.router.kv_follower import KVEventFollower
 
@@ -23,7 +24,7 @@ def test_a_replay_with_a_hole_falls_back_to_a_snapshot():
 
         async def script(follower: KVEventFollower, replay: Any) -> None:
             follower.last_seq["u"] = 0
-            follower.index.apply("u", [["AllBlocksCleared"]])
+            follower.index.apply("u", [AllBlocksCleared()])
             await follower._on_batch("u", 4, batches[4], replay)
 
         index, follower = asyncio.run(follow(publisher, script))
@@ -41,7 +42,7 @@ def test_a_batch_delivered_twice_is_ignored_without_a_resync():
 
         async def script(follower: KVEventFollower, replay: Any) -> None:
             follower.last_seq["u"] = 0
-            follower.index.apply("u", [["AllBlocksCleared"]])
+            follower.index.apply("u", [AllBlocksCleared()])
             for seq in (1, 2, 2):  # 2 again: the same seq, not a clear
                 await follower._on_batch("u", seq, batches[seq], replay)
 
@@ -124,11 +125,11 @@ def test_a_rebase_after_a_gap_and_a_restart_announced_by_a_clear_need_no_replay(
         follower = KVEventFollower(KVIndex())
         follower.last_seq["u"] = 1
         follower.index.store("u", [E[7]])
-        rebase = [["AllBlocksCleared"], ["BlockStored", [E[2]], None, [], 2, None, "CPU"]]
+        rebase = [AllBlocksCleared(), BlockStored([E[2]], None, [], 2, None, "CPU")]
         await follower._on_batch("u", 5, encode_batch(0.0, rebase), None)  # 2-4 missed
         after_gap = (set(follower.index.blocks["u"]), follower.last_seq["u"],
                      list(follower.resyncs.get("u", [])))
-        await follower._on_batch("u", 5, encode_batch(0.0, [["AllBlocksCleared"]]), None)
+        await follower._on_batch("u", 5, encode_batch(0.0, [AllBlocksCleared()]), None)
         return after_gap, (set(follower.index.blocks["u"]), follower.last_seq["u"],
                            follower.resyncs["u"])
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from test_router_bounded_load import check_placements
 
+from engine.kv_event_wire import AllBlocksCleared, BlockRemoved, BlockStored
 from engine.block_hash import external_hash
 from engine.kv_events import KVEventRecorder, ZmqKVEventPublisher
 from engine.router.hashing import ring_point
@@ -26,15 +27,15 @@ def pool(n: int = 3) -> list[Backend]:
 
 def test_index_counts_the_leading_blocks_each_backend_holds():
     index = KVIndex()
-    index.apply("a", [["BlockStored", [1, 2, 3], None, [], 16, None, "GPU"]])
-    index.apply("b", [["BlockStored", [1, 2], None, [], 16, None, "GPU"],
-                      ["BlockStored", [9], None, [], 16, None, "GPU"]])
+    index.apply("a", [BlockStored([1, 2, 3], None, [], 16, None, "GPU")])
+    index.apply("b", [BlockStored([1, 2], None, [], 16, None, "GPU"),
+                      BlockStored([9], None, [], 16, None, "GPU")])
     assert index.prefix_blocks([1, 2, 3, 4], ["a", "b", "c"]) == {"a": 3, "b": 2, "c": 0}
     # hashes are chained, so holding hash i means holding the prefix up to block i
     assert index.prefix_blocks([1, 9], ["a", "b"]) == {"a": 1, "b": 2}
-    index.apply("a", [["BlockRemoved", [2], "GPU"]])
+    index.apply("a", [BlockRemoved([2], "GPU")])
     assert index.prefix_blocks([1, 2, 3], ["a", "b"]) == {"a": 1, "b": 2}
-    index.apply("b", [["AllBlocksCleared"]])
+    index.apply("b", [AllBlocksCleared()])
     assert index.prefix_blocks([1, 2, 3], ["a", "b"]) == {"a": 1, "b": 0}
     assert index.size("b") == 0 and 9 not in index.holders
     index.drop("a")
@@ -46,16 +47,16 @@ def test_a_backend_holds_a_block_while_any_of_its_tiers_does():
     device evicts it, back on the device when loaded. Removing one medium's copy leaves
     the others (an event without a medium is the device's)."""
     index = KVIndex()
-    index.apply("a", [["BlockStored", [1, 2], None, [], 16, None, "GPU"],
-                      ["BlockStored", [1, 2], None, [], 16, None, "CPU"],
-                      ["BlockStored", [3], None, [], 16, None, None]])
-    index.apply("a", [["BlockRemoved", [1, 2], "GPU"]])  # evicted from the device only
+    index.apply("a", [BlockStored([1, 2], None, [], 16, None, "GPU"),
+                      BlockStored([1, 2], None, [], 16, None, "CPU"),
+                      BlockStored([3], None, [], 16, None, None)])
+    index.apply("a", [BlockRemoved([1, 2], "GPU")])  # evicted from the device only
     assert index.prefix_blocks([1, 2, 3], ["a"]) == {"a": 3}
-    index.apply("a", [["BlockRemoved", [2], "CPU"], ["BlockRemoved", [3], "GPU"]])
+    index.apply("a", [BlockRemoved([2], "CPU"), BlockRemoved([3], "GPU")])
     assert index.prefix_blocks([1, 2, 3], ["a"]) == {"a": 1} and index.size("a") == 1
-    index.apply("a", [["BlockRemoved", [1], "Disk"]])  # a tier that never held it
+    index.apply("a", [BlockRemoved([1], "Disk")])  # a tier that never held it
     assert index.prefix_blocks([1], ["a"]) == {"a": 1}
-    index.apply("a", [["BlockRemoved", [1], "CPU"]])
+    index.apply("a", [BlockRemoved([1], "CPU")])
     assert index.holders == {} and index.size("a") == 0
 
 
@@ -69,19 +70,19 @@ def test_of_equal_runs_the_device_beats_the_host_tier_beats_disk(order):
     policy = PrecisePolicy()
     request = RouteRequest([31, 32, 33])
     for backend, medium in ((disk, "Disk"), (cpu, "CPU"), (gpu, "GPU")):
-        policy.index.apply(backend.url, [["BlockStored", [31, 32], None, [], 16, None, medium]])
+        policy.index.apply(backend.url, [BlockStored([31, 32], None, [], 16, None, medium)])
     assert policy.choose(request, backends).order[0] is gpu
-    policy.index.apply(gpu.url, [["BlockRemoved", [32], "GPU"]])  # its run is one block now
+    policy.index.apply(gpu.url, [BlockRemoved([32], "GPU")])  # its run is one block now
     assert policy.choose(request, backends).order[0] is cpu
     # one block on the device and one on the host beats two on the host tier
-    policy.index.apply(gpu.url, [["BlockStored", [32], None, [], 16, None, "CPU"]])
+    policy.index.apply(gpu.url, [BlockStored([32], None, [], 16, None, "CPU")])
     assert policy.choose(request, backends).order[0] is gpu
-    policy.index.apply(gpu.url, [["AllBlocksCleared"]])
-    policy.index.apply(cpu.url, [["AllBlocksCleared"]])
+    policy.index.apply(gpu.url, [AllBlocksCleared()])
+    policy.index.apply(cpu.url, [AllBlocksCleared()])
     assert policy.choose(request, backends).order[0] is disk
     # a longer run on disk beats a shorter one on the device
-    policy.index.apply(disk.url, [["BlockStored", [33], None, [], 16, None, "Disk"]])
-    policy.index.apply(gpu.url, [["BlockStored", [31, 32], None, [], 16, None, "GPU"]])
+    policy.index.apply(disk.url, [BlockStored([33], None, [], 16, None, "Disk")])
+    policy.index.apply(gpu.url, [BlockStored([31, 32], None, [], 16, None, "GPU")])
     choice = policy.choose(request, backends)
     assert choice.order[0] is disk and choice.hit_chunks == 3
 
@@ -257,7 +258,7 @@ def test_a_gap_is_filled_by_replay_in_order():
 
         async def script(follower: KVEventFollower, replay: Any) -> None:
             follower.last_seq["u"] = 0
-            follower.index.apply("u", [["AllBlocksCleared"]])
+            follower.index.apply("u", [AllBlocksCleared()])
             await follower._on_batch("u", 3, batches[3], replay)  # 1 and 2 were missed
 
         index, follower = asyncio.run(follow(publisher, script))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.kv_event_wire import AllBlocksCleared, BlockRemoved, BlockStored
 from engine.router.hashing import ring_point
 from engine.router.kv_index import KVIndex
 from engine.router.policies import PrecisePolicy, RouteRequest, make_policy
@@ -13,22 +14,22 @@ from engine.router.pool import Backend
 
 
 def stored(hashes: range, medium: str = "GPU") -> list:
-    return ["BlockStored", list(hashes), None, [], 16, None, medium]
+    return BlockStored(list(hashes), None, [], 16, None, medium)
 
 
 def test_blocks_lost_from_every_tier_count_as_evicted_and_a_resync_forgets_them():
     index = KVIndex()
     index.apply("a", [stored(range(100)), stored(range(90, 100), "CPU")])
-    index.apply("a", [["BlockRemoved", list(range(60)), "GPU"]])
+    index.apply("a", [BlockRemoved(list(range(60)), "GPU")])
     assert index.size("a") == 40 and index.evicted("a") == 60 and index.demand("a") == 100
     # a block the host tier still holds is not lost; one never held is not either
-    index.apply("a", [["BlockRemoved", list(range(90, 100)), "GPU"],
-                      ["BlockRemoved", [500, 501], "GPU"]])
+    index.apply("a", [BlockRemoved(list(range(90, 100)), "GPU"),
+                      BlockRemoved([500, 501], "GPU")])
     assert index.size("a") == 40 and index.evicted("a") == 60
-    index.apply("a", [["BlockRemoved", [95], "CPU"]])
+    index.apply("a", [BlockRemoved([95], "CPU")])
     assert index.evicted("a") == 61 and index.held_total == 39
     # a snapshot or a restart starts the backend over: what it lost before is gone too
-    index.apply("a", [["AllBlocksCleared"]])
+    index.apply("a", [AllBlocksCleared()])
     assert index.demand("a") == 0 and index.held_total == 0
     index.apply("a", [stored(range(10))])
     index.remove("a", range(4))
