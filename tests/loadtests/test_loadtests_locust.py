@@ -47,7 +47,8 @@ def test_same_seed_replays_the_same_prompts(tmp_path):
     firsts = []
     for run in ("c", "d"):
         with FakeOpenAIServer(ttft=0.01, itl=0.001) as server:
-            run_load(LoadSpec(workload="code", duration=1, users=1, seed=7, length_scale=0.1),
+            # 3 s: Locust's start may take a second or more on a loaded machine
+            run_load(LoadSpec(workload="code", duration=3, users=1, seed=7, length_scale=0.1),
                      url=server.url, workdir=tmp_path / run)
             firsts.append(server.requests[0]["prompt"])
     assert firsts[0] == firsts[1]

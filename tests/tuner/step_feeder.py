@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
+import time
 
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -27,10 +28,14 @@ def feeding_metrics(num_gpu_blocks: int | None = None):
                                  enable_prefix_caching=True, gpu_memory_utilization=0.9)
 
     def serve():
-        rng, tick = random.Random(0), 0
+        # the mix drifts with the wall clock, not the loop count: a loaded machine runs
+        # fewer loops per window, and windows must still differ in their prefill share
+        # (with a fast drift every window averaged the same, and the prefill coefficient
+        # came out 20 % low under CI's load)
+        rng, start = random.Random(0), time.monotonic()
         while not stop.wait(0.01):
-            tick += 1
-            rows, prompt = 1 + (tick // 7) % 32, [0, 64, 300][(tick // 11) % 3]
+            t = time.monotonic() - start
+            rows, prompt = 1 + int(t / 0.37) % 32, [0, 64, 300][int(t / 0.9) % 3]
             for _ in range(rng.randint(1, 6)):
                 shape = StepShape(prefill_tokens=rng.choice([0, prompt]),
                                   decode_seqs=rng.randint(max(1, rows - 4), rows))
