@@ -35,18 +35,17 @@ from engine import settings as engine_settings
 from engine import settings_k8s
 from engine import settings_speculative as spec_decode
 
-# The settings a sweep may vary: the settings table's spec.engine ones (a result is applied
-# there), the keys of its object settings with a `tune` range, and OUTSIDE_ENGINE ones (at
-# that path of the spec). The default space is each one's `tune` range but OPT_IN ones,
-# which a workload asks for (WorkloadSpec.tune_also): a host KV tier pays only when requests
-# come back to prefixes the device pool evicted (multi-turn chat, RAG), else costs memory.
+# The settings a sweep may vary: every row of the settings table a PagedInferenceService
+# spec holds (spec.engine's, and the other sections' such as spec.kvCache.offloadGiB: each
+# row's `section`; a result is applied there) and the keys of its object settings with a
+# `tune` range. The default space is each one's `tune` range but OPT_IN ones, which a
+# workload asks for (WorkloadSpec.tune_also): a host KV tier pays only when requests come
+# back to prefixes the device pool evicted (multi-turn chat, RAG), else costs memory.
 PARENT: dict[str, engine_settings.Setting] = {
     k.name: s for s in engine_settings.SPEC_SETTINGS for k in s.keys if k.tune}
-OUTSIDE_ENGINE: dict[str, tuple[str, str]] = {"kv_offloading_size": ("kvCache", "offloadGiB")}
 SETTINGS: dict[str, engine_settings.Setting] = {
-    s.name: s for s in engine_settings.SPEC_SETTINGS} | {
-    k.name: k for s in engine_settings.SPEC_SETTINGS for k in s.keys if k.tune} | {
-    name: engine_settings.SETTINGS[name] for name in OUTSIDE_ENGINE}
+    s.name: s for s in engine_settings.IN_SPEC} | {
+    k.name: k for s in engine_settings.SPEC_SETTINGS for k in s.keys if k.tune}
 OPT_IN = frozenset({"kv_offloading_size"})
 
 DEFAULT_SPACE = {s.name: s.tune for s in SETTINGS.values() if s.tune and s.name not in OPT_IN}
@@ -256,11 +255,11 @@ def engine_values(values: dict[str, Any]) -> dict[str, Any]:
 def to_engine_spec(settings: dict[str, Any]) -> dict[str, Any]:
     """snake_case settings (dimensions) -> the camelCase keys of PagedInferenceService's
     spec.engine; an object setting a dimension turns off is None (a merge patch's null).
-    OUTSIDE_ENGINE settings are left out: to_spec_patch places them."""
+    Settings of other sections are left out: to_spec_patch places them."""
     out: dict[str, Any] = {}
     for name, value in engine_values(settings).items():
         s = SETTINGS[name]
-        if name in OUTSIDE_ENGINE:
+        if s.section != "engine":
             continue
         if value is None:
             out[s.field] = None
@@ -276,26 +275,43 @@ def to_engine_spec(settings: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def to_spec_patch(settings: dict[str, Any]) -> dict[str, Any]:
-    """snake_case settings -> a merge patch of PagedInferenceService's spec: spec.engine's
-    keys, and each OUTSIDE_ENGINE setting at its path (kv_offloading_size 2 ->
-    kvCache.offloadGiB 2.0; off: None, which removes it)."""
+def to_spec_patch(settings: dict[str, Any], *, record: bool = False) -> dict[str, Any]:
+    """snake_case settings -> a merge patch of PagedInferenceService's spec: each setting at
+    its row's spec.<section>.<field> (kv_offloading_size 2 -> kvCache.offloadGiB 2.0); one
+    turned off is None, which removes it, or with `record` (a trial's line in
+    status.history) its tune_off (offloadGiB 0), so the line names everything it ran."""
     out: dict[str, Any] = {"engine": to_engine_spec(settings)}
     for name, value in engine_values(settings).items():
-        if name in OUTSIDE_ENGINE:
-            section, key = OUTSIDE_ENGINE[name]
-            out.setdefault(section, {})[key] = None if value is None else float(value)
+        s = SETTINGS[name]
+        if s.section == "engine":
+            continue
+        if value is None:
+            value = s.tune_off if record else None
+        out.setdefault(s.section, {})[s.field] = None if value is None else \
+            round(float(value), 4) if s.type is float else s.type(value)
     return out
 
 
-def from_outside_spec(spec: dict[str, Any], *, where: str = "spec") -> dict[str, Any]:
-    """The OUTSIDE_ENGINE settings a PagedInferenceService spec (or patch) sets, checked."""
-    found = {n: (spec.get(sec) or {}).get(key) for n, (sec, key) in OUTSIDE_ENGINE.items()}
+def from_spec_sections(spec: dict[str, Any], *, where: str = "spec") -> dict[str, Any]:
+    """The settings outside spec.engine that a PagedInferenceService spec (or patch) sets,
+    checked, by name."""
     try:
-        return {n: engine_settings.check(n, v, f"{where}.{'.'.join(OUTSIDE_ENGINE[n])}")
-                for n, v in found.items() if v is not None}
+        return {s.name: engine_settings.check(s, (spec.get(s.section) or {})[s.field],
+                                              f"{where}.{s.section}.{s.field}")
+                for s in engine_settings.IN_SPEC if s.section != "engine"
+                and (spec.get(s.section) or {}).get(s.field) is not None}
     except ValueError as exc:
         raise SpaceError(str(exc)) from None
+
+
+def sections_baseline(spec: dict[str, Any], space: tuple[Param, ...] | list[Param], *,
+                      where: str = "spec") -> dict[str, Any]:
+    """The dimensions of `space` outside spec.engine at the values `spec` runs: its own,
+    else the engine's default (kv_offloading_size 0: no host tier), so that a candidate
+    equal to the current settings is not taken for a change."""
+    have = from_spec_sections(spec, where=where)
+    return {p.name: have.get(p.name, default_value(p.name)) for p in space
+            if SETTINGS[p.name].section != "engine"}
 
 
 def from_engine_spec(spec: dict[str, Any], *, where: str = "spec.engine") -> dict[str, Any]:

@@ -24,7 +24,7 @@ from engine.settings_speculative import SPECULATIVE, normalize_speculative
 from engine.settings_types import AtLeast, AtMost, OnlyWhen, Setting, show
 
 __all__ = ["AtLeast", "AtMost", "OnlyWhen", "Setting", "show", "TABLE", "SETTINGS",
-           "SPEC_SETTINGS", "RULES", "TOGETHER", "check", "parse_text", "check_rules", "env_value",
+           "IN_SPEC", "SPEC_SETTINGS", "RULES", "TOGETHER", "check", "parse_text", "check_rules", "env_value",
            "env_default", "flags_for"]
 
 
@@ -95,6 +95,7 @@ TABLE: tuple[Setting, ...] = (
             "device pool: blocks the pool evicts are kept there and loaded back instead of "
             "recomputed (default: off)", flag="--kv-offloading-size", optional=True, minimum=0,
             managed=True,  # the operator sets the tiers' flags from spec.kvCache
+            section="kvCache", field="offloadGiB",
             tune="0,0.5,1,2,4", tune_off=0),  # only for workloads that revisit prefixes
     Setting("kv_offloading_backend", str, "native", "how the host tier moves blocks (only "
             "native: the engine's own copies)", flag="--kv-offloading-backend",
@@ -112,8 +113,10 @@ TABLE: tuple[Setting, ...] = (
             minimum=0, managed=True),
 )
 SETTINGS: dict[str, Setting] = {s.name: s for s in TABLE}
-# The settings PagedInferenceService's spec.engine holds (and the tuner may vary).
-SPEC_SETTINGS: tuple[Setting, ...] = tuple(s for s in TABLE if s.field)
+# The settings a PagedInferenceService spec holds, each at spec.<section>.<field> (the tuner
+# may vary them): IN_SPEC all of them, SPEC_SETTINGS spec.engine's.
+IN_SPEC: tuple[Setting, ...] = tuple(s for s in TABLE if s.field)
+SPEC_SETTINGS: tuple[Setting, ...] = tuple(s for s in IN_SPEC if s.section == "engine")
 RULES: tuple[AtLeast, ...] = (
     AtLeast("max_num_batched_tokens", "max_num_seqs",
             "every running sequence needs at least one token per step"),

@@ -11,8 +11,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from engine.settings import (RULES, SETTINGS, SPEC_SETTINGS, TABLE, Setting, check,
-                             check_rules, flags_for)
+from engine.settings import (IN_SPEC, RULES, SETTINGS, SPEC_SETTINGS, TABLE, Setting,
+                             check, check_rules, flags_for)
 from engine.settings_types import OnlyWhen
 
 # Server flags the operator sets itself that are not engine settings: the model is passed
@@ -32,7 +32,7 @@ def managed_flags() -> tuple[str, ...]:
 
 
 def spec_label(s: Setting) -> str:
-    return f"spec.engine.{s.field}"
+    return f"spec.{s.section}.{s.field}"
 
 
 def from_spec(engine: Mapping[str, Any]) -> dict[str, Any]:
@@ -147,10 +147,11 @@ def crd_engine_schema() -> dict[str, Any]:
             "x-kubernetes-validations": rules, "properties": props}
 
 
-# spec.kvCache: the KV tiers under the device pool (engine/kv_offload/). Its numbers are these
-# rows'; the disk tier's directory is the volume the operator mounts (kv_disk_dir). A disk
-# tier of 0 GiB would store nothing, so spec.kvCache.disk.sizeGiB asks more than the engine.
-KV_HOST = SETTINGS["kv_offloading_size"]
+# spec.kvCache: the KV tiers under the device pool (engine/kv_offload/). The host tier is the
+# table's rows of section kvCache; the disk tier is an object of its own: its directory is
+# the volume the operator mounts (kv_disk_dir), and a disk tier of 0 GiB would store
+# nothing, so spec.kvCache.disk.sizeGiB asks more than the engine.
+KV_CACHE_SETTINGS: tuple[Setting, ...] = tuple(s for s in IN_SPEC if s.section == "kvCache")
 KV_DISK_SIZE = dataclasses.replace(SETTINGS["kv_disk_size"], optional=False,
                                    exclusive_minimum=True)
 # The claim name's pattern: a DNS subdomain, as Kubernetes names objects.
@@ -159,8 +160,9 @@ DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?
 
 def crd_kv_cache_schema() -> dict[str, Any]:
     """The CRD's spec.kvCache OpenAPI v3 schema (scripts/gen_crd_engine.py writes it)."""
-    host = _value_schema(KV_HOST, f"{KV_HOST.help}. Flag {KV_HOST.flag}; {KV_HOST.rule}; 0: "
-                         "off. Added to the engine container's memory request and limit.")
+    rows = {s.field: _value_schema(s, f"{s.help}. Flag {s.flag}; {s.rule}; 0: off. Added "
+                                      "to the engine container's memory request and limit.")
+            for s in KV_CACHE_SETTINGS}
     size = _value_schema(KV_DISK_SIZE, f"{KV_DISK_SIZE.help}. Flag {KV_DISK_SIZE.flag} (and "
                          f"{SETTINGS['kv_disk_dir'].flag} at the volume's mount); "
                          f"{KV_DISK_SIZE.rule}.")
@@ -188,4 +190,4 @@ def crd_kv_cache_schema() -> dict[str, Any]:
                            "to host memory, then disk, and are loaded back instead of "
                            "recomputed; they need engine.enablePrefixCaching (generated from "
                            "engine/settings.py).",
-            "properties": {"offloadGiB": host, "disk": disk}}
+            "properties": {**rows, "disk": disk}}

@@ -13,7 +13,10 @@ class Setting:
     default: Any
     help: str
     flag: str | None = None          # `python -m engine serve` flag (vLLM's); None: Python only
-    field: str | None = None         # camelCase key of spec.engine (of its object, for keys)
+    field: str | None = None         # camelCase key in its section of the spec (of its
+                                     # object, for a dict setting's keys)
+    section: str = "engine"          # where a PagedInferenceService spec holds it:
+                                     # spec.<section>.<field> (engine, kvCache)
     optional: bool = False           # None is allowed (and means "decided at start-up")
     minimum: float | None = None
     maximum: float | None = None

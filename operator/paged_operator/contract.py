@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadtests.workloads import WORKLOAD_NAMES
-from engine.search_space import (DEFAULT_SPACE, OUTSIDE_ENGINE, SETTINGS, Param, SpaceError,
-                                 parse_param)
+from engine.search_space import DEFAULT_SPACE, SETTINGS, Param, SpaceError, parse_param
 
 # ---- the API ----
 GROUP = "serving.pagedinference.dev"
@@ -53,10 +52,11 @@ INDEX_ENV = "JOB_COMPLETION_INDEX"           # set by Kubernetes in an Indexed J
 
 MODES = ("Manual", "Auto")
 DEFAULT_WORKLOAD = "chat"       # when neither workload nor workloadFrom is given
-BY_KEY = {s.field: name for name, s in SETTINGS.items() if s.field}  # spec.engine key -> setting
-# spec.searchSpace key -> setting: spec.engine's keys, and the settings outside spec.engine by
-# their own key (offloadGiB: spec.kvCache.offloadGiB, the host KV tier's size)
-SEARCH_KEYS = BY_KEY | {key: name for name, (_, key) in OUTSIDE_ENGINE.items()}
+# spec.engine key -> setting
+BY_KEY = {s.field: name for name, s in SETTINGS.items() if s.field and s.section == "engine"}
+# spec.searchSpace key -> setting: every searchable row by its key in its section (blockSize
+# of spec.engine, offloadGiB of spec.kvCache: the host KV tier's size)
+SEARCH_KEYS = {s.field: name for name, s in SETTINGS.items() if s.field}
 # PagedInferenceService names are at most 52 characters; trial names add "-r9-baseline"
 MAX_NAME = 38
 
@@ -135,7 +135,7 @@ def search_space(space: Any, also: tuple[str, ...] = ()) -> tuple[Param, ...]:
     """`{blockSize: [16, 32], maxNumSeqs: {min: 8, max: 512, log: true}, offloadGiB: [0, 2]}`
     -> Params. Unset: the settings table's default ranges (each setting's `tune`: block
     size, memory fraction, maxNumSeqs, maxNumBatchedTokens), with those of `also` (the
-    workload's tune_also, which the Job adds: tuner.incluster.kv_tier.with_opt_in; the
+    workload's tune_also, which the Job adds: tuner.incluster.load.job_space; the
     operator image holds the workloads' names only), as `python -m tuner sweep` searches."""
     if space is None:
         specs = dict(DEFAULT_SPACE) | {name: SETTINGS[name].tune for name in also}

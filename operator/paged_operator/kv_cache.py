@@ -64,9 +64,9 @@ def parse_kv_cache(kv: Mapping[str, Any] | None, *, prefix_caching: bool) -> KvC
     """spec.kvCache -> KvCache (None when absent); InvalidSpecError names the field."""
     if kv is None:
         return None
-    offload = kv.get("offloadGiB")
-    out = KvCache(offload_gib=None if offload is None else
-                  _check(settings_k8s.KV_HOST, offload, "offloadGiB"))
+    host = engine_settings.SETTINGS["kv_offloading_size"]   # spec.kvCache.offloadGiB
+    offload = kv.get(host.field)
+    out = KvCache(offload_gib=None if offload is None else _check(host, offload, host.field))
     disk = get_field(kv, "disk", "kvCache.", dict)
     if disk is not None:
         if disk.get("sizeGiB") is None:

@@ -74,13 +74,14 @@ def test_every_consumer_covers_exactly_the_tables_settings(monkeypatch):
     assert set(ENGINE_SCHEMA["properties"]) == {s.field for s in SPEC} | {"extraArgs"}
     # The tuner: what it may vary is what spec.engine holds; its default space, the table's.
     keys = {k.name: k for s in SPEC for k in s.keys if k.tune}   # num_speculative_tokens
-    # ... and the settings it places elsewhere in the spec (the host KV tier at
+    # ... and the rows of other sections of the spec (the host KV tier at
     # spec.kvCache.offloadGiB), searched only when a workload asks (not in the default space)
-    outside = {n: settings.SETTINGS[n] for n in space.OUTSIDE_ENGINE}
+    outside = {s.name: s for s in settings.IN_SPEC if s.section != "engine"}
+    assert set(outside) == {"kv_offloading_size"}
     assert space.SETTINGS == {s.name: s for s in SPEC} | keys | outside
     spec_props = SCHEMA["properties"]["spec"]["properties"]
-    for section, key in space.OUTSIDE_ENGINE.values():
-        assert key in spec_props[section]["properties"]
+    for s in settings.IN_SPEC:   # every row is in the CRD at spec.<section>.<field>
+        assert s.field in spec_props[s.section]["properties"], s.name
     assert space.DEFAULT_SPACE == {s.name: s.tune for s in [*SPEC, *keys.values()] if s.tune}
 
 
@@ -160,12 +161,14 @@ def test_the_same_bad_value_is_refused_everywhere_naming_the_setting(s, value, c
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", s.flag, str(value)])
         assert re.search(f"argument {s.flag}: must be {rule}, got", capsys.readouterr().err)
-    if s.field:
-        with pytest.raises(InvalidSpecError, match=f"^spec.engine.{s.field} must be {rule}, got"):
-            parse_spec({"model": {"uri": "a/b"}, "engine": {s.field: value}}, name="svc",
+    if s.field:   # at spec.<section>.<field>: spec.engine.blockSize, spec.kvCache.offloadGiB
+        with pytest.raises(InvalidSpecError,
+                           match=f"^spec.{s.section}.{s.field} must be {rule}, got"):
+            parse_spec({"model": {"uri": "a/b"}, s.section: {s.field: value}}, name="svc",
                        namespace="d")
-        errors = list(crd_validator().iter_errors(with_spec(**{f"engine__{s.field}": value})))
-        assert [list(e.absolute_path) for e in errors] == [["spec", "engine", s.field]]
+        errors = list(crd_validator().iter_errors(
+            with_spec(**{f"{s.section}__{s.field}": value})))
+        assert [list(e.absolute_path) for e in errors] == [["spec", s.section, s.field]]
         if s.type is not str:
             with pytest.raises(space.SpaceError, match=f"^{s.name} must be {rule}"):
                 space.parse_param(s.name, str(value))

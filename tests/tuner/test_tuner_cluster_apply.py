@@ -216,7 +216,7 @@ def test_the_capacity_runs_with_the_winners_host_tier() -> None:
     asked = []
     apply_decision(run, kv_record(2.0), capacity=lambda engine, start, **kw: asked.append(
         (engine, kw)) or {"ratePerReplica": 1.0})
-    assert asked == [({"maxNumSeqs": 4}, {"kv_cache": {"offloadGiB": 2.0}})]
+    assert asked == [({"maxNumSeqs": 4}, {"sections": {"kvCache": {"offloadGiB": 2.0}}})]
     assert run.status["best"]["kvCache"] == {"offloadGiB": 2.0}
 
 

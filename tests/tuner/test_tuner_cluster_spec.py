@@ -101,7 +101,7 @@ def test_an_unset_search_space_is_the_settings_tables_default_ranges() -> None:
             "max_num_batched_tokens"} <= set(tuned)
     assert spec.space == tuple(parse_param(name, text) for name, text in tuned.items())
     # ... to which the Job adds what chat, the default workload, asks for (tune_also)
-    from tuner.incluster.kv_tier import with_opt_in
+    from tuner.incluster.load import with_opt_in
     chat = with_opt_in(spec, {"targetRef": {"name": "svc"}})
     assert chat.space == spec.space + (parse_param("kv_offloading_size", [0, 0.5, 1, 2, 4]),)
     # given but empty is still a mistake to name

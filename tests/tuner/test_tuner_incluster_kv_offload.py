@@ -14,7 +14,7 @@ BASE = {"targetRef": {"name": "svc"}}
 
 def job_space(spec: dict) -> tuple[Param, ...]:
     """The space the Job searches for `spec`."""
-    from tuner.incluster.kv_tier import with_opt_in
+    from tuner.incluster.load import with_opt_in
 
     spec = {**BASE, **spec}
     return with_opt_in(parse_tuning(spec), spec).space
@@ -67,7 +67,7 @@ def test_the_default_workload_is_chat_and_a_trace_adds_nothing() -> None:
 
 
 def test_the_baseline_is_the_targets_host_tier_or_none() -> None:
-    from tuner.incluster.kv_tier import outside_baseline
+    from engine.search_space import sections_baseline as outside_baseline
 
     space = job_space({"workload": "chat"})
     assert outside_baseline({"kvCache": {"offloadGiB": 2}}, space) == {"kv_offloading_size": 2.0}
@@ -106,7 +106,8 @@ def test_the_capacity_service_has_the_winners_host_tier_and_its_own_disk(kv_cach
                           cluster=cluster, owner={}, target=target,
                           target_engine={"maxNumSeqs": 8})
     with pytest.raises(Stop):
-        cluster_load.measure_capacity(run, {"maxNumSeqs": 4}, start=1.0, kv_cache=kv_cache)
+        cluster_load.measure_capacity(run, {"maxNumSeqs": 4}, start=1.0,
+                                      sections=kv_cache and {"kvCache": kv_cache})
     assert created[0][0]["spec"]["kvCache"] == want and created[0][1] == {"maxNumSeqs": 4}
     assert target["spec"]["kvCache"]["disk"] is disk   # the target itself unchanged
 

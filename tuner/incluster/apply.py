@@ -35,7 +35,6 @@ import yaml
 
 from tuner.incluster import live_verify
 from paged_operator.contract import APPLIED_BY, PREVIOUS_ENGINE
-from tuner.incluster.kv_tier import kv_change
 from engine.search_space import to_engine_spec as camel, to_spec_patch
 from tuner.measure.promql import PrometheusError
 from tuner.search.stats import t975
@@ -97,19 +96,22 @@ def apply_decision(run: TuningRun, record: dict, *,
         return
     patch: dict[str, Any] = {"spec": to_spec_patch(arms[label]["params"])}
     engine, target = patch["spec"]["engine"], run.spec.target
-    kv_cache = patch["spec"].get("kvCache")   # the host tier, when the space varies it
-    if kv_cache is not None:
+    # settings of other sections (spec.kvCache's host tier), when the space varies them
+    sections = {k: v for k, v in patch["spec"].items() if k != "engine"}
+    if sections:
         # only what changes: `kvCache: {offloadGiB: null}` merged into a target without
         # kvCache would leave `kvCache: {}` when applied by hand
-        kv = kv_change(run.cluster.get_service(target)["spec"], kv_cache)
-        if kv is None:
-            del patch["spec"]["kvCache"]
-        else:
-            patch["spec"]["kvCache"] = kv[0]
+        live = run.cluster.get_service(target)["spec"]
+        for section, wanted in sections.items():
+            change = section_change(live, section, wanted)
+            if change is None:
+                del patch["spec"][section]
+            else:
+                patch["spec"][section] = change[0]
     if capacity is not None:
         fields["capacity"] = capacity(
             engine, start=max(arm_goodput(arms[label])["goodput"], floor),
-            **({"kv_cache": kv_cache} if kv_cache else {}))
+            **({"sections": sections} if sections else {}))
         autoscaler = (fields["capacity"].get("autoscaling") or {}).get("target")
         if autoscaler is not None:
             patch["spec"]["autoscaling"] = {"target": autoscaler}
@@ -127,9 +129,24 @@ def apply_decision(run: TuningRun, record: dict, *,
     _apply_and_verify(run, patch["spec"], arm_goodput(arms["baseline"])["goodput"])
 
 
+def section_change(live_spec: dict[str, Any], section: str, wanted: dict[str, Any]
+                   ) -> tuple[dict, dict | None] | None:
+    """`wanted`: the merge patch of spec.<section> (`{"offloadGiB": GiB or None: off}`) ->
+    (the keys that change, what rolls them back), or None when nothing changes. The
+    rollback is the live values (None removes a key), or None (remove the section) when
+    the target had no such section at all."""
+    live = live_spec.get(section)
+    live = live if isinstance(live, dict) else None
+    change = {k: v for k, v in wanted.items() if (live or {}).get(k) != v}
+    if not change:
+        return None
+    return change, None if live is None else {k: live.get(k) for k in change}
+
+
 def _apply_and_verify(run: TuningRun, wanted: dict, baseline_goodput: float) -> None:
     """`wanted`: {"engine": ..., "kvCache": {"offloadGiB": ...}?, "autoscaling": {"target":
-    ...}?} to merge into the spec."""
+    ...}?} to merge into the spec; the sections other than engine and autoscaling are the
+    table's (settings_types.Setting.section)."""
     cluster, target = run.cluster, run.spec.target
     live = cluster.get_service(target)
     previous = dict(live["spec"].get("engine") or {})
@@ -140,9 +157,10 @@ def _apply_and_verify(run: TuningRun, wanted: dict, baseline_goodput: float) -> 
     if "autoscaling" in wanted and autoscaling:
         changes["autoscaling"] = wanted["autoscaling"]
         before["autoscaling"] = {"target": autoscaling.get("target")}   # None: the default
-    kv = kv_change(live["spec"], wanted.get("kvCache"))
-    if kv is not None:
-        changes["kvCache"], before["kvCache"] = kv
+    for section in set(wanted) - {"engine", "autoscaling"}:
+        change = section_change(live["spec"], section, wanted[section])
+        if change is not None:
+            changes[section], before[section] = change
     live_before = _live_baseline(run)
     patched = cluster.patch_service(target, {
         "metadata": {"annotations": {PREVIOUS_ENGINE: json.dumps(before, sort_keys=True),
@@ -150,8 +168,9 @@ def _apply_and_verify(run: TuningRun, wanted: dict, baseline_goodput: float) -> 
         "spec": changes})
     extra = {"appliedAutoscaling": changes["autoscaling"],
              "previousAutoscaling": before["autoscaling"]} if "autoscaling" in changes else {}
-    if kv is not None:
-        extra |= {"appliedKvCache": changes["kvCache"], "previousKvCache": before["kvCache"]}
+    for section in set(changes) - {"engine", "autoscaling"}:   # appliedKvCache, ...
+        title = section[0].upper() + section[1:]
+        extra |= {f"applied{title}": changes[section], f"previous{title}": before[section]}
     run.publish(phase="Verifying", applied="Yes",
                 appliedEngine=new, previousEngine=previous, **extra)
     try:
@@ -171,8 +190,8 @@ def _apply_and_verify(run: TuningRun, wanted: dict, baseline_goodput: float) -> 
     restore: dict[str, Any] = {"engine": {key: previous.get(key) for key in {**new, **previous}}}
     if "autoscaling" in before:   # a target that was not set goes back to the default
         restore["autoscaling"] = before["autoscaling"]
-    if "kvCache" in before:   # offloadGiB back (None: removed), or no kvCache at all
-        restore["kvCache"] = before["kvCache"]
+    for section in set(before) - {"engine", "autoscaling"}:
+        restore[section] = before[section]   # its keys back (None: removed), or no section
     rolled = cluster.patch_service(target, {
         "metadata": {"annotations": {PREVIOUS_ENGINE: None, APPLIED_BY: None}},
         "spec": restore})

@@ -47,8 +47,7 @@ from paged_operator.contract import (API_KEY_FILE_ENV, BY_KEY, INDEX_ENV, STORAG
 from tuner.measure.promql import PrometheusReader
 from tuner.search.confirm import Baseline, run_confirmation
 from tuner.search.loop import Outcome, run_search
-from engine.search_space import from_engine_spec
-from tuner.incluster.kv_tier import outside_baseline, trial_spec, with_opt_in
+from engine.search_space import from_engine_spec, sections_baseline, to_spec_patch
 from tuner.search.sweep import quiet_optuna
 from tuner.sources.workload_source import WorkloadSource
 
@@ -121,7 +120,8 @@ class Tuning:
         def entry(trial: optuna.Trial, outcome: Outcome) -> None:
             """The trial's line of status.history, kept on the trial in the study."""
             params = outcome.params
-            record = {"trial": trial.number, "params": params, **trial_spec(params),
+            record = {"trial": trial.number, "params": params,
+                      **to_spec_patch(params, record=True),
                       "pod": self.pod}
             if outcome.figures is not None:
                 record.update(goodput=round(outcome.figures["goodput"], 4),
@@ -192,7 +192,8 @@ class Tuning:
     def confirm(self, study: optuna.Study) -> dict:
         known = {k: v for k, v in self.target_engine.items() if k in BY_KEY}
         params = {**from_engine_spec(known, where=f"{self.spec.target} spec.engine"),
-                  **outside_baseline(self.target["spec"], self.spec.space)}   # host KV tier
+                  **sections_baseline(self.target["spec"], self.spec.space,  # host KV tier
+                                      where=f"{self.spec.target}'s spec")}
         baseline = Baseline(params, params, f"{self.spec.target}'s spec.engine")
         self.publish(phase="Confirming")
         return run_confirmation(study, baseline=baseline, k=self.spec.candidates,
@@ -217,18 +218,20 @@ class Tuning:
         self.search(study)
         record = self.confirm(study)
         base = record["arms"][0]
-        outside = {k: v for k, v in trial_spec(base["params"]).items() if k != "engine"}
+        outside = {k: v for k, v in to_spec_patch(base["params"], record=True).items()
+                   if k != "engine"}
         self.publish(baseline={"engine": self.target_engine, **outside, **arm_goodput(base)},
-                     confirmation=[{"label": a["label"], **trial_spec(a["params"]),
+                     confirmation=[{"label": a["label"],
+                                    **to_spec_patch(a["params"], record=True),
                                     "goodputs": [round(g, 4) for g in a["goodput"]],
                                     "failed": [f for f in a["failed"] if f]}
                                    for a in record["arms"]])
         apply_decision(self, record, capacity=self.capacity if cluster_load.wants_capacity(
             self.spec, self.target) else None)
 
-    def capacity(self, engine: dict, start: float, kv_cache: dict | None = None) -> dict:
+    def capacity(self, engine: dict, start: float, sections: dict | None = None) -> dict:
         self.publish(phase="MeasuringCapacity")
-        return cluster_load.measure_capacity(self, engine, start=start, kv_cache=kv_cache)
+        return cluster_load.measure_capacity(self, engine, start=start, sections=sections)
 
 
 def best_of(history: list[dict]) -> dict | None:
@@ -289,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{args.name} is {body['status']['phase']} already: nothing to do")
         return 0
     try:
-        spec = with_opt_in(parse_tuning(body.get("spec") or {}), body.get("spec") or {})
+        spec = cluster_load.with_opt_in(parse_tuning(body.get("spec") or {}),
+                                        body.get("spec") or {})
         target = cluster.get_service(spec.target)
         if target is None:
             raise ValueError(f"spec.targetRef.name: no PagedInferenceService {spec.target!r} "

@@ -6,6 +6,7 @@
   from the target's own histograms over `window`, tuner.sources.workload_source.from_prometheus;
   default selector: the target's pods). The non-synthetic sources come with a workload
   document (what was inferred, what was assumed) for the status and the recommendation.
+- `with_opt_in`: the Job's search space with the workload's opt-in dimensions.
 - `load_spec`: the LoadSpec and SLOs every measurement of the tuning uses, with
   spec.loadWorkers Locust workers (distributed mode; their samples merge into one set at
   the master, loadtests/distributed.py): the operator's load-worker pods, whose master
@@ -17,6 +18,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import urllib.error
@@ -26,13 +28,24 @@ from typing import Any
 
 from loadtests.workloads import TRACE_WORKLOAD, get_workload
 from tuner.measure.capacity import rate_load, search_capacity
-from paged_operator.contract import MASTER_PORT_ENV, TRACE_FILE_ENV, TuningSpec
+from paged_operator.contract import MASTER_PORT_ENV, TRACE_FILE_ENV, TuningSpec, search_space
 from tuner.measure.loadgen import LoadError, LoadSpec
 from tuner.measure.scoring import load_samples
 from tuner.incluster.run import TuningRun
 from tuner.incluster.service_runner import merge_patch, private_disk_tier
 from tuner.measure.trial import measure
 from tuner.sources.workload_source import WorkloadSource, from_prometheus, from_trace
+
+def with_opt_in(tuning: TuningSpec, spec: dict[str, Any]) -> TuningSpec:
+    """The Job's space: with spec.searchSpace unset, the named workload's tune_also joins
+    the table's defaults (chat, the default, and rag: kv_offloading_size); a workload from
+    workloadFrom adds none (its revisits are unknown). The operator's parse_tuning gives the
+    defaults alone: its image holds the workloads' names, not their definitions."""
+    if spec.get("searchSpace") is not None or tuning.workload_from is not None:
+        return tuning
+    also = get_workload(tuning.workload).tune_also
+    return dataclasses.replace(tuning, space=search_space(None, also)) if also else tuning
+
 
 MAX_TRACE_BYTES = 256 << 20   # a trace URL's body: ~2.5 million requests
 # spec.autoscaling.metric -> the poller's per-pod mean during a probe (tuner.measure.server_metrics)
@@ -133,17 +146,17 @@ def autoscaler_target(autoscaling: dict, figures: dict) -> dict[str, Any]:
 
 
 def measure_capacity(run: TuningRun, engine: dict, *, start: float,
-                     kv_cache: dict | None = None) -> dict[str, Any]:
+                     sections: dict | None = None) -> dict[str, Any]:
     """status.capacity for `engine` (spec.engine keys) on one trial service, with the
-    winner's host KV tier (`kv_cache`: {"offloadGiB": GiB or None}) beside the target's disk
-    tier, which becomes the service's own (private_disk_tier), as for a trial."""
+    winner's settings of other sections merged in (`sections`: {"kvCache": {"offloadGiB":
+    GiB or None}}) beside the target's disk tier, which becomes the service's own
+    (private_disk_tier), as for a trial."""
     params = run.spec.capacity
     max_probes = params.max_probes if params else 6
     attainment = params.attainment if params else 0.9
     name = f"{run.name}-cap"
     settings = {**run.target_engine, **engine}
-    spec = merge_patch(run.target["spec"], {"kvCache": kv_cache}) if kv_cache else \
-        run.target["spec"]
+    spec = merge_patch(run.target["spec"], sections) if sections else run.target["spec"]
     spec = private_disk_tier(spec)
     run.cluster.create_trial(name, {**run.target, "spec": spec}, settings, run.owner)
     figures_at: dict[float, dict] = {}

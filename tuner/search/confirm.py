@@ -23,7 +23,7 @@ import yaml
 
 from tuner.measure.runner import Infeasible, TrialRequest, TrialRunner
 from tuner.search import study as st
-from engine.search_space import SETTINGS, default_value, from_engine_spec, from_outside_spec
+from engine.search_space import SETTINGS, default_value, from_engine_spec, from_spec_sections
 from tuner.search.stats import decide, paired_gain
 
 BASELINE = "baseline"
@@ -61,7 +61,7 @@ def load_baseline(path: str | None, *, fixed: dict, searched: list[str]) -> Base
     outside: dict = {}
     if isinstance(doc, dict) and isinstance(doc.get("spec"), dict):
         doc = doc["spec"]
-        outside = from_outside_spec(doc, where=f"--baseline {path}: spec")
+        outside = from_spec_sections(doc, where=f"--baseline {path}: spec")
     if isinstance(doc, dict) and isinstance(doc.get("engine"), dict):
         doc = doc["engine"]
     if not isinstance(doc, dict) or not (doc or outside):
