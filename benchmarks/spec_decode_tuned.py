@@ -3,7 +3,7 @@
 Per workload and concurrency, in two phases on different requests:
 
 1. Choice, on calibration requests (seeds 1000 + r): every value of the tuner's own search
-   range for num_speculative_tokens (engine/search_space.py: the settings table's `tune`, 0 =
+   range for num_speculative_tokens (api/paged_api/search_space.py: the settings table's `tune`, 0 =
    off) serves the same max(3, concurrency) requests, configurations in turn, for
    `--calibration-rounds` rounds (3 by default: with 2, Student's t of 12.7 leaves
    intervals too wide for any but huge, steady gains); the tuner's own statistics (tuner/search/stats.py) turn the per-round output
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import statistics
 
-from engine.search_space import SETTINGS, engine_values, parse_param
+from paged_api.search_space import SETTINGS, engine_values, parse_param
 from tuner.search.stats import decide, paired_gain
 
 

@@ -14,6 +14,7 @@ RUN pip install --index-url "${TORCH_INDEX_URL}" torch
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY engine ./engine
+COPY api ./api
 COPY kernels ./kernels
 COPY tuner ./tuner
 COPY loadtests ./loadtests

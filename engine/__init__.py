@@ -1,7 +1,7 @@
 """PagedAttention inference engine with vLLM's user-facing names.
 
-The public names load lazily (PEP 562), so `import engine.settings` stays torch-free: the
-operator image ships engine/settings.py without torch.
+The public names load lazily (PEP 562), so `import paged_api.settings` stays torch-free: the
+operator image ships api/paged_api/settings.py without torch.
 """
 from __future__ import annotations
 

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from engine import settings
-from engine.settings import env_default
+from paged_api import settings
+from paged_api.settings import env_default
 
 DEFAULT_CPU_MEMORY_GIB: float = settings.SETTINGS["cpu_memory_gib"].default
 
 
 def _d(name: str):
-    """The table's default (engine/settings.py), so it is written in one place."""
+    """The table's default (api/paged_api/settings.py), so it is written in one place."""
     return settings.SETTINGS[name].default
 
 

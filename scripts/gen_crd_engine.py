@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Write the CRD's spec.engine and spec.kvCache schemas from the engine's settings table
-(engine/settings.py, engine/settings_k8s.py).
+(api/paged_api/settings.py, api/paged_api/settings_k8s.py).
 
     python scripts/gen_crd_engine.py          # rewrite the blocks in the chart's CRD
     python scripts/gen_crd_engine.py --check  # exit 1 if the CRD differs from the table
@@ -20,7 +20,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from engine.settings_k8s import crd_engine_schema, crd_kv_cache_schema  # noqa: E402
+from paged_api.settings_k8s import crd_engine_schema, crd_kv_cache_schema  # noqa: E402
 
 CRD = ROOT / "charts" / "paged-inference-operator" / "crds" / "pagedinferenceservices.yaml"
 INDENT = " " * 16  # spec.properties.<name> in the CRD
@@ -28,7 +28,7 @@ BLOCKS = {"engine": crd_engine_schema, "kvCache": crd_kv_cache_schema}
 
 
 def _note(name: str) -> str:
-    return (f"{INDENT}# spec.{name} is generated from engine/settings.py: "
+    return (f"{INDENT}# spec.{name} is generated from api/paged_api/settings.py: "
             "python scripts/gen_crd_engine.py\n")
 
 

@@ -89,7 +89,7 @@ TARGETS = {
 }
 # Package folder in the checkout -> its importable name, i.e. its place in the scratch dir
 # (pyproject's packages.find also looks under operator/). The root conftest imports the
-# engine, paged_operator imports engine.settings and its contract module the tuner's space
+# engine, paged_operator imports paged_api.settings and its contract module the tuner's space
 # grammar and the workload names, and the engine's attention imports kernels (tests that
 # run a model), so all five are always copied.
 PACKAGES = {"engine": "engine", "operator/paged_operator": "paged_operator", "tuner": "tuner",

@@ -127,7 +127,7 @@ def _engine_flags(args: argparse.Namespace, profile: dict) -> tuple[str, ...]:
 
 
 def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from engine.search_space import SpaceError, build_space, parse_param
+    from paged_api.search_space import SpaceError, build_space, parse_param
 
     from tuner.sources import workload_source
     from tuner.measure.loadgen import LoadError

@@ -15,7 +15,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
-from engine import settings as engine_settings
+from paged_api import settings as engine_settings
 from engine.entrypoints.api_server import ServerSettings, build_app
 from engine.entrypoints.tool_calls import TOOL_CALL_PARSERS
 from engine.listen import listen_socket
@@ -23,7 +23,7 @@ from engine.listen import listen_socket
 logger = logging.getLogger("engine.server")
 
 # Flags that map 1:1 onto LLMEngine.from_args keyword arguments (None: engine default):
-# every setting of engine/settings.py that has a flag, MODEL/--model aside.
+# every setting of api/paged_api/settings.py that has a flag, MODEL/--model aside.
 ENGINE_FLAGS = tuple(s.name for s in engine_settings.TABLE
                      if s.flag is not None and s.name != "model")
 

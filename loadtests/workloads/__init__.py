@@ -4,9 +4,7 @@ from __future__ import annotations
 import importlib
 
 from loadtests.workloads.base import Request, Session, WorkloadSpec
-
-WORKLOAD_NAMES = ("chat", "summarize", "code", "rag", "mixed", "agentic")  # the synthetic workloads
-TRACE_WORKLOAD = "trace"  # replays a trace file (loadtests/workloads/trace.py)
+from paged_api.workloads import TRACE_WORKLOAD, WORKLOAD_NAMES
 
 __all__ = ["TRACE_WORKLOAD", "WORKLOAD_NAMES", "Request", "Session", "WorkloadSpec",
            "get_workload"]

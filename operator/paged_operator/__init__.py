@@ -5,9 +5,9 @@ works; `python -m paged_operator` adds the liveness endpoint and namespace optio
 """
 from . import handlers
 from . import tuning  # noqa: F401,E402  (PagedInferenceTuning handlers)
-from .contract import GROUP, VERSION
-from .contract import SERVICE_KIND as KIND
-from .contract import SERVICE_PLURAL as PLURAL
+from paged_api.contract import GROUP, VERSION
+from paged_api.contract import SERVICE_KIND as KIND
+from paged_api.contract import SERVICE_PLURAL as PLURAL
 from .spec import InvalidSpecError, ServiceSpec, parse_spec
 
 __all__ = ["GROUP", "KIND", "PLURAL", "VERSION", "InvalidSpecError", "ServiceSpec",

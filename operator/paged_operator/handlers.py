@@ -25,9 +25,9 @@ import kopf
 from . import manifests, status
 from .kube import KINDS, ApiError, Kind, KubeApi, connection_info, load_configuration
 from .reconcile import ChildError, Discovery, contains, reconcile_children
-from .contract import GROUP, VERSION
-from .contract import SERVICE_KIND as KIND
-from .contract import SERVICE_PLURAL as PLURAL
+from paged_api.contract import GROUP, VERSION
+from paged_api.contract import SERVICE_KIND as KIND
+from paged_api.contract import SERVICE_PLURAL as PLURAL
 from .spec import DEFAULT_IMAGE, InvalidSpecError, parse_spec
 
 PIS = Kind(f"{GROUP}/{VERSION}", PLURAL)

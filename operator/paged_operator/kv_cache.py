@@ -27,8 +27,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from engine import settings as engine_settings
-from engine import settings_k8s
+from paged_api import settings as engine_settings
+from paged_api import settings_k8s
 
 from .fields import DNS_SUBDOMAIN, InvalidSpecError, get_field, quantity_value
 

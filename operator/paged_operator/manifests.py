@@ -11,10 +11,10 @@ import json
 import math
 from typing import Any
 
-from engine import settings as engine_settings
+from paged_api import settings as engine_settings
 
 from . import kv_cache, kv_events
-from .contract import MANAGED_BY
+from paged_api.contract import MANAGED_BY
 from .fields import quantity_value
 from .spec import AUTOSCALING_METRICS, ENGINE_PORT, ServiceSpec
 

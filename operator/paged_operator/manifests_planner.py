@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .contract import GROUP, MANAGED_BY, SERVICE_PLURAL
+from paged_api.contract import GROUP, MANAGED_BY, SERVICE_PLURAL
 from .manifests import CONTAINER_SECURITY, POD_SECURITY
 from .spec import ServiceSpec
 

@@ -11,8 +11,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from engine import settings as engine_settings
-from engine import settings_k8s
+from paged_api import settings as engine_settings
+from paged_api import settings_k8s
 
 from .fields import (DNS_LABEL, DNS_SUBDOMAIN, PERCENT_OR_INT, InvalidSpecError,
                      get_field, positive, quantity, quantity_value)
@@ -30,7 +30,7 @@ MAX_NAME_LENGTH = 52
 
 # Flags the operator sets itself; passing them through extraArgs would contradict spec
 # (or, for --api-key/--api-key-file, put a key in argv: use spec.apiKeySecretRef).
-# From the settings table (engine/settings.py), as is the CRD's extraArgs rule.
+# From the settings table (api/paged_api/settings.py), as is the CRD's extraArgs rule.
 MANAGED_FLAGS = settings_k8s.managed_flags()
 
 

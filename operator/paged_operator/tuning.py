@@ -24,9 +24,9 @@ import kopf
 from . import tuning_manifests as tm
 from .handlers import _shared
 from .kube import KINDS, Kind, KubeApi
-from .contract import (API_VERSION, GROUP, TUNING_KIND, TUNING_LABEL, TUNING_PLURAL, VERSION,
+from paged_api.contract import (API_VERSION, GROUP, TUNING_KIND, TUNING_LABEL, TUNING_PLURAL, VERSION,
                        spec_error)
-from .contract import SERVICE_PLURAL as PLURAL
+from paged_api.contract import SERVICE_PLURAL as PLURAL
 
 TUNING = Kind(API_VERSION, TUNING_PLURAL)
 PIS = Kind(API_VERSION, PLURAL)

@@ -25,7 +25,7 @@ import copy
 from typing import Any
 
 from .manifests import API_KEY_FILE, CONTAINER_SECURITY, POD_SECURITY, SECRET_DIR
-from .contract import (API_KEY_FILE_ENV, DEFAULT_WORKLOAD, GROUP, INDEX_LABEL, MANAGED_BY,
+from paged_api.contract import (API_KEY_FILE_ENV, DEFAULT_WORKLOAD, GROUP, INDEX_LABEL, MANAGED_BY,
                        MASTER_PORT_ENV, SERVICE_PLURAL, STORAGE_URL_ENV, TRACE_FILE_ENV,
                        TUNING_PLURAL)
 BACKOFF_LIMIT = 3

@@ -9,8 +9,8 @@ import yaml
 from cel_tools import violations
 from chart_tools import CHART
 
-from paged_operator.contract import spec_error
-from paged_operator.contract import parse_tuning
+from paged_api.contract import spec_error
+from paged_api.contract import parse_tuning
 
 CRD = yaml.safe_load((CHART / "crds" / "pagedinferencetunings.yaml").read_text())
 SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -56,8 +56,8 @@ INVALID = [
 
 def test_the_search_space_schema_names_every_dimension_the_tuner_varies():
     """A key the schema does not list would be pruned by the API server, silently."""
-    from paged_operator.contract import SEARCH_KEYS
-    from engine.search_space import SETTINGS
+    from paged_api.contract import SEARCH_KEYS
+    from paged_api.search_space import SETTINGS
 
     listed = SCHEMA["properties"]["spec"]["properties"]["searchSpace"]["properties"]
     assert set(listed) == {key for key, name in SEARCH_KEYS.items()

@@ -1,4 +1,4 @@
-"""One table of engine settings (engine/settings.py) is the source of the CRD's spec.engine
+"""One table of engine settings (api/paged_api/settings.py) is the source of the CRD's spec.engine
 schema, the engine's CLI flags, EngineConfig, the operator's flag mapping and the tuner's
 search space: each covers exactly the table, a valid value set in one travels through all of
 them, and the same bad value is refused by each, naming the same setting."""
@@ -14,13 +14,13 @@ import pytest
 from cel_tools import violations
 from chart_tools import CRD_FILE, ROOT, crd, crd_validator, with_spec
 
-from engine import settings, settings_k8s
+from paged_api import settings, settings_k8s
 from engine.config import EngineConfig
 from engine.entrypoints.cli import ENGINE_FLAGS, add_serve_arguments, build_parser, engine_kwargs
 from paged_operator import manifests
 from paged_operator.spec import MANAGED_FLAGS, EngineSettings, InvalidSpecError, parse_spec
 from tuner.measure.local import EngineLaunch
-from engine import search_space as space
+from paged_api import search_space as space
 
 SCHEMA = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 ENGINE_SCHEMA = SCHEMA["properties"]["spec"]["properties"]["engine"]

@@ -1,4 +1,5 @@
-"""engine/settings.py: torch-free, the operator image's file set imports it, and its rules."""
+"""The settings table (api/paged_api/settings.py): torch-free, the operator image's file set
+imports it, and its rules."""
 from __future__ import annotations
 
 import re
@@ -10,18 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from engine import settings
+from paged_api import settings
 from engine.config import EngineConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_import_engine_settings_does_not_import_torch():
-    code = ("import sys, engine.settings; "
+def test_import_the_settings_table_imports_neither_torch_nor_the_engine():
+    code = ("import sys, paged_api.settings; "
             "assert 'torch' not in sys.modules, 'torch imported'; "
-            "loaded = sorted(m for m in sys.modules if m.startswith('engine')); "
-            "assert loaded == ['engine', 'engine.settings', 'engine.settings_speculative', "
-            "'engine.settings_types'], loaded; "
+            "loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('engine', 'paged_api', 'tuner', 'loadtests', 'paged_operator')); "
+            "assert loaded == ['paged_api', 'paged_api.settings', "
+            "'paged_api.settings_speculative', 'paged_api.settings_types'], loaded; "
             "from engine import EngineConfig, SamplingParams; print(EngineConfig.__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, cwd=ROOT)
@@ -60,18 +62,14 @@ def _operator_image_files(tmp: Path) -> Path:
 
 
 def test_the_operator_image_file_set_parses_specs_without_torch(tmp_path):
-    """Only what the operator Dockerfile copies (paged_operator, engine/__init__.py, the
-    settings table's modules, settings_k8s.py and search_space.py, and the workload names):
-    the service spec parser and the tuning contract run, no tuner module is there, and
-    torch, optuna, locust stay out."""
+    """Only what the operator Dockerfile copies (paged_operator and the API package): the
+    service spec parser and the tuning contract run, no engine, tuner or load-test module
+    is there, and torch, optuna, locust stay out."""
     app = _operator_image_files(tmp_path)
-    assert sorted(p.name for p in app.iterdir()) == ["engine", "loadtests", "paged_operator"]
-    assert sorted(p.name for p in (app / "engine").iterdir()) == [
-        "__init__.py", "search_space.py", "settings.py", "settings_k8s.py",
-        "settings_speculative.py", "settings_types.py"]
-    code = ("import sys, engine, paged_operator.spec as s, paged_operator.contract as c; "
-            f"assert engine.__file__.startswith({str(app)!r}), engine.__file__; "
+    assert sorted(p.name for p in app.iterdir()) == ["paged_api", "paged_operator"]
+    code = ("import sys, paged_operator.spec as s, paged_api.contract as c; "
             f"assert c.__file__.startswith({str(app)!r}), c.__file__; "
+            "assert not {'engine', 'tuner', 'loadtests'} & set(sys.modules); "
             "spec = s.parse_spec({'model': {'uri': 'a/b'}, 'engine': {'blockSize': 32}}, "
             "name='x', namespace='d'); print(spec.engine.flags()[:2]); "
             "t = c.parse_tuning({'targetRef': {'name': 'svc'}, 'workload': 'rag'}); "

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from engine import settings
+from paged_api import settings
 from engine.config import EngineConfig
 from engine.kv_cache_manager import KVCacheManager
 from engine.sampling_params import SamplingParams

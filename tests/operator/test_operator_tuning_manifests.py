@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from paged_operator import tuning_manifests as tm
-from paged_operator.contract import spec_error
+from paged_api.contract import spec_error
 
 BASE = {"targetRef": {"name": "svc"}, "searchSpace": {"maxNumSeqs": [4, 8]}}
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 import tuner.search.capacity_sweep as cs
-from engine.search_space import build_space
+from paged_api.search_space import build_space
 from tuner.measure.capacity import CapacityResult, interpolated, search_capacity
 from tuner.search.capacity_report import result_lines
 from tuner.sim.profile import Fit, Identity, Memory, Profile

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from paged_operator.contract import PREVIOUS_ENGINE
+from paged_api.contract import PREVIOUS_ENGINE
 from tuner.incluster import apply as cluster_apply
 from tuner.incluster.apply import apply_decision
 from tuner.measure.loadgen import LoadSpec

@@ -13,7 +13,7 @@ import pytest
 
 from loadtests.workloads.trace import TraceRequest, write_trace
 from tuner.incluster import load as cluster_load
-from paged_operator.contract import parse_tuning
+from paged_api.contract import parse_tuning
 from tuner.sources.workload_source import WorkloadSource
 
 BASE = {"targetRef": {"name": "svc"}, "searchSpace": {"maxNumSeqs": [4, 8]},

@@ -15,7 +15,7 @@ import optuna
 
 from tuner.search import study as st
 from tuner.incluster.job import Tuning
-from paged_operator.contract import search_space
+from paged_api.contract import search_space
 
 
 def tuning(pod: str, out_dir: Path, log: list, seconds: float = 0.1) -> Tuning:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tuner.incluster.job import pareto
-from paged_operator.contract import CapacitySpec, WorkloadFrom, parse_duration, parse_tuning
+from paged_api.contract import CapacitySpec, WorkloadFrom, parse_duration, parse_tuning
 
 BASE = {"targetRef": {"name": "svc"}, "searchSpace": {"maxNumSeqs": [4, 8]}}
 
@@ -91,8 +91,8 @@ def test_bad_load_sources_name_the_field(change: dict, field: str) -> None:
 
 
 def test_an_unset_search_space_is_the_settings_tables_default_ranges() -> None:
-    from engine.settings import SPEC_SETTINGS
-    from engine.search_space import parse_param
+    from paged_api.settings import SPEC_SETTINGS
+    from paged_api.search_space import parse_param
 
     spec = parse_tuning({"targetRef": {"name": "svc"}})
     tuned = {s.name: s.tune for s in SPEC_SETTINGS if s.tune} | {

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from paged_operator.contract import parse_tuning, spec_error
-from engine.search_space import Param
+from paged_api.contract import parse_tuning, spec_error
+from paged_api.search_space import Param
 
 BASE = {"targetRef": {"name": "svc"}}
 
@@ -67,7 +67,7 @@ def test_the_default_workload_is_chat_and_a_trace_adds_nothing() -> None:
 
 
 def test_the_baseline_is_the_targets_host_tier_or_none() -> None:
-    from engine.search_space import sections_baseline as outside_baseline
+    from paged_api.search_space import sections_baseline as outside_baseline
 
     space = job_space({"workload": "chat"})
     assert outside_baseline({"kvCache": {"offloadGiB": 2}}, space) == {"kv_offloading_size": 2.0}

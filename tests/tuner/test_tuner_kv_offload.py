@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from engine.settings import SETTINGS as TABLE
+from paged_api.settings import SETTINGS as TABLE
 from loadtests.workloads import WORKLOAD_NAMES, get_workload
-from paged_operator.contract import search_space
+from paged_api.contract import search_space
 from tuner.incluster.service_runner import ServiceRunner, merge_patch
 from tuner.measure.loadgen import LoadSpec
 from tuner.measure.local import EngineLaunch
 from tuner.measure.runner import Infeasible, TrialRequest
 from tuner.search.confirm import engine_defaults
-from engine.search_space import (DEFAULT_SPACE, SETTINGS, build_space, engine_values,
+from paged_api.search_space import (DEFAULT_SPACE, SETTINGS, build_space, engine_values,
                                  to_engine_spec, to_spec_patch)
 
 NAME = "kv_offloading_size"

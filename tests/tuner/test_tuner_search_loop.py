@@ -10,12 +10,12 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from paged_operator.contract import search_space
+from paged_api.contract import search_space
 from tuner.incluster.service_runner import ServiceRunner, service_name
 from tuner.measure.loadgen import LoadError, LoadSpec
 from tuner.measure.runner import Infeasible, TrialRequest
 from tuner.search.loop import run_search
-from engine.search_space import parse_param
+from paged_api.search_space import parse_param
 
 
 class Recorder:

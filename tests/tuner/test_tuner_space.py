@@ -5,7 +5,7 @@ import optuna
 import pytest
 
 from tuner.measure.local import EngineLaunch
-from engine.search_space import SpaceError, build_space, parse_param, to_engine_spec
+from paged_api.search_space import SpaceError, build_space, parse_param, to_engine_spec
 
 
 def test_default_space_has_the_five_settings_and_block_sizes_are_powers_of_two():

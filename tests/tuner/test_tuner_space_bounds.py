@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from paged_operator.contract import parse_tuning
+from paged_api.contract import parse_tuning
 from tuner.incluster.model_facts import model_facts
 from tuner.incluster.space_bounds import job_space, target_memory
-from engine.search_space import Param
+from paged_api.search_space import Param
 
 GIB = 2**30
 BASE = {"targetRef": {"name": "svc"}}

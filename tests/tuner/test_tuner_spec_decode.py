@@ -8,7 +8,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.entrypoints.cli import build_parser, engine_kwargs
-from paged_operator.contract import search_space
+from paged_api.contract import search_space
 from tuner.incluster.service_runner import ServiceRunner
 from tuner.measure import server_metrics as metrics
 from tuner.measure.loadgen import LoadSpec
@@ -16,7 +16,7 @@ from tuner.measure.local import EngineLaunch
 from tuner.measure.runner import Infeasible, TrialRequest
 from tuner.search.confirm import Baseline, candidates, engine_defaults
 from tuner.search.report import best_table, confirmation_table, validate_patch
-from engine.search_space import (SpaceError, build_space, from_engine_spec, parse_param,
+from paged_api.search_space import (SpaceError, build_space, from_engine_spec, parse_param,
                                  to_engine_spec)
 
 

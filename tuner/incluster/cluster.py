@@ -19,9 +19,9 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from paged_operator.contract import GROUP, TUNING_LABEL, VERSION
-from paged_operator.contract import SERVICE_PLURAL as SERVICES
-from paged_operator.contract import TUNING_PLURAL as TUNINGS
+from paged_api.contract import GROUP, TUNING_LABEL, VERSION
+from paged_api.contract import SERVICE_PLURAL as SERVICES
+from paged_api.contract import TUNING_PLURAL as TUNINGS
 from tuner.measure.runner import Infeasible
 
 MERGE = "application/merge-patch+json"

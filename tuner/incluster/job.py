@@ -42,12 +42,12 @@ from tuner.incluster.apply import apply_decision, arm_goodput
 from tuner.incluster.cluster import Cluster, current_namespace, load_client
 from tuner.incluster.service_runner import ServiceRunner
 from tuner.incluster.space_bounds import job_space
-from paged_operator.contract import (API_KEY_FILE_ENV, BY_KEY, INDEX_ENV, STORAGE_URL_ENV,
+from paged_api.contract import (API_KEY_FILE_ENV, BY_KEY, INDEX_ENV, STORAGE_URL_ENV,
                                      TuningSpec, parse_tuning)
 from tuner.measure.promql import PrometheusReader
 from tuner.search.confirm import Baseline, run_confirmation
 from tuner.search.loop import Outcome, run_search
-from engine.search_space import from_engine_spec, sections_baseline, to_spec_patch
+from paged_api.search_space import from_engine_spec, sections_baseline, to_spec_patch
 from tuner.search.sweep import quiet_optuna
 from tuner.sources.workload_source import WorkloadSource
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from loadtests.workloads import TRACE_WORKLOAD, get_workload
 from tuner.measure.capacity import rate_load, search_capacity
-from paged_operator.contract import MASTER_PORT_ENV, TRACE_FILE_ENV, TuningSpec, search_space
+from paged_api.contract import MASTER_PORT_ENV, TRACE_FILE_ENV, TuningSpec, search_space
 from tuner.measure.loadgen import LoadError, LoadSpec
 from tuner.measure.scoring import load_samples
 from tuner.incluster.run import TuningRun

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from tuner.sources.workload_source import WorkloadSource
 from tuner.incluster.cluster import Cluster
-from paged_operator.contract import TuningSpec
+from paged_api.contract import TuningSpec
 from tuner.measure.loadgen import LoadSpec
 from tuner.measure.promql import PrometheusReader
 

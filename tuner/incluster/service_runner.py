@@ -23,7 +23,7 @@ from tuner.measure.loadgen import LoadSpec
 from tuner.measure.promql import PrometheusReader
 from tuner.measure.runner import TrialRequest
 from tuner.measure.trial import measure
-from engine.search_space import to_spec_patch
+from paged_api.search_space import to_spec_patch
 
 
 def service_name(tuning: str, request_name: str) -> str:

@@ -34,13 +34,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from engine import settings as engine_settings
+from paged_api import settings as engine_settings
 from engine.kv_capacity import DTYPE_BYTES, blocks_for, dtype_name, num_kv_blocks
-from paged_operator.contract import TuningSpec
+from paged_api.contract import TuningSpec
 from paged_operator.fields import quantity_value
 from paged_operator.kv_cache import CPU_RUNTIME_GIB, cpu_device_gib, memory_for_cpu_device
 from tuner.incluster.model_facts import ModelFacts, Unknown, model_facts
-from engine.search_space import Param
+from paged_api.search_space import Param
 
 GIB = 2**30
 FRACTION, BLOCK, SEQS, TOKENS = ("gpu_memory_utilization", "block_size", "max_num_seqs",
@@ -219,7 +219,7 @@ def bound(space: tuple[Param, ...], pool: Pool, *, fraction_cap: float | None,
 
 def render(space: tuple[Param, ...]) -> dict[str, Any]:
     """The space in spec.searchSpace's grammar (status.searchSpace: copy it into a spec)."""
-    from paged_operator.contract import SEARCH_KEYS
+    from paged_api.contract import SEARCH_KEYS
 
     key_of = {name: key for key, name in SEARCH_KEYS.items()}
     out: dict[str, Any] = {}

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.settings import flags_for
+from paged_api.settings import flags_for
 from tuner.measure.engine_process import (DEFAULT_ENGINE_CMD, EngineProcess, EngineStartError,
                                           failure_reason)
 from tuner.measure.loadgen import LoadSpec
 from tuner.measure.promql import PrometheusReader, write_target
 from tuner.measure.runner import Infeasible, TrialRequest
 from tuner.measure.trial import engine_device, measure
-from engine.search_space import engine_values
+from paged_api.search_space import engine_values
 
 
 @dataclass(frozen=True)

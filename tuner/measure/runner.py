@@ -10,7 +10,7 @@ exist:
   cluster (the PagedInferenceTuning Job); the settings become `spec.engine` where the
   resource is written.
 
-Settings travel as a dict keyed by the names of engine/settings.py (`block_size`,
+Settings travel as a dict keyed by the names of api/paged_api/settings.py (`block_size`,
 `max_num_seqs`, ...), never as flags or CRD fields.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Infeasible(RuntimeError):
 @dataclass(frozen=True)
 class TrialRequest:
     name: str                       # unique per measurement: `trial-0003`, `round-1-C1`
-    settings: dict[str, Any]        # engine settings by engine/settings.py name
+    settings: dict[str, Any]        # engine settings by api/paged_api/settings.py name
     seed: int                       # the load's seed: equal seeds replay one request stream
     workdir: Path                   # the measurement's raw samples and logs
     on_progress: Progress | None = field(default=None, compare=False)

@@ -23,7 +23,7 @@ import httpx
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from paged_operator.contract import GROUP, SERVICE_KIND, SERVICE_PLURAL, VERSION
+from paged_api.contract import GROUP, SERVICE_KIND, SERVICE_PLURAL, VERSION
 from paged_operator.spec import InvalidSpecError, ServiceSpec, parse_spec
 from tuner.measure.promql import PrometheusReader
 from tuner.planner.core import Decision, Observation, Planner, PlannerSpec
@@ -54,7 +54,7 @@ def sim_predictor(spec: ServiceSpec):
     """One replica's capacity from the simulator: the profile of the service's model (cached
     or calibrated in this pod) refitted to the service's own steps as Prometheus has them,
     the engines' KV pool, the service's engine settings and SLOs."""
-    from engine import settings_k8s
+    from paged_api import settings_k8s
     from paged_operator.manifests import model_arg
     from tuner.planner.predict import LiveSteps, SimPredictor
     from tuner.sim.context import SimContext, engine_threads, load_profile

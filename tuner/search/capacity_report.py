@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from engine.search_space import to_spec_patch
+from paged_api.search_space import to_spec_patch
 from tuner.search.capacity_sweep import replicas
 
 

@@ -29,8 +29,8 @@ from typing import Callable
 
 import optuna
 
-from engine import settings as engine_settings
-from engine.search_space import Param, default_value
+from paged_api import settings as engine_settings
+from paged_api.search_space import Param, default_value
 from tuner.measure.capacity import CapacityResult, interpolated, measure_capacity
 from tuner.search.capacity_latency import latency_comparison
 from tuner.search.stats import decide, paired_gain

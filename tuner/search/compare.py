@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from loadtests.workloads import get_workload  # noqa: E402
 from tuner.arguments import TINY_PROFILE  # noqa: E402
 from tuner.measure.loadgen import LoadSpec  # noqa: E402
-from engine.search_space import build_space  # noqa: E402
+from paged_api.search_space import build_space  # noqa: E402
 from tuner.search.sweep import SweepConfig, run_sweep  # noqa: E402
 from tuner.search.report import summary  # noqa: E402
 from tuner.measure.local import EngineLaunch  # noqa: E402

@@ -23,7 +23,7 @@ import yaml
 
 from tuner.measure.runner import Infeasible, TrialRequest, TrialRunner
 from tuner.search import study as st
-from engine.search_space import SETTINGS, default_value, from_engine_spec, from_spec_sections
+from paged_api.search_space import SETTINGS, default_value, from_engine_spec, from_spec_sections
 from tuner.search.stats import decide, paired_gain
 
 BASELINE = "baseline"

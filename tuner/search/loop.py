@@ -5,7 +5,7 @@ the space, hand them to a `TrialRunner` (tuner/measure/runner.py), tell the resu
 
 - measured: the objective's values (goodput; or throughput and primary p99 latency for
   "pareto"), every figure as a user attribute;
-- infeasible (the settings break a rule of engine/settings.py, or the engine could not
+- infeasible (the settings break a rule of api/paged_api/settings.py, or the engine could not
   serve them): COMPLETE with the worst values, the violated constraint `engine_serves`
   and the reason in user attribute `infeasible` (tuner/search/study.py);
 - pruned (goodput clearly behind earlier trials at the same point; single objective and
@@ -29,11 +29,11 @@ import optuna
 from optuna.storages._heartbeat import get_heartbeat_thread, is_heartbeat_enabled
 from optuna.trial import TrialState
 
-from engine import settings as engine_settings
+from paged_api import settings as engine_settings
 from tuner.measure.loadgen import LoadError
 from tuner.measure.runner import Infeasible, TrialRequest, TrialRunner
 from tuner.search import study as st
-from engine.search_space import Param
+from paged_api.search_space import Param
 
 
 @dataclass

@@ -16,7 +16,7 @@ import yaml
 
 from tuner.search import study as st
 from tuner.search.confirm import mean_figures
-from engine.search_space import to_spec_patch
+from paged_api.search_space import to_spec_patch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO_ROOT / "charts" / "paged-inference-operator" / "crds" / "pagedinferenceservices.yaml"

@@ -27,7 +27,7 @@ from tuner.measure.local import EngineLaunch, EngineRunner
 from tuner.measure.promql import PrometheusReader
 from tuner.search.confirm import Baseline, load_baseline, run_confirmation
 from tuner.search.loop import Outcome, run_search
-from engine.search_space import Param
+from paged_api.search_space import Param
 
 
 @dataclass

@@ -51,7 +51,7 @@ def add_parsers(sub) -> None:
                      help="a profile file (default: cached for the model and threads, else "
                           "calibrated now)")
     sim.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                     help="an engine setting (engine/settings.py name), repeatable")
+                     help="an engine setting (api/paged_api/settings.py name), repeatable")
     sim.add_argument("--slo", action="append", default=[], metavar="[KIND.]NAME=SECONDS")
     sim.add_argument("--rate", type=float, default=None,
                      help="also report the figures of one load at this rate (req/s)")
@@ -82,7 +82,7 @@ def workload_profile(model: str | None) -> dict:
 
 
 def parse_sets(items: list[str]) -> dict:
-    from engine.search_space import SpaceError, parse_param
+    from paged_api.search_space import SpaceError, parse_param
 
     fixed = {}
     for item in items:

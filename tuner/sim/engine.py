@@ -110,13 +110,13 @@ class TokenCountTokenizer:
 
 def sim_engine(profile: Profile, settings: dict, *, hf_config,
                acceptance: float = 0.0, seed: int = 0) -> tuple[LLMEngine, VirtualClock]:
-    """An LLMEngine with these settings (engine/settings.py names) on a profiled runner;
+    """An LLMEngine with these settings (api/paged_api/settings.py names) on a profiled runner;
     its KV pool as large as the engine would make it (Profile.memory), unless
     num_gpu_blocks_override says. Search dimensions (num_speculative_tokens) go into
     their object setting as for a real trial. ValueError for settings the engine would
     refuse."""
-    from engine.search_space import SETTINGS as SEARCHABLE
-    from engine.search_space import engine_values
+    from paged_api.search_space import SETTINGS as SEARCHABLE
+    from paged_api.search_space import engine_values
 
     known = {k: v for k, v in settings.items() if k in SEARCHABLE}
     config = EngineConfig(**{k: v for k, v in settings.items() if k not in known},

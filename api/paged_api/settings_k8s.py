@@ -1,4 +1,4 @@
-"""The engine's settings table (engine/settings.py) as PagedInferenceService sees it:
+"""The engine's settings table (api/paged_api/settings.py) as PagedInferenceService sees it:
 spec.engine's checks and flag mapping, the flags the operator reserves, the CRD's schema.
 
 Torch-free like the table: the operator image ships engine/__init__.py, settings.py and this.
@@ -11,9 +11,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from engine.settings import (IN_SPEC, RULES, SETTINGS, SPEC_SETTINGS, TABLE, Setting,
+from paged_api.settings import (IN_SPEC, RULES, SETTINGS, SPEC_SETTINGS, TABLE, Setting,
                              check, check_rules, flags_for)
-from engine.settings_types import OnlyWhen
+from paged_api.settings_types import OnlyWhen
 
 # Server flags the operator sets itself that are not engine settings: the model is passed
 # as MODEL, --host/--port are the pod's, and the API key comes from a mounted Secret.
@@ -143,7 +143,7 @@ def crd_engine_schema() -> dict[str, Any]:
                                  f"defaults, {a.default} and {b.default}): {rule.why}"})
     return {"type": "object",
             "description": "Engine settings under vLLM's flag names in camelCase (generated "
-                           "from engine/settings.py).",
+                           "from api/paged_api/settings.py).",
             "x-kubernetes-validations": rules, "properties": props}
 
 
@@ -189,5 +189,5 @@ def crd_kv_cache_schema() -> dict[str, Any]:
             "description": "KV cache tiers under the device pool: blocks the pool evicts go "
                            "to host memory, then disk, and are loaded back instead of "
                            "recomputed; they need engine.enablePrefixCaching (generated from "
-                           "engine/settings.py).",
+                           "api/paged_api/settings.py).",
             "properties": {**rows, "disk": disk}}

@@ -1,4 +1,4 @@
-"""The settings table's row types (engine/settings.py holds the table): a setting, and the
+"""The settings table's row types (api/paged_api/settings.py holds the table): a setting, and the
 rules between settings or between a dict setting's keys. Torch-free."""
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class Setting:
     env: str | None = None           # environment variable that supplies the default
     managed: bool = False            # the operator sets the flag; extraArgs may not
     crd_default: bool = False        # the CRD declares the default (always passed on)
-    tune: str | None = None          # the tuner's default range (engine/search_space.py's grammar)
+    tune: str | None = None          # the tuner's default range (api/paged_api/search_space.py's grammar)
     tune_off: Any = None             # the tuner's value that leaves the setting (or a dict
                                      # key's object) unset
     keys: tuple["Setting", ...] = ()  # type dict: its keys, each checked like a setting

@@ -1,7 +1,7 @@
 """The search space: which engine settings a sweep varies and over which values.
 
 It lives beside the settings table it reads (torch-free) because both the tuner and the
-operator (paged_operator/contract.py, parsing a PagedInferenceTuning's searchSpace) use it.
+operator (api/paged_api/contract.py, parsing a PagedInferenceTuning's searchSpace) use it.
 
 Command-line grammar (`--param NAME=SPEC`, repeatable; a file uses the same SPEC strings
 or YAML lists/mappings):
@@ -31,9 +31,9 @@ from typing import Any
 
 import yaml
 
-from engine import settings as engine_settings
-from engine import settings_k8s
-from engine import settings_speculative as spec_decode
+from paged_api import settings as engine_settings
+from paged_api import settings_k8s
+from paged_api import settings_speculative as spec_decode
 
 # The settings a sweep may vary: every row of the settings table a PagedInferenceService
 # spec holds (spec.engine's, and the other sections' such as spec.kvCache.offloadGiB: each

@@ -1,11 +1,11 @@
-"""The speculative_config row of the settings table (engine/settings.py) and how a checked
+"""The speculative_config row of the settings table (api/paged_api/settings.py) and how a checked
 object is completed: each method's keys only, with vLLM's defaults. Torch-free."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from engine.settings_types import AtMost, OnlyWhen, Setting
+from paged_api.settings_types import AtMost, OnlyWhen, Setting
 
 SPECULATIVE = Setting(
     "speculative_config", dict, None, "Speculative decoding, as vLLM's JSON: "
@@ -99,7 +99,7 @@ def normalize_speculative(config: dict[str, Any], label: Callable[[str], str]
             "prompt_lookup_max": lo if hi is None else hi}
 
 
-# The tuner's dimension num_speculative_tokens (engine/search_space.py) holds the method and
+# The tuner's dimension num_speculative_tokens (api/paged_api/search_space.py) holds the method and
 # its length as one value: 0 or "off" (no speculation), K or "ngram:K" (n-gram, K tokens),
 # "suffix:K" (suffix decoding, at most K). Canonical forms: 0, K (an int) and "suffix:K",
 # so an n-gram value reads as it did before suffix decoding (stored studies, baselines).

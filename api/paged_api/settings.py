@@ -2,8 +2,8 @@
 
 From `TABLE` derive: `EngineConfig`'s checks (engine/config.py), the `python -m engine serve`
 flags (engine/entrypoints/cli.py), the operator's spec.engine parsing and flag mapping and
-the CRD's spec.engine schema (engine/settings_k8s.py; scripts/gen_crd_engine.py writes the
-schema into the chart) and the tuner's search space (engine/search_space.py). Like vLLM's
+the CRD's spec.engine schema (api/paged_api/settings_k8s.py; scripts/gen_crd_engine.py writes the
+schema into the chart) and the tuner's search space (api/paged_api/search_space.py). Like vLLM's
 `EngineArgs`, but extended to the CRD and the tuner. docs/INTERFACES.md: how to add one.
 
 Torch-free on purpose: the operator image ships engine/__init__.py, this, its row types and
@@ -20,8 +20,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from engine.settings_speculative import SPECULATIVE, normalize_speculative
-from engine.settings_types import AtLeast, AtMost, OnlyWhen, Setting, show
+from paged_api.settings_speculative import SPECULATIVE, normalize_speculative
+from paged_api.settings_types import AtLeast, AtMost, OnlyWhen, Setting, show
 
 __all__ = ["AtLeast", "AtMost", "OnlyWhen", "Setting", "show", "TABLE", "SETTINGS",
            "IN_SPEC", "SPEC_SETTINGS", "RULES", "TOGETHER", "check", "parse_text", "check_rules", "env_value",

@@ -7,14 +7,13 @@ parsed once into a `TuningSpec` with the error messages both show (the operator 
 SpecValid condition before any Job starts, the Job as status.decision when it does).
 docs/INTERFACES.md ("Operator and tuner Job") describes the same for people.
 
-The operator image ships this module with engine/settings.py (the settings table),
-engine/search_space.py (the search-space grammar) and loadtests/workloads/ (the workload
-names), all torch-free: tests/engine/test_settings.py parses a tuning in that file set.
+It lives in the API package beside the settings table and the search-space grammar it
+reads, all torch-free: the operator image copies that package (tests/engine/test_settings.py
+parses a tuning with nothing else importable).
 
-Names follow the CRD (camelCase); `searchSpace` keys are `spec.engine`'s keys (and offloadGiB,
-spec.kvCache's), mapped to the engine's settings through the settings table, so the CRD,
-the tuner and the engine agree. A
-value is a list of choices or a range `{min, max, log, step}`. Errors are ValueErrors naming
+Names follow the CRD (camelCase); `searchSpace` keys are the table's rows by their key in
+their section (spec.engine's blockSize, spec.kvCache's offloadGiB), so the CRD, the tuner
+and the engine agree. A value is a list of choices or a range `{min, max, log, step}`. Errors are ValueErrors naming
 the field to change.
 """
 from __future__ import annotations
@@ -23,8 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from loadtests.workloads import WORKLOAD_NAMES
-from engine.search_space import DEFAULT_SPACE, SETTINGS, Param, SpaceError, parse_param
+from paged_api.workloads import WORKLOAD_NAMES
+from paged_api.search_space import DEFAULT_SPACE, SETTINGS, Param, SpaceError, parse_param
 
 # ---- the API ----
 GROUP = "serving.pagedinference.dev"
