@@ -1,4 +1,4 @@
-"""What bench_kv_tiers.py and bench_kv_multiturn.py share: the model a name stands for (the
+"""What bench_kv_offload.py and bench_kv_multiturn.py share: the model a name stands for (the
 bench model at the context length asked for), quantiles, and the open-loop arrival schedule.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 # with CUDA, torch and triton already installed (nothing is installed here):
 #   1. the kernel parity suite, compiled on CUDA instead of interpreted, and the engine's
 #      greedy parity with transformers running on the GPU through the Triton backend;
-#   2. the KV host tier's CUDA transfer (tests/engine/test_kv_tiers.py -k cuda);
+#   2. the KV host tier's CUDA transfer (tests/engine/test_kv_offload.py -k cuda);
 #   3. python -m paged_kernels.bench over the full grid, with a time budget.
 # Results land in $OUT (default ./gpu-check): env.txt, tests.log, bench.md, bench.log.
 # Usage: bash scripts/gpu_check.sh      (from the repository root)
@@ -27,8 +27,8 @@ timeout 240 "$PY" -m pytest -q -p no:cacheprovider -n 8 -k "not transformers_pro
 echo "tests: exit ${PIPESTATUS[0]}"
 
 # The KV host tier's CUDA transfer (side stream, pinned memory): engine/kv_offload/transfer.py.
-timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/engine/test_kv_tiers.py -k cuda \
-  2>&1 | tee "$OUT/kv_tiers.log" | tail -5
+timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/engine/test_kv_offload.py -k cuda \
+  2>&1 | tee "$OUT/kv_offload.log" | tail -5
 echo "kv tiers: exit ${PIPESTATUS[0]}"
 
 timeout 300 "$PY" -m paged_kernels.bench --budget-s 220 --out "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log"

@@ -39,10 +39,10 @@ _KV_SCHEDULER_TESTS = ["tests/engine/test_scheduler_policy.py",
                        "tests/engine/test_spec_decode_proposer.py",
                        "tests/engine/test_kv_events.py"]
 # The host and disk tiers under the device pool (engine/kv_offload/, hooks in
-# kv_cache_manager.py). Not test_kv_tiers_metrics.py: it starts a server process.
-_KV_TIER_TESTS = ["tests/engine/test_kv_tiers.py",
-                  "tests/engine/test_kv_tiers_units.py",
-                  "tests/engine/test_kv_tiers_disk.py"]
+# kv_cache_manager.py). Not test_kv_offload_metrics.py: it starts a server process.
+_KV_OFFLOAD_TESTS = ["tests/engine/test_kv_offload.py",
+                  "tests/engine/test_kv_offload_units.py",
+                  "tests/engine/test_kv_offload_disk.py"]
 # KV events from the recorder to the router's index (engine/kv_events.py,
 # engine/router/kv_follower.py, kv_index.py)
 _KV_EVENT_TESTS = ["tests/engine/test_kv_events_snapshot.py",
@@ -58,13 +58,13 @@ _OPERATOR_TESTS = ["tests/operator/test_operator_manifests.py",
                    "tests/operator/test_operator_spec_parsing.py",
                    "tests/operator/test_operator_manifests_whole.py"]
 TARGETS = {
-    "engine/kv_cache_manager.py": [*_KV_SCHEDULER_TESTS, *_KV_TIER_TESTS],
-    "engine/kv_blocks.py": [*_KV_SCHEDULER_TESTS, *_KV_TIER_TESTS],  # the invariant check
+    "engine/kv_cache_manager.py": [*_KV_SCHEDULER_TESTS, *_KV_OFFLOAD_TESTS],
+    "engine/kv_blocks.py": [*_KV_SCHEDULER_TESTS, *_KV_OFFLOAD_TESTS],  # the invariant check
     "engine/kv_offload/model_identity.py": ["tests/engine/test_kv_model_identity.py",
-                                            "tests/engine/test_kv_tiers_disk.py"],
-    "engine/kv_offload/tiers.py": [*_KV_TIER_TESTS, "tests/engine/test_kv_cache_accounting.py"],
-    "engine/kv_offload/host.py": _KV_TIER_TESTS,
-    "engine/kv_offload/disk.py": _KV_TIER_TESTS,
+                                            "tests/engine/test_kv_offload_disk.py"],
+    "engine/kv_offload/tiers.py": [*_KV_OFFLOAD_TESTS, "tests/engine/test_kv_cache_accounting.py"],
+    "engine/kv_offload/host.py": _KV_OFFLOAD_TESTS,
+    "engine/kv_offload/disk.py": _KV_OFFLOAD_TESTS,
     "engine/scheduler.py": _KV_SCHEDULER_TESTS,
     "engine/sampler.py": ["tests/engine/test_sampler_oracle.py",
                           "tests/engine/test_sampler_draws.py",
@@ -104,8 +104,8 @@ SUPPORT = ["tests/engine/test_prefix_and_cow.py",
 # Tests of the selected modules left out of every run: they start engine processes
 # (tens of seconds each, per mutant) and check sharing between processes, which the
 # in-process tests of the same code already cover.
-DESELECT = ["tests/engine/test_kv_tiers_disk.py::test_two_engine_processes_share_one_directory",
-            "tests/engine/test_kv_tiers_disk.py::test_the_bound_holds_with_two_writing_processes"]
+DESELECT = ["tests/engine/test_kv_offload_disk.py::test_two_engine_processes_share_one_directory",
+            "tests/engine/test_kv_offload_disk.py::test_the_bound_holds_with_two_writing_processes"]
 
 CONFIG = """\
 [tool.mutmut]

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
 
 
 class HostEntry:
@@ -17,7 +20,8 @@ class HostEntry:
 
     __slots__ = ("block_hash", "data", "ready", "on_disk")
 
-    def __init__(self, block_hash: bytes, data: Any = None, on_disk: bool = False) -> None:
+    def __init__(self, block_hash: bytes, data: torch.Tensor | None = None,
+                 on_disk: bool = False) -> None:
         self.block_hash = block_hash
         self.data = data
         self.on_disk = on_disk  # read from (or written to) the disk tier

@@ -22,7 +22,13 @@ worker skips it; a running one keeps them until it is done, and its result is di
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.kv_offload.tiers import TierHit
+    from engine.sequence import Sequence
 
 
 class LoadState(enum.Enum):
@@ -37,14 +43,15 @@ class LoadJob:
     """`loads`: (TierHit, device block) in block-table order; `positions`: each one's index
     in the request's block table (device hits sit between them)."""
 
-    def __init__(self, seq: Any, loads: list[tuple[Any, int]], positions: list[int]) -> None:
+    def __init__(self, seq: Sequence, loads: list[tuple[TierHit, int]],
+                 positions: list[int]) -> None:
         self.seq = seq
         self.loads = loads
         self.positions = positions
         self.state = LoadState.PLANNED  # under OffloadTiers._lock once queued
         self.cancelled = False  # the request went while the worker ran the job
         self.num_loaded = 0  # leading blocks now in the pool (worker, before DONE)
-        self.read: list[Any] = []  # the blocks read (disk hits are promoted to host with them)
+        self.read: list[torch.Tensor] = []  # the blocks read (disk hits are promoted to host with them)
         self.seconds = 0.0
 
     @property

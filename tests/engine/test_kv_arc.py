@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from test_kv_tiers import block_gib, prompts, run_phases, with_tail
+from test_kv_offload import block_gib, prompts, run_phases, with_tail
 
 from engine import LLM
 from engine.kv_medium import Medium

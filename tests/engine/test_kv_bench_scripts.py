@@ -1,4 +1,4 @@
-"""benchmarks/bench_kv_tiers.py, bench_kv_multiturn.py and bench_kv_eviction.py on a tiny
+"""benchmarks/bench_kv_offload.py, bench_kv_multiturn.py and bench_kv_eviction.py on a tiny
 checkpoint: the open-loop
 arrival schedule, the open loop keeping to it, and the options that can be given wrong.
 Speed is not asserted (that is the benchmarks' job)."""
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks import bench_kv_eviction, bench_kv_multiturn, bench_kv_tiers  # noqa: E402
+from benchmarks import bench_kv_eviction, bench_kv_multiturn, bench_kv_offload  # noqa: E402
 from benchmarks.kv_bench_common import model_path, open_loop_schedule, quantile  # noqa: E402
 
 
@@ -130,14 +130,14 @@ def test_multiturn_refuses_bad_options(argv, message, capsys):
 
 def test_tiers_table_for_a_subset_of_configurations(tiny_checkpoints, capsys, monkeypatch):
     lengths: list[int] = []
-    run = bench_kv_tiers._run
+    run = bench_kv_offload._run
 
     def recording_run(engine, request_id, ids):
         lengths.append(len(ids))
         return run(engine, request_id, ids)
 
-    monkeypatch.setattr(bench_kv_tiers, "_run", recording_run)
-    assert bench_kv_tiers.main([
+    monkeypatch.setattr(bench_kv_offload, "_run", recording_run)
+    assert bench_kv_offload.main([
         "--models", tiny_checkpoints["llama"], "--prefix", "32", "--block-size", "4",
         "--rounds", "1", "--configs", "host,recompute", "--warmup-prefix", "8",
         "--threads", "1"]) == 0
@@ -147,7 +147,7 @@ def test_tiers_table_for_a_subset_of_configurations(tiny_checkpoints, capsys, mo
     assert [r[2].strip() for r in rows] == ["host", "recompute"]
     assert int(rows[0][3]) == 32 and int(rows[1][3]) < 32  # tokens cached
     assert rows[1][5].strip() == "1.0x"
-    tail = bench_kv_tiers.TAIL
+    tail = bench_kv_offload.TAIL
     # per configuration: first, filler, timed; the warm-up round on 8 tokens, then 32
     assert lengths == [8 + tail] * 6 + [32 + tail] * 6
 
@@ -161,7 +161,7 @@ def test_tiers_table_for_a_subset_of_configurations(tiny_checkpoints, capsys, mo
 ])
 def test_tiers_refuses_bad_options(argv, message, capsys):
     with pytest.raises(SystemExit):
-        bench_kv_tiers.main(argv)
+        bench_kv_offload.main(argv)
     assert message in capsys.readouterr().err
 
 

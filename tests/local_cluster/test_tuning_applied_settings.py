@@ -44,7 +44,7 @@ def test_auto_applies_a_winner_with_speculation_and_its_pods_get_the_flag(
                     "prompt_lookup_min": 5}
 
 
-def test_auto_applies_a_host_kv_tier_to_spec_kv_cache_and_the_pods_get_it(
+def test_auto_applies_a_host_kv_offload_to_spec_kv_cache_and_the_pods_get_it(
         target: LocalCluster) -> None:
     # its own live service: the test above changes "chat"'s engine
     apply(target, service("turns"))

@@ -17,9 +17,9 @@ first request, on one of those prefixes; their TTFTs, medians, and warm / cold.
 On CPU the device pool and the host tier are both DRAM: the host tier stands for what a
 GPU gets from host memory.
 
-    python benchmarks/bench_kv_tiers.py --models bench,builtin://smollm2-135m-instruct \
+    python benchmarks/bench_kv_offload.py --models bench,builtin://smollm2-135m-instruct \
         --prefix 2032 --rounds 3 --threads 1
-    python benchmarks/bench_kv_tiers.py --models builtin://smollm2-135m-instruct \
+    python benchmarks/bench_kv_offload.py --models builtin://smollm2-135m-instruct \
         --prefix 8176 --configs host,recompute --warmup-prefix 512 --rounds 1 --threads 1
 
 For a prefix past the bench model's 2,048 positions, the bench model is written once more

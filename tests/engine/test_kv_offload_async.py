@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from test_kv_tiers import GREEDY, block_gib, prompts, with_tail
+from test_kv_offload import GREEDY, block_gib, prompts, with_tail
 from test_prefix_and_cow import _finish_step
 
 from engine import LLM, LLMEngine

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 import torch
-from test_kv_tiers import GREEDY, prompts, run_phases, tokens, with_tail
+from test_kv_offload import GREEDY, prompts, run_phases, tokens, with_tail
 
 from engine import LLM
 from engine.kv_event_wire import BlockStored

@@ -120,7 +120,7 @@ def test_preemption_and_a_mixed_batch_match_the_oracle(tiny_checkpoints, oracle)
 
 
 # abort, preemption and failure while blocks load, and loads off the step:
-# test_kv_tiers_async.py
+# test_kv_offload_async.py
 
 
 def test_invariants_hold_across_tiers_after_every_step(tiny_checkpoints):

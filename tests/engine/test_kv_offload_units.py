@@ -1,7 +1,7 @@
 """OffloadTiers and HostTier alone (engine/kv_offload/tiers.py, host.py), with stand-ins
 for the transfer, the worker and the KV cache manager: the counters, the load latency
 histogram, refused copies, cancelled loads, the LRU, and the disk tier's upkeep of
-temporary files. test_kv_tiers.py runs the tiers inside the engine."""
+temporary files. test_kv_offload.py runs the tiers inside the engine."""
 from __future__ import annotations
 
 import os
