@@ -44,7 +44,7 @@ _KV_TIER_TESTS = ["tests/engine/test_kv_tiers.py",
                   "tests/engine/test_kv_tiers_units.py",
                   "tests/engine/test_kv_tiers_disk.py"]
 # KV events from the recorder to the router's index (engine/kv_events.py,
-# engine/router/kv_follower.py, kv_index.py)
+# router/paged_router/kv_follower.py, kv_index.py)
 _KV_EVENT_TESTS = ["tests/engine/test_kv_events_snapshot.py",
                    "tests/router/test_router_kv_resync.py",
                    "tests/router/test_router_precise.py"]
@@ -74,8 +74,8 @@ TARGETS = {
                           "tests/engine/test_prompt_logprobs.py"],
     "engine/kv_events.py": [*_KV_EVENT_TESTS, "tests/engine/test_kv_events_wire.py",
                             "tests/engine/test_kv_events.py"],
-    "engine/router/kv_follower.py": _KV_EVENT_TESTS,
-    "engine/router/kv_index.py": [*_KV_EVENT_TESTS, "tests/router/test_router_kv_index.py",
+    "router/paged_router/kv_follower.py": _KV_EVENT_TESTS,
+    "router/paged_router/kv_index.py": [*_KV_EVENT_TESTS, "tests/router/test_router_kv_index.py",
                                   "tests/router/test_router_precise_footprint.py"],
     "engine/structured_output/manager.py": ["tests/engine/test_structured_outputs.py",
                                             "tests/engine/test_spec_decode_grammar.py"],
@@ -88,12 +88,13 @@ TARGETS = {
                          "tests/tuner/test_tuner_scoring_figures.py"],
 }
 # Package folder in the checkout -> its importable name, i.e. its place in the scratch dir
-# (pyproject's packages.find also looks under operator/). The root conftest imports the
-# engine, paged_operator imports engine.settings and its contract module the tuner's space
-# grammar and the workload names, and the engine's attention imports kernels (tests that
-# run a model), so all five are always copied.
+# (pyproject's packages.find also looks under operator/ and router/). The root conftest
+# imports the engine, paged_operator imports engine.settings and its contract module the
+# tuner's space grammar and the workload names, the engine's attention imports kernels
+# (tests that run a model), and the router's targets are paged_router's, so all six are
+# always copied.
 PACKAGES = {"engine": "engine", "operator/paged_operator": "paged_operator", "tuner": "tuner",
-            "loadtests": "loadtests", "kernels": "kernels"}
+            "loadtests": "loadtests", "kernels": "kernels", "router/paged_router": "paged_router"}
 NOT_NEEDED = ["__pycache__", "*.md"]
 # Only the root conftest: tests/operator's starts the API-server emulator, tests/tuner's
 # adds the load tests' fake server, neither of which the selected tests use.

@@ -18,15 +18,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from engine.router.engine_tokenizer import EngineTokenizer
-from engine.router.hashing import CharChunkHasher, EngineBlockHasher, TokenBlockHasher
-from engine.router.kv_follower import KVEventFollower
-from engine.router.metrics import RouterMetrics
-from engine.router.policies import PrecisePolicy, RouteRequest, make_policy
-from engine.router.pool import BackendPool, normalize_url
-from engine.router.proxy import Forwarder, error
+from paged_router.engine_tokenizer import EngineTokenizer
+from paged_router.hashing import CharChunkHasher, EngineBlockHasher, TokenBlockHasher
+from paged_router.kv_follower import KVEventFollower
+from paged_router.metrics import RouterMetrics
+from paged_router.policies import PrecisePolicy, RouteRequest, make_policy
+from paged_router.pool import BackendPool, normalize_url
+from paged_router.proxy import Forwarder, error
 
-logger = logging.getLogger("engine.router")
+logger = logging.getLogger("paged_router")
 
 
 @dataclass
@@ -110,7 +110,7 @@ def build_app(config: RouterConfig) -> Starlette:
                                                     max_held=config.max_held)
         watcher = None
         if config.discover:
-            from engine.router.discovery import EndpointSliceWatcher
+            from paged_router.discovery import EndpointSliceWatcher
 
             # precise: the slices' kv-events / kv-replay ports are each engine's event
             # endpoints, kept in the follower's own table (GET /kv_events otherwise)
