@@ -5,7 +5,7 @@
 
 A zero-latency OpenAI-style server (tests/loadtests/fake_openai_server.py, aiohttp)
 answers tiny completions; the same async client asks it directly and through a
-`python -m engine router` in front of it, interleaved request by request, so drifts in
+`python -m paged_router` in front of it, interleaved request by request, so drifts in
 machine load hit both alike. Prints per round the direct and routed p50 and their
 difference, and the router's own time per request from its
 `paged_router_added_latency_seconds` histogram; then the median over rounds.

@@ -10,7 +10,7 @@ system prompts of about 1-2k tokens (one per tenant), a short unique question ea
 drawn from a Zipf distribution, C closed-loop users (or, with --rate R, Poisson arrivals at
 R requests/s in the measured phase: an offered load above what a policy serves shows as
 a queue, and TTFT, growing through the phase). Every policy runs the same workload
-shape through its own `python -m engine router`; each phase gets its own fresh set of system
+shape through its own `python -m paged_router`; each phase gets its own fresh set of system
 prompts (same lengths, same tenant sequence), so no phase profits from an earlier one's
 cache, and each measures only after the same warm-up. The large replica gets the same
 workload directly: its hit rate is the reference. Prefix hit rates come from the engines'
@@ -122,7 +122,7 @@ def main() -> int:
     lo, hi = (int(x) for x in args.prompt_tokens.split("-"))
     logs = Path(args.logs)
     logs.mkdir(parents=True, exist_ok=True)
-    common = ["serve", *([args.model] if args.model else []), "--port", "0",
+    common = ["engine", "serve", *([args.model] if args.model else []), "--port", "0",
               "--cpu-threads", "1", "--max-model-len", "2048", "--seed", "0"]
 
     def events(host: str) -> list[str]:
@@ -158,7 +158,7 @@ def main() -> int:
             flags = VARIANTS.get(policy, ["--policy", policy])
 
             def start_router(j: int, flags=flags, policy=policy) -> Proc:
-                r = Proc(["router", "--host", "127.0.0.1", "--port", "0", *flags,
+                r = Proc(["paged_router", "--host", "127.0.0.1", "--port", "0", *flags,
                           *(["--tokenizer", model_dir] if "precise" in flags else []),
                           "--backends", ",".join(urls), "--log-decisions"], "routing on",
                          logs / f"router-{policy}-{j}-{time.monotonic_ns()}.log")

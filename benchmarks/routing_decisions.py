@@ -55,7 +55,7 @@ def main() -> int:
     args = p.parse_args()
     with open(args.log) as f:
         rows = [json.loads(line[line.index("{"):]) for line in f
-                if "engine.router.decisions" in line and "{" in line]
+                if "paged_router.decisions" in line and "{" in line]
     requests, blocks = Counter(), Counter()
     for i, kind, r in classify(rows, args.skip, args.recent):
         held = r["held"][r["backends"].index(r["pick"])]

@@ -26,7 +26,7 @@ WORDS = ("order refund shipping account invoice warranty return parcel courier p
 class Proc:
     def __init__(self, args: list[str], pattern: str, log: Path) -> None:
         self.log = log.open("w")
-        self.p = subprocess.Popen([sys.executable, "-m", "engine", *args], cwd=REPO,
+        self.p = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.url, seen = "", threading.Event()
 
@@ -39,7 +39,7 @@ class Proc:
                     seen.set()
         threading.Thread(target=pump, daemon=True).start()
         if not seen.wait(180):
-            raise SystemExit(f"{args[0]} did not start; see {log}")
+            raise SystemExit(f"{' '.join(args[:2])} did not start; see {log}")
 
     def wait_ready(self, timeout: float = 600) -> None:
         deadline = time.monotonic() + timeout

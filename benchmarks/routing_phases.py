@@ -179,7 +179,7 @@ def restart(name: str, start_router, old: "Proc", engine_urls: list[str], args,
 
 
 def added_latency(engine_url: str, n: int, logs: Path) -> dict:
-    router = Proc(["router", "--host", "127.0.0.1", "--port", "0", "--backends", engine_url],
+    router = Proc(["paged_router", "--host", "127.0.0.1", "--port", "0", "--backends", engine_url],
                   "routing on", logs / "router-latency.log")
     router.wait_ready()
     direct, routed = [], []

@@ -3,7 +3,7 @@
 
     python benchmarks/sim_routing.py [--seeds 30] [--users 8] [--requests 128]
 
-The router's real policy objects (engine.router.policies) place requests on N modelled
+The router's real policy objects (paged_router.policies) place requests on N modelled
 replicas (`precise` with its index fed by the modelled caches, as KV events without delay); each replica is a FIFO server with an LRU block cache of --blocks blocks (16
 tokens each), a prefill cost per uncached token and a decode cost per output token.
 The workload is benchmarks/bench_routing.py's: T tenants with 1,000-1,600-token system
@@ -20,9 +20,9 @@ import random
 import statistics
 from collections import OrderedDict
 
-from engine.router.hashing import ring_point
-from engine.router.policies import PrecisePolicy, PrefixPolicy, RouteRequest, make_policy
-from engine.router.pool import Backend
+from paged_router.hashing import ring_point
+from paged_router.policies import PrecisePolicy, PrefixPolicy, RouteRequest, make_policy
+from paged_router.pool import Backend
 
 BLOCK = 16
 CHUNK_TOKENS = 32  # the router's 128-character chunks, about 32 tokens of this text

@@ -1,4 +1,5 @@
-# The engine image the operator deploys: `python -m engine serve` on CUDA.
+# The engine image the operator deploys: `python -m engine serve` on CUDA; the router's
+# pods (spec.router) run the same image as `python -m paged_router`.
 # Build from the repository root:
 #   docker build -f docker/engine.Dockerfile -t pagedinference/engine:0.1.0 .
 # torch wheels from the CUDA index bundle the CUDA runtime, so a slim base suffices;
@@ -19,6 +20,7 @@ COPY kernels ./kernels
 COPY tuner ./tuner
 COPY loadtests ./loadtests
 COPY operator ./operator
+COPY router ./router
 RUN pip install ".[triton]"
 
 FROM python:${PYTHON_VERSION}-slim

@@ -41,10 +41,10 @@ _KV_SCHEDULER_TESTS = ["tests/engine/test_scheduler_policy.py",
 # The host and disk tiers under the device pool (engine/kv_offload/, hooks in
 # kv_cache_manager.py). Not test_kv_offload_metrics.py: it starts a server process.
 _KV_OFFLOAD_TESTS = ["tests/engine/test_kv_offload.py",
-                  "tests/engine/test_kv_offload_units.py",
-                  "tests/engine/test_kv_offload_disk.py"]
+                     "tests/engine/test_kv_offload_units.py",
+                     "tests/engine/test_kv_offload_disk.py"]
 # KV events from the recorder to the router's index (engine/kv_events.py,
-# engine/router/kv_follower.py, kv_index.py)
+# router/paged_router/kv_follower.py, kv_index.py)
 _KV_EVENT_TESTS = ["tests/engine/test_kv_events_snapshot.py",
                    "tests/router/test_router_kv_resync.py",
                    "tests/router/test_router_precise.py"]
@@ -74,8 +74,8 @@ TARGETS = {
                           "tests/engine/test_prompt_logprobs.py"],
     "engine/kv_events.py": [*_KV_EVENT_TESTS, "tests/engine/test_kv_events_wire.py",
                             "tests/engine/test_kv_events.py"],
-    "engine/router/kv_follower.py": _KV_EVENT_TESTS,
-    "engine/router/kv_index.py": [*_KV_EVENT_TESTS, "tests/router/test_router_kv_index.py",
+    "router/paged_router/kv_follower.py": _KV_EVENT_TESTS,
+    "router/paged_router/kv_index.py": [*_KV_EVENT_TESTS, "tests/router/test_router_kv_index.py",
                                   "tests/router/test_router_precise_footprint.py"],
     "engine/structured_output/manager.py": ["tests/engine/test_structured_outputs.py",
                                             "tests/engine/test_spec_decode_grammar.py"],
@@ -88,12 +88,14 @@ TARGETS = {
                          "tests/tuner/test_tuner_scoring_figures.py"],
 }
 # Package folder in the checkout -> its importable name, i.e. its place in the scratch dir
-# (pyproject's packages.find also looks under operator/). The root conftest imports the
-# engine, paged_operator imports paged_api.settings and its contract module the tuner's space
-# grammar and the workload names, and the engine's attention imports kernels (tests that
-# run a model), so all five are always copied.
+# (pyproject's packages.find also looks under api/, operator/, kernels/ and router/). The
+# root conftest imports the engine, everything imports paged_api (the settings table, the
+# space grammar, the contract, the workload names), the engine's attention imports
+# paged_kernels (tests that run a model), and the router's targets are paged_router's, so
+# all seven are always copied.
 PACKAGES = {"engine": "engine", "operator/paged_operator": "paged_operator", "tuner": "tuner",
-            "loadtests": "loadtests", "kernels": "kernels"}
+            "loadtests": "loadtests", "kernels/paged_kernels": "paged_kernels",
+            "router/paged_router": "paged_router", "api/paged_api": "paged_api"}
 NOT_NEEDED = ["__pycache__", "*.md"]
 # Only the root conftest: tests/operator's starts the API-server emulator, tests/tuner's
 # adds the load tests' fake server, neither of which the selected tests use.

@@ -1,5 +1,5 @@
 """What `GET /tokenizer` serves: the files a router needs to hash requests as this engine
-tokenizes them (engine/router/hashing.py reads the same names from a model folder), so
+tokenizes them (router/paged_router/hashing.py reads the same names from a model folder), so
 `--policy precise` needs no `--tokenizer` of its own.
 
 `tokenizer.json` is the fast tokenizer as Hugging Face's `tokenizers` saves it;

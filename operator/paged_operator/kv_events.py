@@ -6,7 +6,7 @@ What that adds to the children:
 - the engine container binds both sockets on fixed ports, named so that the engines'
   headless Service (and so its EndpointSlices) carries them: the router reads each engine's
   event endpoints from the slice's `kv-events` and `kv-replay` ports
-  (engine/router/discovery.py uses the same names);
+  (router/paged_router/discovery.py uses the same names);
 - the router runs `--policy precise --tokenizer <model>` (it hashes requests as the engines
   do, with the engines' tokenizer);
 - a NetworkPolicy `<name>-kv-events` (manifests_access.kv_events_network_policy) opens exactly those two ports of the engine pods to the

@@ -116,7 +116,7 @@ def cold_start_args(spec: ServiceSpec) -> list[str]:
 
 def router_args(spec: ServiceSpec) -> list[str]:
     # No API key here: the router forwards the client's Authorization header and the
-    # engines (spec.apiKeySecretRef) check it; `python -m engine router` takes its key only
+    # engines (spec.apiKeySecretRef) check it; `python -m paged_router` takes its key only
     # as --api-key / $VLLM_API_KEY today, and a key never goes into argv or env.
     hit = spec.router.hit_load_factor
     return ["--discover", engine_service_name(spec), "--policy", spec.router.policy,
@@ -138,7 +138,7 @@ def router_deployment(spec: ServiceSpec) -> dict[str, Any]:
         mounts.append({"name": "model", "mountPath": manifests.MODEL_DIR, "readOnly": True})
     container = {
         "name": "router", "image": spec.image, "imagePullPolicy": spec.image_pull_policy,
-        "command": ["python", "-m", "engine", "router"], "args": router_args(spec),
+        "command": ["python", "-m", "paged_router"], "args": router_args(spec),
         "env": [{"name": "POD_NAMESPACE",
                  "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                 {"name": "HOME", "value": "/tmp"}],

@@ -22,7 +22,7 @@ from engine.kv_event_wire import AllBlocksCleared
 from engine.block_hash import external_hash
 from engine.kv_events import (END_SEQ, SNAPSHOT_REQUEST, KVEventRecorder, ZmqKVEventPublisher,
                               apply_events, decode_batch)
-from engine.router.kv_index import KVIndex
+from paged_router.kv_index import KVIndex
 
 MEDIA = ("GPU", "CPU", "Disk")
 HASHES = [bytes([i + 1]) * 16 for i in range(6)]  # few, so that media overlap often

@@ -147,7 +147,7 @@ def test_abbreviations_are_refused_by_the_operator_and_by_the_engine(abbreviatio
 
 
 def test_router_args_parse_with_the_router_cli():
-    from engine.router.cli import build_parser
+    from paged_router.cli import build_parser
 
     from paged_operator import manifests_access
     spec = parse_spec({"model": {"uri": "a/b"}, "router": {"enabled": True,
@@ -155,10 +155,10 @@ def test_router_args_parse_with_the_router_cli():
                       name="svc", namespace="default")
     container = manifests_access.router_deployment(spec)["spec"]["template"]["spec"][
         "containers"][0]
-    assert container["command"] == ["python", "-m", "engine", "router"]
+    assert container["command"] == ["python", "-m", "paged_router"]
     args = build_parser().parse_args(container["args"])
     assert (args.discover, args.policy, args.port) == ("svc-engine", "least-load", 8000)
-    # unset: the router's default for the policy (engine/router/policies.py)
+    # unset: the router's default for the policy (router/paged_router/policies.py)
     assert args.host == "0.0.0.0" and args.hit_load_factor is None
     spec = parse_spec({"model": {"uri": "a/b"}, "router": {"enabled": True,
                                                            "hitLoadFactor": 2.5}},

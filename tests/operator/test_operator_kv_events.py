@@ -119,8 +119,8 @@ def test_router_off_or_network_policies_off_make_no_event_policy():
 
 def test_engine_and_router_parse_what_the_operator_writes():
     from engine.entrypoints.cli import add_serve_arguments, engine_kwargs
-    from engine.router.cli import build_parser as router_parser
-    from engine.router.discovery import KV_EVENTS_PORT_NAME, KV_REPLAY_PORT_NAME
+    from paged_router.cli import build_parser as router_parser
+    from paged_router.discovery import KV_EVENTS_PORT_NAME, KV_REPLAY_PORT_NAME
 
     spec = spec_of()
     parser = argparse.ArgumentParser(prog="python -m engine serve")

@@ -1,5 +1,5 @@
 """The router under test: in a thread of the test process (real uvicorn, real HTTP on a
-loopback port) or as `python -m engine router` in a subprocess; real engines likewise."""
+loopback port) or as `python -m paged_router` in a subprocess; real engines likewise."""
 from __future__ import annotations
 
 import os
@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from engine.router.app import RouterConfig, build_app
+from paged_router.app import RouterConfig, build_app
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,7 +60,7 @@ class Process:
     def __init__(self, args: list[str], pattern: str, ready_path: str | None = "/health",
                  timeout: float = 120.0) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "engine", *args], cwd=REPO, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         seen = threading.Event()
@@ -106,10 +106,10 @@ class Process:
 
 def engine(host: str, *extra: str) -> Process:
     """`python -m engine serve` on the tiny default model, one CPU thread."""
-    return Process(["serve", "--host", host, "--port", "0", "--cpu-threads", "1",
+    return Process(["engine", "serve", "--host", host, "--port", "0", "--cpu-threads", "1",
                     "--max-model-len", "512", "--seed", "0", *extra], "serving on")
 
 
 def router(backends: list[str], *extra: str) -> Process:
-    return Process(["router", "--host", "127.0.0.1", "--port", "0", "--backends",
+    return Process(["paged_router", "--host", "127.0.0.1", "--port", "0", "--backends",
                     ",".join(backends), "--health-interval", "0.2", *extra], "routing on")

@@ -13,9 +13,9 @@ import random
 
 import pytest
 
-from engine.router.hashing import CharChunkHasher
-from engine.router.policies import LeastLoadPolicy, Policy, PrefixPolicy, RouteRequest, load_bound
-from engine.router.pool import Backend
+from paged_router.hashing import CharChunkHasher
+from paged_router.policies import LeastLoadPolicy, Policy, PrefixPolicy, RouteRequest, load_bound
+from paged_router.pool import Backend
 
 HASHER = CharChunkHasher(chunk_chars=16)
 HIT_DECISIONS = ("prefix_hit", "session")

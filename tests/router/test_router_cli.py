@@ -1,4 +1,4 @@
-"""`python -m engine router`: its flags, its errors, and an import path free of torch."""
+"""`python -m paged_router`: its flags, its errors, and an import path free of torch."""
 from __future__ import annotations
 
 import subprocess
@@ -8,7 +8,7 @@ import time
 import pytest
 from router_harness import REPO, Process
 
-from engine.router.cli import main
+from paged_router.cli import main
 
 
 def run(capsys, *args: str) -> tuple[int | str, str]:
@@ -20,13 +20,28 @@ def run(capsys, *args: str) -> tuple[int | str, str]:
 
 def test_the_router_never_imports_torch_or_transformers():
     code = ("import sys\n"
-            "from engine.__main__ import main\n"
-            "from engine.router.app import RouterConfig, build_app\n"
-            "import engine.router.discovery\n"
+            "import paged_router.__main__\n"
+            "from paged_router.app import RouterConfig, build_app\n"
+            "import paged_router.discovery\n"
             "build_app(RouterConfig(backends=['http://127.0.0.2:8000']))\n"
             "bad = [m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
+
+
+def test_the_engine_names_the_routers_own_command_and_loads_nothing():
+    """The engine's old `router` subcommand fails, naming the new command to run."""
+    code = ("import sys\n"
+            "from engine.__main__ import main\n"
+            "try:\n"
+            "    main(['router', '--backends', 'http://a:1'])\n"
+            "except SystemExit as exc:\n"
+            "    print(exc.code)\n"
+            "bad = [m for m in ('torch', 'paged_router') if m in sys.modules]\n"
+            "assert not bad, bad\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60,
+                         capture_output=True, text=True).stdout
+    assert "`python -m paged_router --backends http://a:1`" in out, out
 
 
 def test_bad_flags_say_what_to_change(capsys):
@@ -53,7 +68,7 @@ def test_bad_flags_say_what_to_change(capsys):
 
 
 def test_cache_balance_takes_a_number_or_off():
-    from engine.router.cli import build_parser
+    from paged_router.cli import build_parser
 
     parse = lambda *a: build_parser().parse_args(["--backends", "http://a:1", *a])  # noqa: E731
     assert parse().cache_balance == "default" and parse().hit_load_factor is None  # per policy
@@ -65,7 +80,7 @@ def test_cache_balance_takes_a_number_or_off():
 def test_the_cli_serves_and_reports_its_backends():
     import httpx
 
-    p = Process(["router", "--host", "127.0.0.1", "--port", "0", "--policy", "least-load",
+    p = Process(["paged_router", "--host", "127.0.0.1", "--port", "0", "--policy", "least-load",
                  "--backends", "http://127.0.0.9:9", "--health-interval", "0.1"],
                 "routing on", ready_path=None)  # nothing listens at 127.0.0.9:9
     try:
@@ -88,7 +103,7 @@ def test_the_key_comes_from_a_file_and_an_empty_or_missing_file_is_refused(capsy
     code, _ = run(capsys, "--backends", "http://a:1", "--api-key-file", str(tmp_path / "empty"))
     assert str(code).endswith("is empty")
     (tmp_path / "key").write_text("sk-from-file\n")
-    p = Process(["router", "--host", "127.0.0.1", "--port", "0", "--backends",
+    p = Process(["paged_router", "--host", "127.0.0.1", "--port", "0", "--backends",
                  "http://127.0.0.9:9", "--api-key-file", str(tmp_path / "key")],
                 "routing on", ready_path=None)
     try:
@@ -103,9 +118,9 @@ def test_the_key_comes_from_a_file_and_an_empty_or_missing_file_is_refused(capsy
 def test_discovery_defaults_to_the_pods_namespace_from_the_downward_api(monkeypatch):
     from kubernetes import config as kube_config
 
-    from engine.router.discovery import EndpointSliceWatcher
-    from engine.router.metrics import RouterMetrics
-    from engine.router.pool import BackendPool
+    from paged_router.discovery import EndpointSliceWatcher
+    from paged_router.metrics import RouterMetrics
+    from paged_router.pool import BackendPool
 
     monkeypatch.setattr(kube_config, "load_incluster_config",
                         lambda: (_ for _ in ()).throw(kube_config.ConfigException("no")))

@@ -11,9 +11,9 @@ import pytest
 from kubernetes import client
 from slice_api import endpoint_slice_api
 
-from engine.router.discovery import EndpointSliceWatcher, slice_backends
-from engine.router.metrics import RouterMetrics
-from engine.router.pool import BackendPool
+from paged_router.discovery import EndpointSliceWatcher, slice_backends
+from paged_router.metrics import RouterMetrics
+from paged_router.pool import BackendPool
 
 NS = "llm"
 HTTP = {"name": "http", "port": 8000, "protocol": "TCP"}

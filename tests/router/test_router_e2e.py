@@ -1,4 +1,4 @@
-"""End to end: `python -m engine router` in front of three real engines (tiny model, one
+"""End to end: `python -m paged_router` in front of three real engines (tiny model, one
 CPU thread each) on their own loopback addresses."""
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from engine.router.hashing import CharChunkHasher, TokenBlockHasher, request_text
-from engine.router.ring import HashRing
+from paged_router.hashing import CharChunkHasher, TokenBlockHasher, request_text
+from paged_router.ring import HashRing
 
 SYSTEM = "You are a helpful assistant for ACME. " * 20  # ~760 characters
 
@@ -17,7 +17,7 @@ SYSTEM = "You are a helpful assistant for ACME. " * 20  # ~760 characters
 def test_hashes_are_the_same_in_another_process_with_another_hash_seed():
     hasher = CharChunkHasher(chunk_chars=64)
     here = hasher.hashes(SYSTEM + "question?")
-    code = ("import json; from engine.router.hashing import CharChunkHasher; "
+    code = ("import json; from paged_router.hashing import CharChunkHasher; "
             f"print(json.dumps(CharChunkHasher(chunk_chars=64).hashes({SYSTEM + 'question?'!r})))")
     for seed in ("1", "2"):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

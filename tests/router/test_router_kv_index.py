@@ -1,4 +1,4 @@
-"""KVIndex's edges (engine/router/kv_index.py): hashes as vLLM's digest bytes, events of
+"""KVIndex's edges (router/paged_router/kv_index.py): hashes as vLLM's digest bytes, events of
 releases without a medium, a removal naming several blocks, the device/host split of a
 leading run, a backend dropped before it sent anything, and the loss clock's first step."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.kv_event_wire import BlockRemoved, BlockStored
-from engine.router.kv_index import KVIndex
+from paged_router.kv_index import KVIndex
 
 
 def test_digest_bytes_are_read_as_their_first_eight_bytes_big_endian():

@@ -9,7 +9,7 @@ from test_router_precise import E, buffered, follow, new_publisher, publish
 
 from engine.kv_event_wire import AllBlocksCleared, BlockStored
 from engine.kv_events import encode_batch
-from engine.router.kv_follower import KVEventFollower
+from paged_router.kv_follower import KVEventFollower
 
 
 def test_a_replay_with_a_hole_falls_back_to_a_snapshot():
@@ -60,8 +60,8 @@ def test_a_follower_learns_the_endpoints_from_the_engine_and_exports_its_counter
     applied, resyncs by kind, blocks held."""
     from aiohttp import web
 
-    from engine.router.kv_index import KVIndex
-    from engine.router.metrics import RouterMetrics
+    from paged_router.kv_index import KVIndex
+    from paged_router.metrics import RouterMetrics
 
     recorder, publisher = new_publisher(topic="kv")
     publish(recorder, publisher, [("+", 0), ("+", 1)])
@@ -105,7 +105,7 @@ def test_a_follower_learns_the_endpoints_from_the_engine_and_exports_its_counter
 
 
 def test_wildcard_hosts_of_every_spelling_take_the_backends_host():
-    from engine.router.kv_follower import connectable
+    from paged_router.kv_follower import connectable
 
     for bound in ("tcp://*:5557", "tcp://0.0.0.0:5557", "tcp://[::]:5557", "tcp://:::5557",
                   "tcp://:5557"):
@@ -119,7 +119,7 @@ def test_a_rebase_after_a_gap_and_a_restart_announced_by_a_clear_need_no_replay(
     """A live batch that starts with AllBlocksCleared replaces the history: after a gap it
     is applied at once; at or below the last seq it is a restarted engine's first batch
     (cleared, then applied, no snapshot)."""
-    from engine.router.kv_index import KVIndex
+    from paged_router.kv_index import KVIndex
 
     async def scenario() -> tuple:
         follower = KVEventFollower(KVIndex())

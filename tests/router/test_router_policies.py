@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.router.hashing import CharChunkHasher
-from engine.router.policies import (LeastLoadPolicy, PrefixPolicy, RoundRobinPolicy,
+from paged_router.hashing import CharChunkHasher
+from paged_router.policies import (LeastLoadPolicy, PrefixPolicy, RoundRobinPolicy,
                                     RouteRequest, hit_bound, load_bound, make_policy)
-from engine.router.pool import Backend
+from paged_router.pool import Backend
 
 HASHER = CharChunkHasher(chunk_chars=32)
 SYSTEM = "You are the support bot of a shoe shop; answer briefly. " * 4

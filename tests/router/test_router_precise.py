@@ -13,12 +13,12 @@ from test_router_bounded_load import check_placements
 from engine.kv_event_wire import AllBlocksCleared, BlockRemoved, BlockStored
 from engine.block_hash import external_hash
 from engine.kv_events import KVEventRecorder, ZmqKVEventPublisher
-from engine.router.hashing import ring_point
-from engine.router.kv_follower import KVEventFollower, connectable
-from engine.router.kv_index import KVIndex
-from engine.router.policies import (PrecisePolicy, RouteRequest, load_bound,
+from paged_router.hashing import ring_point
+from paged_router.kv_follower import KVEventFollower, connectable
+from paged_router.kv_index import KVIndex
+from paged_router.policies import (PrecisePolicy, RouteRequest, load_bound,
                                     precise_hit_load_factor)
-from engine.router.pool import Backend
+from paged_router.pool import Backend
 
 
 def pool(n: int = 3) -> list[Backend]:
@@ -310,7 +310,7 @@ def test_precise_without_a_tokenizer_waits_for_the_engines_and_says_why():
     from router_fakes import FakeBackend
     from router_harness import RouterThread
 
-    from engine.router.engine_tokenizer import EngineTokenizer
+    from paged_router.engine_tokenizer import EngineTokenizer
 
     with FakeBackend("127.0.0.6") as engine, \
             RouterThread(backends=[engine.url], policy="precise") as router:
@@ -327,7 +327,7 @@ def test_precise_without_a_tokenizer_waits_for_the_engines_and_says_why():
 
 
 def test_mismatched_endpoints_name_the_flag():
-    from engine.router.cli import main
+    from paged_router.cli import main
 
     with pytest.raises(SystemExit, match="--kv-events-endpoints lists 1 .* --backends lists 2"):
         main(["--backends", "http://127.0.0.2:8000,http://127.0.0.3:8000", "--policy",

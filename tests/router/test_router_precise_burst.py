@@ -18,8 +18,8 @@ from router_fakes import FakeBackend
 from router_harness import RouterThread
 
 from engine.kv_events import KVEventRecorder, ZmqKVEventPublisher, block_stored
-from engine.router.hashing import EngineBlockHasher
-from engine.router.ring import HashRing
+from paged_router.hashing import EngineBlockHasher
+from paged_router.ring import HashRing
 
 BLOCK = 16
 SHARED = "You are the support assistant of a parcel courier; answer in two lines. " * 6

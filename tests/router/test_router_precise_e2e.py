@@ -1,4 +1,4 @@
-"""End to end: `python -m engine router --policy precise` in front of two real engines
+"""End to end: `python -m paged_router --policy precise` in front of two real engines
 (tiny model, small KV pools) publishing KV events; the router learns their event
 endpoints from GET /kv_events.
 
@@ -13,8 +13,8 @@ import pytest
 from router_harness import engine, router
 from test_router_e2e import metric
 
-from engine.router.hashing import EngineBlockHasher
-from engine.router.ring import HashRing
+from paged_router.hashing import EngineBlockHasher
+from paged_router.ring import HashRing
 
 pytestmark = pytest.mark.xdist_group("router-precise-e2e")
 BLOCK = 16
@@ -131,7 +131,7 @@ def test_the_engines_tokenizer_hashes_requests_as_the_model_folder_does(engines,
     same block hashes as the model's own folder, for chat (the template) and text."""
     import asyncio
 
-    from engine.router.engine_tokenizer import EngineTokenizer
+    from paged_router.engine_tokenizer import EngineTokenizer
 
     fetched = EngineTokenizer(BLOCK, 256)
     assert asyncio.run(fetched.fetch(["http://127.0.0.1:9", engines[0].url]))

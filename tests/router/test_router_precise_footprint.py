@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from engine.kv_event_wire import AllBlocksCleared, BlockRemoved, BlockStored
-from engine.router.hashing import ring_point
-from engine.router.kv_index import KVIndex
-from engine.router.policies import PrecisePolicy, RouteRequest, make_policy
-from engine.router.pool import Backend
+from paged_router.hashing import ring_point
+from paged_router.kv_index import KVIndex
+from paged_router.policies import PrecisePolicy, RouteRequest, make_policy
+from paged_router.pool import Backend
 
 
 def stored(hashes: range, medium: str = "GPU") -> list:

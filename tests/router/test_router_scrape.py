@@ -2,7 +2,7 @@
 the text format allows (timestamps, escaped label values, comments) reads right."""
 from __future__ import annotations
 
-from engine.router.pool import parse_metrics
+from paged_router.pool import parse_metrics
 
 
 def test_the_scraped_gauges_are_summed_over_label_sets():

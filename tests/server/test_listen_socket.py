@@ -63,7 +63,7 @@ def test_a_busy_port_names_the_flag_to_change():
 
 def test_both_servers_bind_with_it():
     from engine.entrypoints import cli as engine_cli
-    from engine.router import cli as router_cli
+    from paged_router import cli as router_cli
 
     assert router_cli.listen_socket is listen_socket
     sock = engine_cli.bind_socket("127.0.0.1", 0)

@@ -23,13 +23,13 @@ import aiohttp
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from engine.router.metrics import RouterMetrics
-from engine.router.policies import Choice, Policy, RouteRequest
-from engine.router.pool import Backend, BackendPool
+from paged_router.metrics import RouterMetrics
+from paged_router.policies import Choice, Policy, RouteRequest
+from paged_router.pool import Backend, BackendPool
 
-logger = logging.getLogger("engine.router")
+logger = logging.getLogger("paged_router")
 # one JSON line per placement at DEBUG (`--log-decisions`): what the policy saw, what it chose
-decisions = logging.getLogger("engine.router.decisions")
+decisions = logging.getLogger("paged_router.decisions")
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
               "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
 OWN_HEADERS = {"date", "server"}  # uvicorn adds the router's own

@@ -1,4 +1,4 @@
-"""`python -m engine router --port P --backends URL[,URL...] | --discover SERVICE`."""
+"""`python -m paged_router --port P --backends URL[,URL...] | --discover SERVICE`."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from engine.listen import listen_socket
-from engine.router.policies import POLICIES
+from paged_router.policies import POLICIES
 
 
 def _balance(text: str) -> float | None | str:
@@ -27,7 +27,7 @@ def _balance(text: str) -> float | None | str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m engine router",
+    p = argparse.ArgumentParser(prog="python -m paged_router",
                                 description="prefix-cache-aware router over engine replicas")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--backends", help="comma-separated engine URLs, e.g. "
@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "appears in argv; overrides --api-key")
     p.add_argument("--log-decisions", action="store_true",
                    help="log every placement as one JSON line (logger "
-                        "engine.router.decisions): the backends' scores, in-flight counts, "
+                        "paged_router.decisions): the backends' scores, in-flight counts, "
                         "the bounds, the pick and the decision")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
@@ -102,14 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
-    from engine.router.app import RouterConfig, build_app
+    from paged_router.app import RouterConfig, build_app
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per probe otherwise
     if args.log_decisions:
-        logging.getLogger("engine.router.decisions").setLevel(logging.DEBUG)
+        logging.getLogger("paged_router.decisions").setLevel(logging.DEBUG)
     for name, value in (("--chunk-chars", args.chunk_chars), ("--max-chunks", args.max_chunks),
                         ("--table-size", args.table_size),
                         ("--hash-block-size", args.hash_block_size)):

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.router.metrics import RouterMetrics
+from paged_router.metrics import RouterMetrics
 
-logger = logging.getLogger("engine.router")
+logger = logging.getLogger("paged_router")
 SCRAPED = {"vllm:kv_cache_usage_perc": "kv_cache_usage", "vllm:num_requests_waiting": "waiting"}
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from engine.router.hashing import EngineBlockHasher
+from paged_router.hashing import EngineBlockHasher
 
 logger = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from urllib.parse import urlsplit
 
 from engine.kv_event_wire import AllBlocksCleared, decode_batch
 from engine.kv_events import END_SEQ, SNAPSHOT_REQUEST
-from engine.router.kv_index import KVIndex
+from paged_router.kv_index import KVIndex
 
-logger = logging.getLogger("engine.router")
+logger = logging.getLogger("paged_router")
 
 
 def connectable(endpoint: str, backend_url: str) -> str:

@@ -13,10 +13,10 @@ from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from engine.router.hashing import ring_point
-from engine.router.kv_index import KVIndex
-from engine.router.pool import Backend
-from engine.router.ring import HashRing
+from paged_router.hashing import ring_point
+from paged_router.kv_index import KVIndex
+from paged_router.pool import Backend
+from paged_router.ring import HashRing
 
 POLICIES = ("prefix", "least-load", "round-robin", "precise")
 # --cache-balance when not given: `precise` places a new prefix on the first backend along
@@ -230,7 +230,7 @@ class PrefixPolicy(Policy):
 class PrecisePolicy(Policy):
     """Where the prefix is, as the engines say: scores each backend by the blocks of the
     request's prefix its prefix cache holds (the KV index that the engines' KV events keep,
-    engine/router/kv_index.py; `hashes` are the engine's own block hashes of the request),
+    router/paged_router/kv_index.py; `hashes` are the engine's own block hashes of the request),
     most first (of equal runs, more on the device, then on the host tier), under the hit
     bound (`hit_load_factor`; None: `precise_hit_load_factor` of the backends' count); a new
     prefix, or one whose holders are all full, goes

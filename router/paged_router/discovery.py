@@ -23,9 +23,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from engine.router.pool import BackendPool
+from paged_router.pool import BackendPool
 
-logger = logging.getLogger("engine.router")
+logger = logging.getLogger("paged_router")
 SERVICE_LABEL = "kubernetes.io/service-name"
 NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 KV_EVENTS_PORT_NAME, KV_REPLAY_PORT_NAME = "kv-events", "kv-replay"

@@ -2,7 +2,7 @@
 
 `KVIndex` maps a block hash (engine/block_hash.py's `external_hash`) to the backends whose
 prefix cache holds it, and counts what each backend lost recently.
-`engine/router/kv_follower.py` keeps it current from the engines' event streams; both
+`router/paged_router/kv_follower.py` keeps it current from the engines' event streams; both
 run in the router's event loop, so the index needs no lock.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
-from engine.router.hashing import ring_point
+from paged_router.hashing import ring_point
 
 
 class HashRing:
