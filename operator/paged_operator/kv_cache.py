@@ -17,7 +17,7 @@ What that adds to the children:
   engine trims its directory after each write, so a write in flight may pass the bound for a
   moment, and the kubelet evicts a pod whose emptyDir passes its limit.
 
-The CRD's schema and CEL rules (engine/settings_k8s.crd_kv_cache_schema) refuse the same
+The CRD's schema and CEL rules (paged_api/settings_k8s.crd_kv_cache_schema) refuse the same
 specs as parse_kv_cache.
 """
 from __future__ import annotations
