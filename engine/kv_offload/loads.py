@@ -22,13 +22,24 @@ worker skips it; a running one keeps them until it is done, and its result is di
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from engine.kv_medium import Medium
+from engine.kv_offload.host import HostEntry
 
 if TYPE_CHECKING:
     import torch
 
-    from engine.kv_offload.tiers import TierHit
     from engine.sequence import Sequence
+
+
+@dataclass(eq=False)
+class TierHit:
+    """A prefix block found below the device pool; `medium`: where (CPU or Disk)."""
+    block_hash: bytes
+    entry: HostEntry
+    medium: Medium
 
 
 class LoadState(enum.Enum):

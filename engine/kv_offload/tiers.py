@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.kv_medium import Medium
 from engine.kv_offload.host import HostEntry, HostPolicy
-from engine.kv_offload.loads import LoadJob, LoadState
+from engine.kv_offload.loads import LoadJob, LoadState, TierHit
 
 if TYPE_CHECKING:   # torch's modules: the annotations only
     from engine.kv_offload.disk import DiskTier
@@ -48,14 +48,6 @@ class BlockPool(Protocol):
 # load latency histogram edges, seconds
 LOAD_SECONDS_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                         0.5, 1.0, 2.5, 5.0)
-
-
-@dataclass(eq=False)
-class TierHit:
-    """A prefix block found below the device pool; `medium`: where (CPU or Disk)."""
-    block_hash: bytes
-    entry: HostEntry
-    medium: str
 
 
 @dataclass
