@@ -81,8 +81,8 @@ TARGETS = {
                                             "tests/engine/test_spec_decode_grammar.py"],
     "engine/spec_decode/": _SPEC_TESTS,  # a folder: every module in it
     "operator/paged_operator/manifests.py": _OPERATOR_TESTS,
-    "operator/paged_operator/spec.py": _OPERATOR_TESTS,
-    "operator/paged_operator/kv_cache.py": ["tests/operator/test_operator_kv_cache.py",
+    "api/paged_api/service.py": _OPERATOR_TESTS,
+    "api/paged_api/kv_cache.py": ["tests/operator/test_operator_kv_cache.py",
                                             *_OPERATOR_TESTS],
     "tuner/measure/scoring.py": ["tests/tuner/test_tuner_scoring.py",
                          "tests/tuner/test_tuner_scoring_figures.py"],

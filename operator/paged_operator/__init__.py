@@ -8,7 +8,7 @@ from . import tuning  # noqa: F401,E402  (PagedInferenceTuning handlers)
 from paged_api.contract import GROUP, VERSION
 from paged_api.contract import SERVICE_KIND as KIND
 from paged_api.contract import SERVICE_PLURAL as PLURAL
-from .spec import InvalidSpecError, ServiceSpec, parse_spec
+from paged_api.service import InvalidSpecError, ServiceSpec, parse_spec
 
 __all__ = ["GROUP", "KIND", "PLURAL", "VERSION", "InvalidSpecError", "ServiceSpec",
            "handlers", "parse_spec"]

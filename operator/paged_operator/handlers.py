@@ -28,7 +28,7 @@ from .reconcile import ChildError, Discovery, contains, reconcile_children
 from paged_api.contract import GROUP, VERSION
 from paged_api.contract import SERVICE_KIND as KIND
 from paged_api.contract import SERVICE_PLURAL as PLURAL
-from .spec import DEFAULT_IMAGE, InvalidSpecError, parse_spec
+from paged_api.service import DEFAULT_IMAGE, InvalidSpecError, parse_spec
 
 PIS = Kind(f"{GROUP}/{VERSION}", PLURAL)
 MANAGED = {"app.kubernetes.io/managed-by": manifests.MANAGED_BY}

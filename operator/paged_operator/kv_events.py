@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .spec import ServiceSpec
+from paged_api.service import ServiceSpec
 
 PUB_PORT_NAME, REPLAY_PORT_NAME = "kv-events", "kv-replay"  # IANA service names: <= 15 chars
 PUB_PORT, REPLAY_PORT = 5557, 5558                          # vLLM's defaults

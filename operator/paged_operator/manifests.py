@@ -13,15 +13,16 @@ from typing import Any
 
 from paged_api import settings as engine_settings
 
-from . import kv_cache, kv_events
+from paged_api import kv_cache
+from . import kv_events
 from paged_api.contract import MANAGED_BY
-from .fields import quantity_value
-from .spec import AUTOSCALING_METRICS, ENGINE_PORT, ServiceSpec
+from paged_api.fields import quantity_value
+from paged_api.model_source import MODEL_DIR
+from paged_api.service import AUTOSCALING_METRICS, ENGINE_PORT, ServiceSpec
 
 CHECKSUM_ANNOTATION = "serving.pagedinference.dev/engine-config-checksum"
 # Writable mount points: the root filesystem is read-only.
 MODEL_CACHE_DIR = "/model-cache"
-MODEL_DIR = "/mnt/model"
 CONFIG_DIR = "/etc/paged-inference"
 SECRET_DIR = "/var/run/secrets/paged-inference"
 API_KEY_FILE = f"{SECRET_DIR}/api-key"
@@ -59,18 +60,9 @@ def endpoint(spec: ServiceSpec) -> str:
     return f"http://{spec.name}.{spec.namespace}.svc.cluster.local:{ENGINE_PORT}"
 
 
-def model_arg(spec: ServiceSpec) -> str:
-    """The model as the engine (and the precise router's --tokenizer) is given it."""
-    model = spec.model
-    if model.kind == "pvc":
-        return f"{MODEL_DIR}/{model.path_in_claim}".rstrip("/")
-    # builtin://NAME goes to the engine as it is: the engine knows its own models.
-    return model.uri
-
-
 def engine_args(spec: ServiceSpec) -> list[str]:
     key = ["--api-key-file", API_KEY_FILE] if spec.api_key else []
-    return [model_arg(spec), "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
+    return [spec.model.engine_arg, "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
             "--served-model-name", spec.model.served_name, *key,
             *kv_events.engine_args(spec), *kv_cache.engine_args(spec.kv_cache),
             *spec.engine.flags()]

@@ -15,7 +15,7 @@ from typing import Any
 
 from paged_api.contract import GROUP, MANAGED_BY, SERVICE_PLURAL
 from .manifests import CONTAINER_SECURITY, POD_SECURITY
-from .spec import ServiceSpec
+from paged_api.service import ServiceSpec
 
 
 def planner_name(spec: ServiceSpec) -> str:

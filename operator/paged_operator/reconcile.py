@@ -30,7 +30,7 @@ import kopf
 
 from . import kv_events, manifests, manifests_access, manifests_planner
 from .kube import KINDS, ApiError, KubeApi
-from .spec import ServiceSpec, quantity_value
+from paged_api.service import ServiceSpec, quantity_value
 
 
 class ChildError(Exception):

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import manifests
-from .spec import ServiceSpec
+from paged_api.service import ServiceSpec
 
 
 def _now() -> str:

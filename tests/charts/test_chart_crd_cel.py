@@ -9,7 +9,7 @@ import yaml
 from cel_tools import Rule, rules, violations
 from chart_tools import ROOT, crd, with_spec
 
-from paged_operator.spec import MANAGED_FLAGS, InvalidSpecError, parse_spec
+from paged_api.service import MANAGED_FLAGS, InvalidSpecError, parse_spec
 
 SCHEMA = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 RULES = rules(SCHEMA)

@@ -6,7 +6,7 @@ import yaml
 from chart_tools import EXAMPLE, ROOT, crd, crd_validator, validate_k8s, with_spec
 
 from paged_operator import manifests, manifests_access
-from paged_operator.spec import InvalidSpecError, parse_spec
+from paged_api.service import InvalidSpecError, parse_spec
 
 EXAMPLE_BODY = yaml.safe_load(EXAMPLE.read_text())
 def test_crd_names_subresources_and_printer_columns():

@@ -7,7 +7,7 @@ import kubernetes_validate
 import pytest
 from chart_tools import CHART, crd, helm, render, validate_k8s
 from paged_operator.manifests_planner import planner_role
-from paged_operator.spec import parse_spec
+from paged_api.service import parse_spec
 
 
 def by_kind(docs):
@@ -178,7 +178,7 @@ def test_the_kubernetes_validator_is_not_vacuous():
 def test_the_operator_holds_every_permission_it_grants_the_router():
     """RBAC refuses to create a Role granting more than its creator holds."""
     from paged_operator import manifests_access
-    from paged_operator.spec import parse_spec
+    from paged_api.service import parse_spec
 
     rules = by_kind(render())["Role"][0]["rules"]
     granted = {(g, r): set(rule["verbs"]) for rule in rules

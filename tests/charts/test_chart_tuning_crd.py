@@ -102,7 +102,7 @@ def test_the_tuning_examples_pass_both_crds_the_rules_the_operator_and_the_tuner
     from chart_tools import crd_validator
     from chart_tools import ROOT
 
-    from paged_operator.spec import parse_spec
+    from paged_api.service import parse_spec
 
     service, tune = yaml.safe_load_all((ROOT / "examples" / "tuning" / example).read_text())
     assert not list(crd_validator().iter_errors(service))

@@ -18,7 +18,7 @@ from paged_api import settings, settings_k8s
 from engine.config import EngineConfig
 from engine.entrypoints.cli import ENGINE_FLAGS, add_serve_arguments, build_parser, engine_kwargs
 from paged_operator import manifests
-from paged_operator.spec import MANAGED_FLAGS, EngineSettings, InvalidSpecError, parse_spec
+from paged_api.service import MANAGED_FLAGS, EngineSettings, InvalidSpecError, parse_spec
 from tuner.measure.local import EngineLaunch
 from paged_api import search_space as space
 

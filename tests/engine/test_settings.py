@@ -67,7 +67,7 @@ def test_the_operator_image_file_set_parses_specs_without_torch(tmp_path):
     is there, and torch, optuna, locust stay out."""
     app = _operator_image_files(tmp_path)
     assert sorted(p.name for p in app.iterdir()) == ["paged_api", "paged_operator"]
-    code = ("import sys, paged_operator.spec as s, paged_api.contract as c; "
+    code = ("import sys, paged_api.service as s, paged_api.contract as c; "
             f"assert c.__file__.startswith({str(app)!r}), c.__file__; "
             "assert not {'engine', 'tuner', 'loadtests'} & set(sys.modules); "
             "spec = s.parse_spec({'model': {'uri': 'a/b'}, 'engine': {'blockSize': 32}}, "

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from paged_operator import manifests
-from paged_operator.spec import parse_spec
+from paged_api.service import parse_spec
 
 
 @pytest.mark.parametrize("engine, expected", [
@@ -99,7 +99,7 @@ def test_a_cpu_engine_sizes_its_pool_within_the_containers_memory(monkeypatch, r
     """gpuMemoryUtilization is a fraction of the engine's CPU memory; in a container with
     spec.resources.memory that memory is the container's less the runtime's, so a pod of
     1Gi is not given the engine's 2 GiB default (and killed for it)."""
-    from paged_operator.kv_cache import CPU_RUNTIME_GIB
+    from paged_api.kv_cache import CPU_RUNTIME_GIB
 
     assert CPU_RUNTIME_GIB == 0.75
     spec = parse_spec({"model": {"uri": "pvc://models/qwen"}, "resources": resources,
@@ -138,7 +138,7 @@ def test_builtin_model_and_api_key_file_reach_the_engine_cli(tmp_path):
 def test_abbreviations_are_refused_by_the_operator_and_by_the_engine(abbreviation):
     from engine.entrypoints.cli import build_parser
 
-    from paged_operator.spec import InvalidSpecError
+    from paged_api.service import InvalidSpecError
     with pytest.raises(InvalidSpecError, match="extraArgs"):
         parse_spec({"model": {"uri": "a/b"}, "engine": {"extraArgs": abbreviation}},
                    name="svc", namespace="default")

@@ -22,7 +22,7 @@ from operator_harness import (DEPLOYMENTS, NAMESPACE, PIS, RESOURCES, api_path, 
 
 from paged_operator.kube import KINDS
 from paged_operator.reconcile import contains, desired_children
-from paged_operator.spec import DEFAULT_IMAGE, parse_spec
+from paged_api.service import DEFAULT_IMAGE, parse_spec
 
 pytestmark = pytest.mark.asyncio
 SPECS = {"alpha": {"model": {"uri": "hf://Qwen/Qwen2.5-0.5B-Instruct"},

@@ -7,8 +7,9 @@ import argparse
 
 import pytest
 
-from paged_operator import kv_cache, manifests
-from paged_operator.spec import InvalidSpecError, parse_spec
+from paged_api import kv_cache
+from paged_operator import manifests
+from paged_api.service import InvalidSpecError, parse_spec
 
 EMPTY_DIR = {"emptyDir": {}}
 

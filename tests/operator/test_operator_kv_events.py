@@ -12,7 +12,7 @@ import pytest
 
 from paged_operator import kv_events, manifests, manifests_access
 from paged_operator.reconcile import optional_names
-from paged_operator.spec import parse_spec
+from paged_api.service import parse_spec
 
 ENGINE = {"app.kubernetes.io/name": "paged-inference-engine", "app.kubernetes.io/instance": "svc"}
 ROUTER = {"app.kubernetes.io/name": "paged-inference-router", "app.kubernetes.io/instance": "svc"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from paged_operator import manifests, manifests_access
-from paged_operator.spec import parse_spec
+from paged_api.service import parse_spec
 
 SELECTOR = {"app.kubernetes.io/name": "paged-inference-engine",
             "app.kubernetes.io/instance": "svc"}

@@ -8,7 +8,7 @@ import hashlib
 import json
 
 from paged_operator import manifests
-from paged_operator.spec import parse_spec
+from paged_api.service import parse_spec
 
 SELECTOR = {"app.kubernetes.io/name": "paged-inference-engine",
             "app.kubernetes.io/instance": "svc"}

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from paged_operator.reconcile import desired_children
-from paged_operator.spec import parse_spec
+from paged_api.service import parse_spec
 
 SLO = {"mode": "slo", "minReplicas": 0, "maxReplicas": 4, "slo": {"ttftSeconds": 2}}
 PLANNER = [("ServiceAccount", "svc-planner"), ("Role", "svc-planner"),

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from paged_operator.access import NetworkPolicy, Router, SecretKeyRef
-from paged_operator.model_source import ModelSource
-from paged_operator.spec import (Autoscaling, EngineSettings, InvalidSpecError, ModelCache,
+from paged_api.access import NetworkPolicy, Router, SecretKeyRef
+from paged_api.model_source import ModelSource
+from paged_api.service import (Autoscaling, EngineSettings, InvalidSpecError, ModelCache,
                                  Rollout, ServiceSpec, SloPlanner, parse_spec)
 
 FULL = {

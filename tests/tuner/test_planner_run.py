@@ -13,7 +13,7 @@ import pytest
 from fake_openai_server import FakeOpenAIServer
 from local_api import api_url, kube_client
 from localcluster.prometheus import start_prometheus
-from paged_operator.spec import InvalidSpecError
+from paged_api.service import InvalidSpecError
 from tuner.measure.loadgen import LoadSpec, run_load
 from tuner.measure.promql import PrometheusReader, write_target
 from tuner.planner.core import Prediction

@@ -116,7 +116,7 @@ def test_the_service_runner_writes_spec_kv_cache_offload_gib(tmp_path, target_kv
 
 def test_a_trial_spec_with_the_host_tier_is_one_the_operator_serves():
     from paged_operator import manifests
-    from paged_operator.spec import parse_spec
+    from paged_api.service import parse_spec
     spec = {"model": {"uri": "builtin://default"}, "resources": {"memory": "2Gi"}}
     spec = merge_patch(spec, to_spec_patch({NAME: 1.0}))
     container = manifests.deployment(parse_spec(spec, name="t", namespace="d"))[

@@ -215,7 +215,7 @@ def test_without_a_memory_limit_the_engines_default_is_its_cpu_memory() -> None:
 
 
 def test_the_memory_to_ask_for_gives_the_engine_what_it_needs() -> None:
-    from paged_operator.kv_cache import cpu_device_gib, memory_for_cpu_device
+    from paged_api.kv_cache import cpu_device_gib, memory_for_cpu_device
     for gib in (0.05, 0.25, 0.3, 1.0, 6.5):
         asked = memory_for_cpu_device(gib)
         assert cpu_device_gib(f"{asked * 1024:.0f}Mi") == pytest.approx(gib, abs=1e-3)

@@ -12,7 +12,7 @@ from engine.entrypoints.cli import build_parser, engine_kwargs
 from paged_api.search_space import (SpaceError, build_space, engine_values, from_engine_spec,
                                  parse_param, to_spec_patch)
 from paged_api.contract import search_space
-from paged_operator.spec import parse_spec
+from paged_api.service import parse_spec
 from tuner.incluster.service_runner import merge_patch
 from tuner.measure.local import EngineLaunch
 from tuner.search.report import validate_patch

@@ -35,7 +35,7 @@ import yaml
 
 from tuner.incluster import live_verify
 from paged_api.contract import APPLIED_BY, PREVIOUS_ENGINE
-from paged_api.search_space import to_engine_spec as camel, to_spec_patch
+from paged_api.search_space import to_spec_patch
 from tuner.measure.promql import PrometheusError
 from tuner.search.stats import t975
 from tuner.measure.runner import Infeasible

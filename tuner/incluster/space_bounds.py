@@ -37,8 +37,8 @@ from typing import Any
 from paged_api import settings as engine_settings
 from engine.kv_capacity import DTYPE_BYTES, blocks_for, dtype_name, num_kv_blocks
 from paged_api.contract import TuningSpec
-from paged_operator.fields import quantity_value
-from paged_operator.kv_cache import CPU_RUNTIME_GIB, cpu_device_gib, memory_for_cpu_device
+from paged_api.fields import quantity_value
+from paged_api.kv_cache import CPU_RUNTIME_GIB, cpu_device_gib, memory_for_cpu_device
 from tuner.incluster.model_facts import ModelFacts, Unknown, model_facts
 from paged_api.search_space import Param
 

@@ -24,7 +24,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from paged_api.contract import GROUP, SERVICE_KIND, SERVICE_PLURAL, VERSION
-from paged_operator.spec import InvalidSpecError, ServiceSpec, parse_spec
+from paged_api.service import InvalidSpecError, ServiceSpec, parse_spec
 from tuner.measure.promql import PrometheusReader
 from tuner.planner.core import Decision, Observation, Planner, PlannerSpec
 from tuner.planner.observe import Step
@@ -55,14 +55,13 @@ def sim_predictor(spec: ServiceSpec):
     or calibrated in this pod) refitted to the service's own steps as Prometheus has them,
     the engines' KV pool, the service's engine settings and SLOs."""
     from paged_api import settings_k8s
-    from paged_operator.manifests import model_arg
     from tuner.planner.predict import LiveSteps, SimPredictor
     from tuner.sim.context import SimContext, engine_threads, load_profile
 
     auto = spec.autoscaling
     assert auto is not None and auto.planner is not None
     settings = settings_k8s.from_spec(spec.engine.applied())
-    profile = load_profile(model_arg(spec), engine_threads(settings))
+    profile = load_profile(spec.model.engine_arg, engine_threads(settings))
     ctx = SimContext(profile=profile, slos=dict(auto.planner.slos), model=profile.identity.model,
                      attainment=auto.planner.target_attainment)
     live = LiveSteps(PrometheusReader(auto.prometheus_server_address, timeout=30),
@@ -120,7 +119,7 @@ def router_held(spec: ServiceSpec) -> int:
     answer."""
     if not spec.router.enabled:
         return 0
-    from paged_operator.spec import ENGINE_PORT
+    from paged_api.service import ENGINE_PORT
     return held_at(f"http://{spec.name}.{spec.namespace}.svc:{ENGINE_PORT}")
 
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .fields import InvalidSpecError, get_field, positive, quantity, quantity_value
+from paged_api.fields import InvalidSpecError, get_field, positive, quantity, quantity_value
 
 PROMETHEUS_URL = re.compile(r"^https?://[^\s/?#@]+(/[^\s]*)?$")
 DEFAULT_PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"

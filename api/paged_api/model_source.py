@@ -15,9 +15,10 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-from .fields import DNS_SUBDOMAIN, InvalidSpecError, get_field
+from paged_api.fields import DNS_SUBDOMAIN, InvalidSpecError, get_field
 
 BUILTIN_PREFIX = "builtin://"
+MODEL_DIR = "/mnt/model"   # where the engine container mounts a pvc:// model's claim
 # A lower-case DNS-ish name: "default", "smollm2-135m-instruct", "qwen2.5-0.5b".
 BUILTIN_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9_.-]+)?$")
@@ -32,6 +33,15 @@ class ModelSource:
     kind: str                     # "hf" | "pvc" | "path" | "builtin"
     claim_name: str | None = None  # pvc only
     path_in_claim: str = ""        # pvc only, "" = the claim's root
+
+    @property
+    def engine_arg(self) -> str:
+        """The model as the engine (and the precise router's --tokenizer) is given it:
+        builtin://NAME as it is (the engine knows its own models), a claim's path where
+        the pod mounts it."""
+        if self.kind == "pvc":
+            return f"{MODEL_DIR}/{self.path_in_claim}".rstrip("/")
+        return self.uri
 
 
 def _no_parent_segments(uri: str, path: str) -> None:

@@ -14,13 +14,13 @@ from typing import Any
 from paged_api import settings as engine_settings
 from paged_api import settings_k8s
 
-from .fields import (DNS_LABEL, DNS_SUBDOMAIN, PERCENT_OR_INT, InvalidSpecError,
+from paged_api.fields import (DNS_LABEL, DNS_SUBDOMAIN, PERCENT_OR_INT, InvalidSpecError,
                      get_field, positive, quantity, quantity_value)
-from .access import (NetworkPolicy, Router, SecretKeyRef, parse_api_key, parse_network_policy,
+from paged_api.access import (NetworkPolicy, Router, SecretKeyRef, parse_api_key, parse_network_policy,
                      parse_router)
-from .autoscaling import AUTOSCALING_METRICS, Autoscaling, SloPlanner, parse_autoscaling
-from .kv_cache import KvCache, parse_kv_cache
-from .model_source import ModelSource, parse_model
+from paged_api.autoscaling import AUTOSCALING_METRICS, Autoscaling, SloPlanner, parse_autoscaling
+from paged_api.kv_cache import KvCache, parse_kv_cache
+from paged_api.model_source import ModelSource, parse_model
 
 DEFAULT_IMAGE = "pagedinference/engine:0.1.0"
 ENGINE_PORT = 8000

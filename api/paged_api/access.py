@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .fields import DNS_SUBDOMAIN, InvalidSpecError, get_field, positive
+from paged_api.fields import DNS_SUBDOMAIN, InvalidSpecError, get_field, positive
 
 ROUTER_POLICIES = ("prefix", "least-load", "round-robin", "precise")
 

@@ -30,7 +30,7 @@ from typing import Any
 from paged_api import settings as engine_settings
 from paged_api import settings_k8s
 
-from .fields import DNS_SUBDOMAIN, InvalidSpecError, get_field, quantity_value
+from paged_api.fields import DNS_SUBDOMAIN, InvalidSpecError, get_field, quantity_value
 
 KV_DISK_DIR = "/kv-cache"
 VOLUME_NAME = "kv-cache"
