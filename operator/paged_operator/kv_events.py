@@ -7,8 +7,8 @@ What that adds to the children:
   headless Service (and so its EndpointSlices) carries them: the router reads each engine's
   event endpoints from the slice's `kv-events` and `kv-replay` ports
   (router/paged_router/discovery.py uses the same names);
-- the router runs `--policy precise --tokenizer <model>` (it hashes requests as the engines
-  do, with the engines' tokenizer);
+- the router runs `--policy precise` (it hashes requests as the engines do, with the
+  tokenizer the engines serve at GET /tokenizer: no model in the router pod);
 - a NetworkPolicy `<name>-kv-events` (manifests_access.kv_events_network_policy) opens exactly those two ports of the engine pods to the
   router pods of this resource and nobody else (policies add up: the resource's main
   NetworkPolicy still admits port 8000 from the namespace). Without spec.networkPolicy
@@ -60,6 +60,3 @@ def service_ports(spec: ServiceSpec) -> list[dict[str, Any]]:
     return [{"name": name, "port": port, "targetPort": name, "protocol": "TCP"}
             for name, port in ((PUB_PORT_NAME, PUB_PORT), (REPLAY_PORT_NAME, REPLAY_PORT))]
 
-
-def router_args(spec: ServiceSpec, model_arg: str) -> list[str]:
-    return ["--tokenizer", model_arg] if enabled(spec) else []

@@ -13,7 +13,6 @@ from typing import Any
 from . import kv_events, manifests
 from .manifests import (CONTAINER_SECURITY, MANAGED_BY, POD_SECURITY, router_selector_labels,
                         selector_labels)
-from paged_api.model_source import MODEL_DIR
 from paged_api.service import ENGINE_PORT, ServiceSpec
 
 ROUTER_PORT = ENGINE_PORT
@@ -121,7 +120,6 @@ def router_args(spec: ServiceSpec) -> list[str]:
     # as --api-key / $VLLM_API_KEY today, and a key never goes into argv or env.
     hit = spec.router.hit_load_factor
     return ["--discover", engine_service_name(spec), "--policy", spec.router.policy,
-            *kv_events.router_args(spec, spec.model.engine_arg),
             *(["--hit-load-factor", format(hit, "g")] if hit is not None else []),
             *cold_start_args(spec),
             "--port-name", "http",  # the slices also carry the engines' event ports
@@ -133,10 +131,6 @@ def router_deployment(spec: ServiceSpec) -> dict[str, Any]:
         return {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 5, **kw}
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
-    if kv_events.enabled(spec) and spec.model.kind == "pvc":  # --tokenizer reads the weights' folder
-        volumes.append({"name": "model", "persistentVolumeClaim": {
-            "claimName": spec.model.claim_name, "readOnly": True}})
-        mounts.append({"name": "model", "mountPath": MODEL_DIR, "readOnly": True})
     container = {
         "name": "router", "image": spec.image, "imagePullPolicy": spec.image_pull_policy,
         "command": ["python", "-m", "paged_router"], "args": router_args(spec),

@@ -2,7 +2,7 @@
 (tests/local_cluster/fake_engine_pkg, which ignores --kv-events-config): the engine pods run
 with the KV-events flag and named event ports, the engines' headless Service and its
 EndpointSlice carry those ports (what the router's discovery reads), the router runs
-`--policy precise --tokenizer <model>`, and a NetworkPolicy opens the event ports to the
+`--policy precise` (no --tokenizer: it fetches the engines'), and a NetworkPolicy opens the event ports to the
 router pods only; back to `prefix`, that NetworkPolicy, the flag and the ports go."""
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_precise_then_back_to_prefix(local_cluster: LocalCluster) -> None:
     router = get(c, "deployment", f"{NAME}-router")
     args = router["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--policy") + 1] == "precise"
-    assert args[args.index("--tokenizer") + 1] == "builtin://default"
+    assert "--tokenizer" not in args
     assert ROUTER_LABELS.items() <= router["spec"]["template"]["metadata"]["labels"].items()
 
     # back to the prefix policy: the event policy, ports and flag go

@@ -50,21 +50,20 @@ def test_precise_engines_publish_on_named_ports_the_headless_service_carries():
     assert [p["name"] for p in manifests.service(spec)["spec"]["ports"]] == ["http"]
 
 
-def test_precise_router_hashes_with_the_services_model():
-    router = manifests_access.router_deployment(spec_of())
-    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[:6] == ["--discover", "svc-engine", "--policy", "precise",
-                        "--tokenizer", "Qwen/Qwen2.5-0.5B-Instruct"]
-    # weights on a claim: the router mounts the claim where the engine does
-    pod = manifests_access.router_deployment(spec_of(uri="pvc://weights/qwen"))["spec"][
-        "template"]["spec"]
-    args = pod["containers"][0]["args"]
-    assert args[args.index("--tokenizer") + 1] == "/mnt/model/qwen" == engine_container(
-        spec_of(uri="pvc://weights/qwen"))["args"][0]
+def test_precise_router_needs_no_model_of_its_own():
+    """The router hashes with the tokenizer the engines serve (GET /tokenizer): it gets no
+    --tokenizer and, for weights on a claim, no mount of the claim (the engine does)."""
+    for uri in ("Qwen/Qwen2.5-0.5B-Instruct", "pvc://weights/qwen"):
+        pod = manifests_access.router_deployment(spec_of(uri=uri))["spec"]["template"]["spec"]
+        args = pod["containers"][0]["args"]
+        assert args[:4] == ["--discover", "svc-engine", "--policy", "precise"]
+        assert "--tokenizer" not in args
+        assert [v["name"] for v in pod["volumes"]] == ["tmp"]
+        assert [m["mountPath"] for m in pod["containers"][0]["volumeMounts"]] == ["/tmp"]
+    engine = manifests.deployment(spec_of(uri="pvc://weights/qwen"))["spec"]["template"][
+        "spec"]
     assert {"name": "model", "persistentVolumeClaim": {"claimName": "weights",
-                                                       "readOnly": True}} in pod["volumes"]
-    assert {"name": "model", "mountPath": "/mnt/model", "readOnly": True} in \
-        pod["containers"][0]["volumeMounts"]
+                                                       "readOnly": True}} in engine["volumes"]
 
 
 def test_network_policy_opens_the_event_ports_to_this_services_router_pods_only():
@@ -131,7 +130,7 @@ def test_engine_and_router_parse_what_the_operator_writes():
     router = router_parser().parse_args(manifests_access.router_deployment(spec)["spec"][
         "template"]["spec"]["containers"][0]["args"])
     assert (router.policy, router.tokenizer, router.discover) == \
-        ("precise", "Qwen/Qwen2.5-0.5B-Instruct", "svc-engine")
+        ("precise", None, "svc-engine")
     # the router serves the engine Service's port that reaches the engines' HTTP port (its
     # slices also carry the event ports, in no promised order)
     service_ports = manifests_access.engine_service(spec)["spec"]["ports"]
