@@ -32,16 +32,19 @@ from engine.kv_medium import Medium
 from engine.kv_offload.host import HostEntry, HostPolicy
 from engine.kv_offload.loads import LoadJob, LoadState, TierHit
 
-if TYPE_CHECKING:   # torch's modules: the annotations only
+if TYPE_CHECKING:   # torch's modules and the manager's parts: the annotations only
+    from engine.kv_blocks import Block
+    from engine.kv_events import KVEventRecorder
     from engine.kv_offload.disk import DiskTier
     from engine.kv_offload.transfer import KVTransfer, TransferWorker
+    from engine.sequence import Sequence
 
 
 class BlockPool(Protocol):
     """What the tiers use of the KV cache manager (engine/kv_cache_manager.py), which
     imports this package: a protocol here keeps the import one way."""
-    blocks: list[Any]
-    events: Any
+    blocks: list[Block]
+    events: KVEventRecorder | None
 
     def end_load(self, block_id: int, register: bool) -> None: ...
 
@@ -103,7 +106,7 @@ class OffloadTiers:
         """Room in the load worker's bounded queue for one more job this step."""
         return self.load_worker.free_slots() > len(self._planned)
 
-    def plan_load(self, seq: Any, loads: list[tuple[TierHit, int]], positions: list[int]
+    def plan_load(self, seq: Sequence, loads: list[tuple[TierHit, int]], positions: list[int]
                   ) -> LoadJob:
         job = LoadJob(seq, loads, positions)
         self._planned.append(job)
