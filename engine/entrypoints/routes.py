@@ -12,9 +12,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from engine.entrypoints.chat_protocol import ChatCompletionRequest, TokenizeRequest
 from engine.entrypoints.errors import APIError, ErrorResponse, document_errors
-from engine.entrypoints.protocol import (ChatCompletionRequest, CompletionRequest,
-                                         DetokenizeRequest, TokenizeRequest)
+from engine.entrypoints.protocol import CompletionRequest, DetokenizeRequest
 from engine.entrypoints.server_state import ServerState
 from engine.entrypoints.serving import Serving
 from engine.entrypoints.tokenizer_files import tokenizer_files

@@ -23,7 +23,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.entrypoints.errors import APIError, error_body
-from engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest
+from engine.entrypoints.chat_protocol import ChatCompletionRequest
+from engine.entrypoints.protocol import CompletionRequest
 from engine.entrypoints.choices import ChatView, CompletionView
 from engine.entrypoints.request_group import RequestGroup
 from engine.entrypoints.tool_calls import check_tools
