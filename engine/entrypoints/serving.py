@@ -40,7 +40,7 @@ def _finite(value: float | None) -> float | None:
 
 class Serving:
     def __init__(self, state: Any) -> None:
-        self.state = state  # api_server.ServerState: engine, tokenizer, settings
+        self.state = state  # server_state.ServerState: engine, tokenizer, settings
 
     # --- shared ------------------------------------------------------------------------
 
