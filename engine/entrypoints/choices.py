@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest
+from engine.entrypoints.chat_protocol import ChatCompletionRequest
+from engine.entrypoints.protocol import CompletionRequest
 from engine.entrypoints.tool_calls import ToolStream
 from engine.entrypoints.tool_calls import message as tool_message
 

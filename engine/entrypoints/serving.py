@@ -23,7 +23,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.entrypoints.errors import APIError, error_body
-from engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest
+from engine.entrypoints.chat_protocol import ChatCompletionRequest
+from engine.entrypoints.protocol import CompletionRequest
 from engine.entrypoints.choices import ChatView, CompletionView
 from engine.entrypoints.request_group import RequestGroup
 from engine.entrypoints.tool_calls import check_tools
@@ -39,7 +40,7 @@ def _finite(value: float | None) -> float | None:
 
 class Serving:
     def __init__(self, state: Any) -> None:
-        self.state = state  # api_server.ServerState: engine, tokenizer, settings
+        self.state = state  # server_state.ServerState: engine, tokenizer, settings
 
     # --- shared ------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ and the assistant message (or stream deltas) that carries the calls.
   freely; `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks in its text
   become calls and the text before them the content.
 - `none`: no calls.
-Works on the request duck-typed (no import of protocol.py, which imports this lazily).
+Works on the request duck-typed (no import of chat_protocol.py, which imports this lazily).
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from . import admission
+from . import admission, cel
 from . import patch as patching
 from .kinds import Kind, crd_accepted_status
 from .store import Store, now
@@ -33,7 +33,7 @@ def admit(kind: Kind, obj: dict[str, Any], old: dict[str, Any] | None,
         causes = []
         for i, version in enumerate((obj.get("spec") or {}).get("versions") or []):
             schema = (version.get("schema") or {}).get("openAPIV3Schema") or {}
-            causes += admission.compile_errors(
+            causes += cel.compile_errors(
                 schema, f"spec.validation.openAPIV3Schema[{i}]")
         if causes:
             name = (obj.get("metadata") or {}).get("name", "")

@@ -1,7 +1,7 @@
 """Run the CRD's CEL rules (x-kubernetes-validations) on objects, as the API server would.
 
 No API server runs here, so the rules are evaluated in the local API server's CEL
-environment (localcluster/api/admission.py: cel-python with the Kubernetes regex library's
+environment (localcluster/api/cel.py: cel-python with the Kubernetes regex library's
 `find`): the schema is walked with the object, structural defaults are applied first
 (Kubernetes defaults before it validates), and every rule runs with `self` bound to the
 value at the node that declares it; rules on absent fields do not run.
@@ -15,7 +15,7 @@ from typing import Any
 import celpy
 
 from localcluster.api.admission import default as apply_defaults
-from localcluster.api.admission import program
+from localcluster.api.cel import program
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,58 +18,13 @@ from typing import Any
 import pytest
 import yaml
 
+from breaking_objects import BREAKING, pis, pit
 from cluster_harness import ROOT, LocalCluster
 
 pytestmark = pytest.mark.xdist_group("local_cluster_strict")
 
 LOCAL_CLUSTER_ARGS = ["--no-operator", "--no-postgres"]
 CRDS = ROOT / "charts" / "paged-inference-operator" / "crds"
-GROUP = "serving.pagedinference.dev/v1alpha1"
-
-
-def pis(name: str = "svc", **spec: Any) -> dict[str, Any]:
-    base = {"model": {"uri": "builtin://default"}, "resources": {"gpus": 0}}
-    return {"apiVersion": GROUP, "kind": "PagedInferenceService", "metadata": {"name": name},
-            "spec": {**base, **spec}}
-
-
-def pit(name: str = "tune", **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": GROUP, "kind": "PagedInferenceTuning", "metadata": {"name": name},
-            "spec": {"targetRef": {"name": "svc"}, **spec}}
-
-
-# One object per CEL rule of the chart's CRDs, each breaking it (and only it).
-BREAKING = [
-    pis("x" * 53),
-    pis(model={"uri": "pvc://models/../etc"}),
-    pis(engine={"maxNumSeqs": 64, "maxNumBatchedTokens": 32}),
-    pis(engine={"extraArgs": ["--block-size=8"]}),
-    pis(autoscaling={"minReplicas": 3, "maxReplicas": 2}),
-    pis(autoscaling={"minReplicas": 0, "maxReplicas": 2},               # mode metrics
-        router={"enabled": True}),
-    pis(autoscaling={"mode": "slo", "minReplicas": 0, "maxReplicas": 2,  # no router
-                     "slo": {"ttftSeconds": 1}}),
-    pis(autoscaling={"mode": "slo", "maxReplicas": 2}),                 # no slo
-    pis(modelCache={"storageClassName": "fast"}),
-    pis(engine={"speculative": {"method": "ngram", "numSpeculativeTokens": 4,
-                                "promptLookupMin": 5, "promptLookupMax": 2}}),
-    pis(engine={"speculative": {"method": "suffix", "numSpeculativeTokens": 8,
-                                "promptLookupMax": 4}}),
-    pis(engine={"speculative": {"numSpeculativeTokens": 4,   # method unset: ngram
-                                "suffixDecodingMaxTreeDepth": 32}}),
-    pis(kvCache={"disk": {"sizeGiB": 1, "volume": {
-        "emptyDir": {}, "persistentVolumeClaim": {"claimName": "kv"}}}}),
-    pis(engine={"enablePrefixCaching": False}, kvCache={"offloadGiB": 1}),
-    pit("t" * 39),
-    pit(users=2, rate=1.0),
-    pit(workload="chat", workloadFrom={"prometheus": {}}, prometheus={"url": "http://p"}),
-    pit(workloadFrom={"prometheus": {}}),
-    pit(apply={"verifyWindow": "5m"}),
-    pit(tunerPods=2),
-    pit(workloadFrom={"trace": {"url": "http://t"}, "prometheus": {}},
-        prometheus={"url": "http://p"}),
-    pit(workloadFrom={"trace": {"configMapRef": {"name": "c"}, "url": "http://t"}}),
-]
 
 
 def cel_messages() -> set[str]:
