@@ -9,42 +9,42 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StrictBool, StrictInt
 
 from engine.entrypoints.errors import APIError
-from engine.entrypoints.protocol import Count, Text, _Body, _SamplingRequest, _valid_unicode
+from engine.entrypoints.protocol import Count, Text, RequestBody, SamplingRequest, valid_unicode
 
 
-class FunctionDefinition(_Body):
+class FunctionDefinition(RequestBody):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
     description: Text | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
     strict: StrictBool | None = None
 
 
-class Tool(_Body):
+class Tool(RequestBody):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class NamedFunction(_Body):
+class NamedFunction(RequestBody):
     name: Text
 
 
-class NamedToolChoice(_Body):
+class NamedToolChoice(RequestBody):
     type: Literal["function"]
     function: NamedFunction
 
 
-class ToolCallFunction(_Body):
+class ToolCallFunction(RequestBody):
     name: Text
     arguments: Text
 
 
-class ToolCall(_Body):
+class ToolCall(RequestBody):
     id: Text | None = None
     type: Literal["function"] = "function"
     function: ToolCallFunction
 
 
-class ChatMessage(_Body):
+class ChatMessage(RequestBody):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: Text | list[dict[str, Any]] | None = None
     name: Text | None = None
@@ -61,14 +61,14 @@ class ChatMessage(_Body):
                 raise APIError("only text content parts are supported",
                                param=f"messages[{index}].content[{j}]")
             try:
-                pieces.append(_valid_unicode(part["text"]))
+                pieces.append(valid_unicode(part["text"]))
             except ValueError as exc:
                 raise APIError(f"text {exc}", param=f"messages[{index}].content[{j}]") \
                     from None
         return "".join(pieces)
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Count | None = None
     logprobs: StrictBool = False
@@ -125,7 +125,7 @@ def _json_or_text(text: str) -> Any:
         return text
 
 
-class TokenizeRequest(_Body):
+class TokenizeRequest(RequestBody):
     model: Text | None = None
     prompt: Text | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)

@@ -28,7 +28,7 @@ I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 TOP_K_MAX = 2**31 - 1  # any top_k >= the vocabulary means "no top-k": larger ones clamp
 
 
-def _valid_unicode(text: str) -> str:
+def valid_unicode(text: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -37,36 +37,36 @@ def _valid_unicode(text: str) -> str:
     return text
 
 
-Text = Annotated[str, AfterValidator(_valid_unicode)]
+Text = Annotated[str, AfterValidator(valid_unicode)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 Int64 = Annotated[StrictInt, Field(ge=I64_MIN, le=I64_MAX)]
 Count = Annotated[StrictInt, Field(ge=1, le=I64_MAX)]
 TokenId = Annotated[StrictInt, Field(ge=0, le=I64_MAX)]
 
 
-class _Body(BaseModel):
+class RequestBody(BaseModel):
     # Unknown fields are ignored, as OpenAI's own clients send some we do not use (`user`).
     model_config = ConfigDict(extra="ignore")
 
 
-class StreamOptions(_Body):
+class StreamOptions(RequestBody):
     include_usage: StrictBool = False
 
 
-class JsonSchemaFormat(_Body):
+class JsonSchemaFormat(RequestBody):
     name: Text = "response"
     description: Text | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: StrictBool | None = None
 
 
-class ResponseFormat(_Body):
+class ResponseFormat(RequestBody):
     """OpenAI's `response_format`: free text, any JSON object, or JSON of a schema."""
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class StructuredOutputs(_Body):
+class StructuredOutputs(RequestBody):
     """vLLM's `structured_outputs` extra: exactly one constraint."""
     json_: dict[str, Any] | Text | None = Field(default=None, alias="json")
     json_object: StrictBool | None = None
@@ -75,7 +75,7 @@ class StructuredOutputs(_Body):
     grammar: Text | None = None
 
 
-class _SamplingRequest(_Body):
+class SamplingRequest(RequestBody):
     model: Text | None = None
     n: Annotated[StrictInt, Field(ge=1, le=1024)] = 1
     max_tokens: Count | None = None
@@ -202,7 +202,7 @@ def _field_named_in(message: str, kwargs: dict[str, Any]) -> str | None:
     return None
 
 
-class CompletionRequest(_SamplingRequest):
+class CompletionRequest(SamplingRequest):
     # A string, a list of strings, a list of token ids, or a list of token-id lists.
     prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
     # 0 only with echo: the prompt (and its logprobs) alone, as lm-evaluation-harness asks
@@ -244,6 +244,6 @@ class CompletionRequest(_SamplingRequest):
         return list(p)
 
 
-class DetokenizeRequest(_Body):
+class DetokenizeRequest(RequestBody):
     model: Text | None = None
     tokens: list[TokenId]
