@@ -10,13 +10,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from engine.kv_event_wire import AllBlocksCleared, decode_batch
 from engine.kv_events import END_SEQ, SNAPSHOT_REQUEST
 from paged_router.kv_index import KVIndex
+
+if TYPE_CHECKING:
+    from paged_router.metrics import RouterMetrics
 
 logger = logging.getLogger("paged_router")
 
@@ -40,7 +43,8 @@ class KVEventFollower:
     SYNC_GRACE = 5.0  # seconds a starting router waits for the engines' snapshots at most
 
     def __init__(self, index: KVIndex, *, endpoints: dict[str, tuple[str, str | None]] | None
-                 = None, metrics: Any = None, on_block_size: Any = None) -> None:
+                 = None, metrics: RouterMetrics | None = None,
+                 on_block_size: Callable[[str, int], None] | None = None) -> None:
         import zmq.asyncio
 
         self.index, self.static = index, endpoints or {}
