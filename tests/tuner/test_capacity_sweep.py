@@ -76,6 +76,7 @@ class FakeSim:
     profile: Profile = field(default_factory=_profile)
     calls: list = field(default_factory=list)
     fits: list = field(default_factory=list)     # the profile's fit of each call
+    front_seconds: float = 0.0
 
     @staticmethod
     def truth(settings: dict) -> float:
@@ -298,3 +299,64 @@ def test_without_the_pilots_steps_the_calibration_stays(tmp_path, monkeypatch):
     record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
     assert record["profile"]["source"] == "calibration"
     assert any("the calibration stays (0 busy window(s)" in line for line in logs)
+
+
+def test_the_front_end_time_comes_from_the_pilots_lowest_probe(tmp_path, monkeypatch):
+    """The pilot's lowest-rate probe recorded TTFTs of 30 ms + 1 ms per req/s; the
+    simulator, without front-end time, 10 ms at any rate: the difference at the lowest
+    rate is added to every later simulated request (the search's and the arms')."""
+    import json
+
+    _real(monkeypatch)
+    measure = cs.measure_capacity
+
+    def measured(settings, launch, load, slos, *, workdir, **kwargs):
+        result = measure(settings, launch, load, slos, **kwargs)
+        if workdir.name == "pilot":   # what the real probes wrote, in probe order
+            for n, p in enumerate(result.probes):
+                where = workdir / f"probe-{n:02d}"
+                where.mkdir(parents=True)
+                lines = [{"event": "start", "t": 0.0}] + [
+                    {"kind": "chat", "ok": True, "ttft": 0.030 + 0.001 * p["rate"] + j * 1e-4,
+                     "e2e": 1.0, "itl": [], "start": j / 10} for j in range(9)]
+                (where / "samples.jsonl").write_text("\n".join(map(json.dumps, lines)))
+        return result
+    monkeypatch.setattr(cs, "measure_capacity", measured)
+
+    @dataclass
+    class TimedSim(FakeSim):
+        fronts: list = field(default_factory=list)   # the front of each capacity call
+        ran: list = field(default_factory=list)
+
+        def capacity(self, settings, *, start, **search):
+            self.fronts.append(self.front_seconds)
+            return super().capacity(settings, start=start, **search)
+
+        def run(self, settings, rate):
+            self.ran.append((settings, rate, self.front_seconds))
+            records = [{"kind": "chat", "ok": True, "ttft": 0.010 + self.front_seconds}] * 5
+            return SimpleNamespace(samples=SimpleNamespace(records=records))
+
+    logs = []
+    plan = cs.CapacityPlan(sim=TimedSim(), sim_base={"cpu_memory_gib": 0.5}, trials=4,
+                           real_probes=4, log=logs.append)
+    record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
+    lowest = min(p["rate"] for p in record["pilot"]["probes"])
+    want = 0.030 + 0.001 * lowest + 4e-4 - 0.010   # the real median less the simulated
+    assert plan.sim.front_seconds == pytest.approx(want)
+    assert record["profile"]["front_s"] == pytest.approx(want)
+    (settings, rate, front), = plan.sim.ran   # simulated once, without a front, at the rate
+    assert (rate, front) == (lowest, 0.0) and settings["cpu_memory_gib"] == 0.5
+    assert plan.sim.fronts[0] == 0.0 and plan.sim.fronts[1:] and \
+        all(f == pytest.approx(want) for f in plan.sim.fronts[1:])
+    assert any("front-end time:" in line for line in logs)
+
+
+def test_a_pilot_without_samples_adds_no_front_end_time(tmp_path, monkeypatch):
+    _real(monkeypatch)   # its probes write no samples
+    logs = []
+    plan = cs.CapacityPlan(sim=FakeSim(), sim_base={}, trials=3, real_probes=4,
+                           log=logs.append)
+    record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
+    assert record["profile"]["front_s"] == 0.0
+    assert any("front-end time: none added (the pilot's probe" in line for line in logs)

@@ -134,3 +134,39 @@ def test_bad_input_is_refused_by_name(hf_config):
                    hf_config=hf_config)
     with pytest.raises(ValueError, match="max_num_seqs"):   # the engine's own check
         sim_engine(_profile(), {"max_num_seqs": 0}, hf_config=hf_config)
+
+
+def test_the_front_end_time_is_added_to_every_requests_first_token_and_end(hf_config):
+    """The same stream with 40 ms outside the engine's steps: each request's TTFT and E2E
+    are 40 ms later, its gaps and the schedule unchanged; a TTFT SLO between the two
+    passes without it and fails with it."""
+    def run(front):
+        return simulate(_profile(), SETTINGS, TraceStream(_trace(), max_model_len=256),
+                        duration=30.0, slos={"trace": {"ttft": 10.0}}, hf_config=hf_config,
+                        keep_schedule=True, front=front)
+    plain, late = run(0.0), run(0.04)
+    assert plain.schedule == late.schedule
+    pairs = list(zip(plain.samples.records, late.samples.records))
+    assert len(pairs) == len(_trace())
+    for a, b in pairs:
+        assert b["ttft"] - a["ttft"] == pytest.approx(0.04)
+        assert b["e2e"] - a["e2e"] == pytest.approx(0.04)
+        assert b["itl"] == a["itl"]
+    from tuner.measure.scoring import score
+    first = min(r["ttft"] for r in plain.samples.records)
+    slos = {"trace": {"ttft": first + 0.02}}
+    assert score(plain.samples, slos)["slo_attainment"] > score(late.samples, slos)[
+        "slo_attainment"]
+
+
+def test_front_seconds_is_the_difference_of_median_ttfts():
+    from tuner.sim.simulate import front_seconds
+
+    real = [{"ok": True, "ttft": t} for t in (0.05, 0.03, 0.04)] + [{"ok": False}]
+    sim = [{"ok": True, "ttft": t} for t in (0.01, 0.02, 0.03, 0.5)]
+    assert front_seconds(real, sim) == pytest.approx(0.04 - 0.025)
+    assert front_seconds(sim, real) == 0.0          # never below zero
+    with pytest.raises(ValueError, match="the real run completed no request"):
+        front_seconds([{"ok": False}], sim)
+    with pytest.raises(ValueError, match="the simulated run completed no request"):
+        front_seconds(real, [])

@@ -34,7 +34,9 @@ from paged_api.search_space import Param, default_value
 from tuner.measure.capacity import CapacityResult, interpolated, measure_capacity
 from tuner.search.capacity_latency import latency_comparison
 from tuner.search.stats import decide, paired_gain
+from tuner.measure.scoring import load_samples
 from tuner.sim.live_profile import live_profile, read_steps
+from tuner.sim.simulate import front_seconds
 
 SIM_UNMODELLED = ("kv_offloading_size",)   # tiers are not simulated (tuner/sim/engine.py)
 SIM_REL_TOL = 0.1       # a simulated capacity is known to 10 %
@@ -243,6 +245,31 @@ def live_refit(plan: CapacityPlan, series: list) -> None:
     plan.live = True
 
 
+def calibrate_front(plan: CapacityPlan, config, settings: dict, pilot: dict) -> None:
+    """The simulator's time outside the engine's steps (HTTP, tokenisation, streaming;
+    tuner/sim/simulate.py) from the pilot: the median TTFT of its lowest-rate probe less
+    that of the same settings simulated at that rate (the lowest: the least queueing)."""
+    probes = pilot["probes"]
+    if not probes:
+        return
+    i = min(range(len(probes)), key=lambda k: probes[k]["rate"])
+    real = load_samples(config.out_dir / "confirm" / "pilot" / f"probe-{i:02d}" /
+                        "samples.jsonl").records
+    if not any(r.get("ok") and r.get("ttft") is not None for r in real):
+        plan.log(f"front-end time: none added (the pilot's probe {i} recorded no TTFT)")
+        return
+    try:
+        simulated = dataclasses.replace(plan.sim, front_seconds=0.0).run(
+            {**plan.sim_base, **_sim_settings(settings)}, probes[i]["rate"])
+        front = front_seconds(real, simulated.samples.records)
+    except ValueError as exc:
+        plan.log(f"front-end time: none added ({exc})")
+        return
+    plan.sim = dataclasses.replace(plan.sim, front_seconds=front)
+    plan.log(f"front-end time: {front * 1000:.1f} ms a request (the pilot's TTFT at "
+             f"{probes[i]['rate']:.2f} req/s, real less simulated)")
+
+
 def _infeasible():
     from tuner.measure.runner import Infeasible
     return Infeasible
@@ -272,6 +299,7 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
             raise ValueError(f"the baseline settings are refused: {first.infeasible}")
         pilot = _pilot(plan, config, baseline.settings, first.capacity)
         live_refit(plan, pilot.pop("series"))
+        calibrate_front(plan, config, baseline.settings, pilot)
     wall = time.perf_counter()
     base, points = simulated_search(plan, config.space, fixed=config.fixed,
                                     baseline=baseline.settings, seed=config.seed)
@@ -288,6 +316,7 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
               "attainment": plan.sim.attainment, "target_rate": plan.target_rate,
               "profile": {"form": plan.sim.profile.fit.form,
                           "heldout_error": plan.sim.profile.fit.heldout_error,
+                          "front_s": plan.sim.front_seconds,
                           "source": "live (the pilot's steps)" if plan.live
                           else "calibration"}}
     if len(arms) == 1 or config.confirm_rounds < 2:

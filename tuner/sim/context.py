@@ -63,6 +63,7 @@ class SimContext:
     acceptance: float = 0.0
     attainment: float = 0.9
     model: str | None = None
+    front_seconds: float = 0.0            # time outside the engine's steps (simulate.py)
     _loaded: dict = field(default_factory=dict, repr=False)
 
     def _model_parts(self):
@@ -89,7 +90,7 @@ class SimContext:
         _, hf_config = self._model_parts()
         return simulate(self.profile, settings, self.stream(rate), duration=self.duration,
                         slos=self.slos, hf_config=hf_config, acceptance=self.acceptance,
-                        seed=self.seed)
+                        seed=self.seed, front=self.front_seconds)
 
     def capacity(self, settings: dict, *, start: float = START_RATE, rel_tol: float = 0.05,
                  max_probes: int = 16, growth: float = 2.0) -> CapacityResult:

@@ -8,9 +8,16 @@ run: requests still running then are recorded unfinished, as the load client rec
 them when Locust stops. Records have the load client's fields (tuner/measure/scoring.py),
 so goodput, quantiles and the capacity search's settled attainment are computed by the
 same functions as for a real trial.
+
+`front` is the time a request spends outside the engine's steps on its way to the client
+(HTTP, the chat template and tokenisation, streaming the first chunk): the profile times
+steps only, so a light load's real TTFT exceeds the simulated one by about that much.
+It is added to every request's TTFT and E2E; `front_seconds` measures it from a real and a
+simulated run of one stream at one light rate.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -31,7 +38,7 @@ class SimResult:
 
 
 def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos: dict,
-             hf_config, acceptance: float = 0.0, seed: int = 0,
+             hf_config, acceptance: float = 0.0, seed: int = 0, front: float = 0.0,
              keep_schedule: bool = False, engine=None) -> SimResult:
     """Run `stream` (tuner/sim/stream.py) for `duration` virtual seconds. `engine`: an
     (LLMEngine, clock) pair to drive instead of the profiled one (tests drive the real
@@ -83,7 +90,8 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
             times += [clock.now] * new
             if out.finished:
                 del live[out.request_id]
-                record.update(ok=True, ttft=times[0] - req.arrival, e2e=clock.now - req.arrival,
+                record.update(ok=True, ttft=times[0] - req.arrival + front,
+                              e2e=clock.now - req.arrival + front,
                               itl=[b - a for a, b in zip(times, times[1:])],
                               output_tokens=len(times))
                 records.append(record)
@@ -108,6 +116,19 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
     return SimResult(samples, figures, schedule)
 
 
+def front_seconds(real: list[dict], simulated: list[dict]) -> float:
+    """The time outside the engine's steps: the median TTFT of a real run's completed
+    requests less that of the simulated run of the same stream (simulated without it), at
+    least 0. ValueError when either run completed no request."""
+    medians = []
+    for name, records in (("real", real), ("simulated", simulated)):
+        ttfts = [r["ttft"] for r in records if r.get("ok") and r.get("ttft") is not None]
+        if not ttfts:
+            raise ValueError(f"the {name} run completed no request: no TTFT to compare")
+        medians.append(statistics.median(ttfts))
+    return max(0.0, medians[0] - medians[1])
+
+
 def sim_capacity(run_at, slos: dict, *, start: float = 1.0, attainment: float = 0.9,
                  rel_tol: float = 0.05, max_probes: int = 16,
                  growth: float = 2.0) -> CapacityResult:
@@ -118,4 +139,4 @@ def sim_capacity(run_at, slos: dict, *, start: float = 1.0, attainment: float = 
                            growth=growth)
 
 
-__all__ = ["SIM_VOCAB", "SimResult", "sim_capacity", "simulate"]
+__all__ = ["SIM_VOCAB", "SimResult", "front_seconds", "sim_capacity", "simulate"]
