@@ -5,12 +5,15 @@ simulated and real capacity (what the search needs: the ranking), plus the cost 
 simulated capacity against one real one.
 
     python -m benchmarks.bench_sim_fidelity [--workload chat] [--settings 12] [--rate 4]
-        [--duration 8] [--sim-duration 20] [--model M] [--profile FILE ...]
+        [--duration 8] [--sim-duration 20] [--model M] [--profile FILE ...] [--pilot]
 
 Real runs use the sweep's CPU profile for the model (tuner/arguments.py), one engine per
 setting; the step-time profile is the cached one (python -m tuner profile), or each
 --profile given (a live one: python -m tuner profile --from-metrics), all against the same
-real runs.
+real runs. With --pilot the simulator is also set up as the capacity sweep sets it up: a
+real capacity search of the engine defaults first (not one of the compared settings),
+whose served steps refit the profile ("pilot") and whose lowest-rate probe gives each
+profile its front-end time (TTFT outside the engine's steps: "+front").
 """
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ from tuner.measure.scoring import load_samples, score
 from tuner.measure.trial import measure
 from tuner.sim.cli import workload_profile
 from tuner.sim.context import SimContext, engine_threads, load_profile
+from tuner.sim.live_profile import live_profile, read_steps
+from tuner.sim.simulate import front_seconds
 
 # spread over the space: batch limit, page size, token budget, memory fraction
 GRID = [{"max_num_seqs": s, "block_size": b, "max_num_batched_tokens": t,
@@ -48,6 +53,31 @@ def rel(sim: float | None, real: float | None) -> float | None:
     return abs(sim - real) / real
 
 
+def pilot_sims(sims: dict, base: dict, launch, load, slos, work: Path, duration: float
+               ) -> dict:
+    """The capacity sweep's set-up (tuner/search/capacity_sweep.py): the defaults' real
+    capacity search with their steps read meanwhile; -> each profile with the front-end
+    time of the pilot's lowest-rate probe ("LABEL+front"), and the live refit of the
+    first one with its own ("pilot+front")."""
+    series: list = []
+    first = next(iter(sims.values()))
+    start = max(interpolated(first.capacity(dict(base), rel_tol=0.05)) / 2, 0.5)
+    pilot = measure_capacity({}, launch, load, slos, workdir=work, start=start,
+                             warmup_requests=2, rel_tol=0.1, max_probes=7,
+                             watch=lambda url: read_steps(url, series, max(0.5, duration / 5)))
+    i = min(range(len(pilot.probes)), key=lambda k: pilot.probes[k]["rate"])
+    rate, real = pilot.probes[i]["rate"], load_samples(work / f"probe-{i:02d}" /
+                                                        "samples.jsonl").records
+    out = {f"{label}+front": dataclasses.replace(sim) for label, sim in sims.items()}
+    out["pilot+front"] = dataclasses.replace(first, profile=live_profile(first.profile, series))
+    for label, sim in out.items():
+        sim.front_seconds = front_seconds(real, sim.run(dict(base), rate).samples.records)
+        print(f"{label}: front-end time {sim.front_seconds * 1000:.1f} ms (pilot probe at "
+              f"{rate:.2f} req/s; defaults' real capacity {interpolated(pilot):.2f})",
+              flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="chat", choices=WORKLOAD_NAMES)
@@ -58,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None)
     ap.add_argument("--profile", action="append", default=[], metavar="FILE",
                     help="a profile to compare (repeatable; default: the cached one)")
+    ap.add_argument("--pilot", action="store_true",
+                    help="also the sweep's set-up: a pilot of the defaults refits the profile "
+                         "and measures the front-end time")
     args = ap.parse_args(argv)
     prof = workload_profile(args.model)
     spec = get_workload(args.workload)
@@ -80,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                     arrival="open", rate=args.rate, length_scale=scale)
     rows = []
     work = Path(tempfile.mkdtemp(prefix="sim-fidelity-"))
+    if args.pilot:
+        sims |= pilot_sims(sims, base, launch, load, slos, work / "pilot", args.duration)
     for i, settings in enumerate(GRID[:args.settings]):
         row: dict = {"settings": settings}
         for label, sim in sims.items():
