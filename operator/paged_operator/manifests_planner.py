@@ -18,6 +18,9 @@ from .manifests import CONTAINER_SECURITY, POD_SECURITY
 from paged_api.service import ServiceSpec
 
 
+METRICS_PORT = 9090   # the planner's /metrics: paged_planner_* (tuner/planner/metrics.py)
+
+
 def planner_name(spec: ServiceSpec) -> str:
     return f"{spec.name}-planner"
 
@@ -62,7 +65,9 @@ def planner_children(spec: ServiceSpec) -> list[dict[str, Any]]:
                              "namespace": spec.namespace}]}
     container = {
         "name": "planner", "image": spec.image, "imagePullPolicy": spec.image_pull_policy,
-        "command": ["python", "-m", "tuner", "plan", "--name", spec.name],
+        "command": ["python", "-m", "tuner", "plan", "--name", spec.name,
+                    "--metrics-port", str(METRICS_PORT)],
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "env": [{"name": "POD_NAMESPACE",
                  "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                 {"name": "HOME", "value": "/tmp"}],
@@ -88,3 +93,18 @@ def planner_children(spec: ServiceSpec) -> list[dict[str, Any]]:
                            "template": {"metadata": {"labels": planner_labels(spec.name)},
                                         "spec": pod_spec}}}
     return [account, planner_role(spec), binding, deployment]
+
+
+def planner_pod_monitor(spec: ServiceSpec) -> dict[str, Any] | None:
+    """The planner pod's /metrics for the Prometheus Operator (the dashboard's planner
+    row), beside the engines' PodMonitor; None unless autoscaling.mode is slo."""
+    auto = spec.autoscaling
+    if auto is None or auto.mode != "slo":
+        return None
+    selector = {k: v for k, v in planner_labels(spec.name).items()
+                if k in ("app.kubernetes.io/name", "app.kubernetes.io/instance")}
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+            "metadata": _meta(spec),
+            "spec": {"selector": {"matchLabels": selector},
+                     "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics",
+                                              "interval": "15s"}]}}

@@ -142,6 +142,8 @@ async def desired_children(api: KubeApi, discovery: Discovery, spec: ServiceSpec
         del optional[("ScaledObject", spec.name)]  # its API is not served: nothing to delete
     if await discovery.has(api, "PodMonitor"):
         optional[("PodMonitor", spec.name)] = manifests.pod_monitor(spec)
+        optional[("PodMonitor", manifests_planner.planner_name(spec))] = \
+            manifests_planner.planner_pod_monitor(spec)
     unwanted = [key for key, child in optional.items() if child is None]
     wanted += [child for child in optional.values() if child is not None]
     wanted.sort(key=lambda c: ORDER.index(c["kind"]) if c["kind"] in ORDER else len(ORDER))

@@ -11,6 +11,7 @@ import pytest
 from chart_tools import CHART, helm, render, validate_k8s
 
 from engine.entrypoints.metrics import ServerMetrics
+from tuner.planner.metrics import PlannerMetrics
 
 DASHBOARD = CHART / "dashboards" / "paged-inference.json"
 PANEL_METRICS = {   # what the panels plot; each must be a series the engine exports
@@ -20,12 +21,23 @@ PANEL_METRICS = {   # what the panels plot; each must be a series the engine exp
     "vllm:generation_tokens_total", "vllm:prompt_tokens_total",
     "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
     "vllm:num_preemptions_total"}
+PLANNER_METRICS = {   # the planner row's; each a series the planner exports
+    "paged_planner_replicas", "paged_planner_wanted_replicas", "paged_planner_arrival_rate",
+    "paged_planner_forecast_rate", "paged_planner_replica_capacity",
+    "paged_planner_correction", "paged_planner_decisions_total"}
 
 
 def exported_series() -> set[str]:
-    """Sample names of the engine's own registry (engine/entrypoints/metrics.py)."""
+    """Sample names of the engine's own registry (engine/entrypoints/metrics.py) and of
+    the SLO planner's (tuner/planner/metrics.py, after one decision: its gauges)."""
+    from tuner.planner.core import Decision
+
     metrics = ServerMetrics(model_name="tiny", max_model_len=512)
-    return {s.name for family in metrics.registry.collect() for s in family.samples}
+    planner = PlannerMetrics("ns", "svc")
+    planner.record(Decision(at=0, replicas=2, reason="r", rate=1, forecast=1, capacity=1,
+                            correction=1, corrected_capacity=1, wanted=2), previous=1)
+    return {s.name for registry in (metrics.registry, planner.registry)
+            for family in registry.collect() for s in family.samples}
 
 
 def dashboard_configmaps(*set_args: str) -> list[dict]:
@@ -98,19 +110,24 @@ def test_queries_use_the_engines_metric_names_and_the_variables(dashboard):
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
             expr = target["expr"]
-            used |= set(re.findall(r"(vllm:\w+|\bup)\{", expr))
+            used |= set(re.findall(r"(vllm:\w+|paged_planner_\w+|\bup)\{", expr))
             if "paged-tuner" in expr:   # the tuner's trial engines live outside namespaces
                 continue
             for selector in re.findall(r"\{([^}]*)\}", expr):
+                if "paged_planner_" in expr:   # the planner's pod is no engine pod: no $pod
+                    assert selector == 'namespace="$namespace"', (panel["title"], expr)
+                    continue
                 assert 'namespace="$namespace"' in selector and 'pod=~"$pod"' in selector, \
                     (panel["title"], expr)
             if "rate(" in expr or "increase(" in expr:
                 assert "[$__rate_interval]" in expr, (panel["title"], expr)
         titles.append(panel["title"])
     assert used - {"up"} <= exported_series(), used - exported_series()
-    assert used - {"up"} == PANEL_METRICS, used ^ PANEL_METRICS
+    assert used - {"up"} == PANEL_METRICS | PLANNER_METRICS, \
+        used ^ (PANEL_METRICS | PLANNER_METRICS)
     for wanted in ("Time to first token", "Inter-token latency", "End-to-end request latency",
                    "Running and waiting requests", "KV cache usage", "Prefix-cache hit rate",
                    "Preemptions", "Generation tokens/s", "Prompt tokens/s",
-                   "Trial engines scraped"):
+                   "Trial engines scraped", "Planner replicas",
+                   "Planner traffic and capacity", "Planner correction and decisions"):
         assert wanted in titles

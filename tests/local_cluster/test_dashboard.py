@@ -65,6 +65,28 @@ def _tuning_run(prometheus: str, targets: Path, out: Path, log) -> subprocess.Po
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 
+def _planner(targets: Path):
+    """The SLO planner's exporter (tuner/planner/metrics.py, as `python -m tuner plan
+    --metrics-port` serves it) after two decisions for the service `tiny`, written as a
+    file_sd target of the cluster's Prometheus in its namespace (the PodMonitor's labels)."""
+    from prometheus_client import start_http_server
+
+    from tuner.measure.promql import write_target
+    from tuner.planner.core import Decision
+    from tuner.planner.metrics import PlannerMetrics
+
+    metrics = PlannerMetrics("default", "tiny")
+    for previous, replicas in ((1, 2), (2, 2)):
+        metrics.record(Decision(at=time.time(), replicas=replicas, wanted=replicas,
+                                reason="3.1 req/s forecast", rate=3.0, forecast=3.1,
+                                capacity=2.0, correction=1.1, corrected_capacity=1.8),
+                       previous)
+    server, _ = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
+    write_target(targets, "planner-tiny", f"http://127.0.0.1:{server.server_port}",
+                 {"job": "paged-planner", "namespace": "default"})
+    return server
+
+
 def _load(url: str) -> None:
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
     prompts = [SHARED_PREFIX + q for q in ("What is a block?", "Why page the KV cache?",
@@ -98,6 +120,7 @@ def loaded(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
     out = tmp_path_factory.mktemp("tuner")
     local_cluster.kubectl("apply", "-f", str(ROOT / "examples/service-cpu.yaml"))
     log = (out / "tuner.log").open("w")
+    _planner(local_cluster.dir / "prometheus" / "targets")   # serves until the module ends
     tuner = _tuning_run(prometheus, local_cluster.dir / "prometheus" / "targets", out, log)
     try:
         local_cluster.kubectl("wait", "pis/tiny", "--for=condition=Ready", "--timeout=180s",
@@ -109,6 +132,8 @@ def loaded(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
                                60, "Prometheus to scrape the engine pod")
         _load(local_cluster.service_url("tiny"))
         assert tuner.wait(timeout=120) == 0, (out / "tuner.log").read_text()[-3000:]
+        local_cluster.wait_for(lambda: _instant(prometheus, 'up{job="paged-planner"} == 1'),
+                               60, "Prometheus to scrape the planner's exporter")
     finally:
         if tuner.poll() is None:
             tuner.kill()
@@ -120,7 +145,7 @@ def loaded(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
 
 def test_every_panel_query_returns_data(loaded: Loaded) -> None:
     queries = dash.panel_queries(dash.load_dashboard())
-    assert len({q.title for q in queries}) == 13
+    assert len({q.title for q in queries}) == 16
     empty = [f"{q.title} [{q.ref_id}]: {q.expr}" for q in queries
              if dash.finite_points(loaded.series(q.expr)) == 0]
     assert not empty, "panels without data:\n" + "\n".join(empty)
@@ -144,6 +169,9 @@ def test_the_panels_show_the_load_and_the_trial(loaded: Loaded) -> None:
     (query,) = [q for q in dash.panel_queries(dash.load_dashboard())
                 if q.title == "Trial engines scraped"]
     assert [labels["trial"] for labels, _ in loaded.series(query.expr)] == ["trial-0000"]
+    assert _peak(loaded, "Planner replicas") == 2
+    assert _peak(loaded, "Planner traffic and capacity", "C") == pytest.approx(3.6)
+    assert _peak(loaded, "Planner correction and decisions") == pytest.approx(1.1)
 
 
 def test_the_template_variables_select(loaded: Loaded) -> None:
@@ -170,7 +198,7 @@ def test_render_dashboard_draws_every_panel(loaded: Loaded, tmp_path: Path) -> N
     points = dash.render(loaded.prometheus, out, start=loaded.start, end=loaded.end,
                          variables={"namespace": "default", "pod": ".*"},
                          rate_interval=RATE_INTERVAL)
-    assert len(points) == 13 and all(points.values()), points
+    assert len(points) == 16 and all(points.values()), points
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 50_000
 
 

@@ -17,18 +17,21 @@ PLANNER = [("ServiceAccount", "svc-planner"), ("Role", "svc-planner"),
 
 
 class Discovery:
-    def __init__(self, keda: bool) -> None:
-        self.keda = keda
+    def __init__(self, keda: bool, monitors: bool = False) -> None:
+        self.keda, self.monitors = keda, monitors
 
     async def has(self, api: Any, kind_name: str) -> bool:
-        return self.keda and kind_name == "ScaledObject"
+        return (self.keda and kind_name == "ScaledObject") or \
+            (self.monitors and kind_name == "PodMonitor")
 
 
-def children(autoscaling: dict | None, *, keda: bool, router: bool = True):
+def children(autoscaling: dict | None, *, keda: bool, router: bool = True,
+             monitors: bool = False):
     spec = parse_spec({"model": {"uri": "hf://org/model"}, "router": {"enabled": router},
                        **({"autoscaling": autoscaling} if autoscaling else {})},
                       name="svc", namespace="team")
-    wanted, unwanted = asyncio.run(desired_children(None, Discovery(keda), spec))  # type: ignore[arg-type]
+    wanted, unwanted = asyncio.run(desired_children(
+        None, Discovery(keda, monitors), spec))  # type: ignore[arg-type]
     return {(c["kind"], c["metadata"]["name"]): c for c in wanted}, set(unwanted)
 
 
@@ -43,7 +46,10 @@ def test_mode_slo_makes_the_planner_and_no_autoscaler(keda):
     assert planner["replicas"] == 1 and planner["strategy"] == {"type": "Recreate"}
     pod = planner["template"]["spec"]
     assert pod["serviceAccountName"] == "svc-planner"
-    assert pod["containers"][0]["command"] == ["python", "-m", "tuner", "plan", "--name", "svc"]
+    assert pod["containers"][0]["command"] == ["python", "-m", "tuner", "plan", "--name", "svc",
+                                               "--metrics-port", "9090"]
+    assert pod["containers"][0]["ports"] == [{"name": "metrics", "containerPort": 9090,
+                                              "protocol": "TCP"}]
     # the planner's pods are not the engine's: the Service and the HPA never select them
     engine_selector = wanted[("Deployment", "svc")]["spec"]["selector"]["matchLabels"]
     assert not engine_selector.items() <= planner["template"]["metadata"]["labels"].items()
@@ -70,3 +76,23 @@ def test_mode_metrics_or_none_deletes_the_planners_children(autoscaling):
     wanted, unwanted = children(autoscaling, keda=False)
     assert set(PLANNER) <= unwanted and not any(key in wanted for key in PLANNER)
     assert (("HorizontalPodAutoscaler", "svc") in wanted) == (autoscaling is not None)
+
+
+def test_with_the_prometheus_operator_the_planners_metrics_get_a_pod_monitor():
+    """A PodMonitor `<name>-planner` selects the planner pod by its labels and scrapes the
+    container port the planner serves on; without the PodMonitor API nothing is asked of
+    it; with mode metrics it goes."""
+    wanted, _ = children(SLO, keda=False, monitors=True)
+    monitor = wanted[("PodMonitor", "svc-planner")]
+    pod = wanted[("Deployment", "svc-planner")]["spec"]["template"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= \
+        pod["metadata"]["labels"].items()
+    engine = wanted[("Deployment", "svc")]["spec"]["template"]["metadata"]["labels"]
+    assert not monitor["spec"]["selector"]["matchLabels"].items() <= engine.items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in [p["name"] for p in pod["spec"]["containers"][0]["ports"]]
+    assert ("PodMonitor", "svc") in wanted   # the engines' own, beside it
+    wanted, unwanted = children(SLO, keda=False)
+    assert ("PodMonitor", "svc-planner") not in set(wanted) | unwanted
+    wanted, unwanted = children({"maxReplicas": 3}, keda=False, monitors=True)
+    assert ("PodMonitor", "svc-planner") in unwanted

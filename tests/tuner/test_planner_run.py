@@ -16,6 +16,7 @@ from localcluster.prometheus import start_prometheus
 from paged_api.service import InvalidSpecError
 from tuner.measure.loadgen import LoadSpec, run_load
 from tuner.measure.promql import PrometheusReader, write_target
+from tuner.planner.metrics import PlannerMetrics
 from tuner.planner.core import Prediction
 from tuner.planner.run import Loop, ServiceScale, selector
 
@@ -79,9 +80,19 @@ def test_a_served_load_scales_the_deployment_and_the_decision_is_recorded(
         return predict
 
     scale = ServiceScale(api, "default", "chat")
-    loop = Loop(scale, predictor_for=predictor_for, clock=lambda: end)
+    metrics = PlannerMetrics("default", "chat")
+    loop = Loop(scale, predictor_for=predictor_for, clock=lambda: end, metrics=metrics)
     decision = loop.tick()
     assert served > 0 and seen and decision.replicas == 4, decision
+    # the decision's series on the planner's /metrics (the dashboard's planner row)
+    value = lambda name, **extra: metrics.registry.get_sample_value(   # noqa: E731
+        name, {"namespace": "default", "service": "chat", **extra})
+    assert value("paged_planner_replicas") == 4 == value("paged_planner_wanted_replicas")
+    assert value("paged_planner_arrival_rate") == pytest.approx(decision.rate)
+    assert value("paged_planner_replica_capacity") == pytest.approx(seen[0] / 4)
+    assert value("paged_planner_correction") == pytest.approx(decision.correction)
+    assert [value("paged_planner_decisions_total", outcome=o)
+            for o in ("scaled", "kept", "held")] == [1, 0, 0]
     assert loop.interval == 5 and loop.step is not None and loop.step.window == 10
     assert scale.replicas() == 4   # through the scale subresource
     status = scale.service()["status"]["planner"]
@@ -109,8 +120,16 @@ def test_without_prometheus_the_replicas_stay_and_the_status_says_why(api_url):
                                "slo": {"itlSeconds": 0.1},
                                "prometheusServerAddress": "http://127.0.0.1:9"}, replicas=2)
     scale = ServiceScale(api, "default", "dark")
-    decision = Loop(scale, predictor_for=lambda spec: None, clock=time.time).tick()
+    metrics = PlannerMetrics("default", "dark")
+    decision = Loop(scale, predictor_for=lambda spec: None, clock=time.time,
+                    metrics=metrics).tick()
     assert decision.replicas == 2 and scale.replicas() == 2
+    labels = {"namespace": "default", "service": "dark"}
+    assert metrics.registry.get_sample_value("paged_planner_decisions_total",
+                                             {**labels, "outcome": "held"}) == 1
+    assert metrics.registry.get_sample_value("paged_planner_replicas", labels) == 2
+    # nothing observed: no traffic figure is made up
+    assert metrics.registry.get_sample_value("paged_planner_arrival_rate", labels) is None
     planner = scale.service()["status"]["planner"]
     assert planner["held"] and planner["reason"].startswith("unchanged: Prometheus at")
     [event] = events_of(api, "dark")

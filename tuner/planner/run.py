@@ -27,6 +27,7 @@ from paged_api.contract import GROUP, SERVICE_KIND, SERVICE_PLURAL, VERSION
 from paged_api.service import InvalidSpecError, ServiceSpec, parse_spec
 from tuner.measure.promql import PrometheusReader
 from tuner.planner.core import Decision, Observation, Planner, PlannerSpec
+from tuner.planner.metrics import PlannerMetrics
 from tuner.planner.observe import Step
 
 MERGE = "application/merge-patch+json"
@@ -144,9 +145,9 @@ class Loop:
 
     def __init__(self, cluster: ServiceScale, *, predictor_for: Callable = sim_predictor,
                  held: Callable[[ServiceSpec], int] = router_held,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], metrics: PlannerMetrics | None = None) -> None:
         self.cluster, self.predictor_for, self.clock = cluster, predictor_for, clock
-        self.held = held
+        self.held, self.metrics = held, metrics
         self.step: Step | None = None
         self.key: str | None = None
         self.interval = 30.0
@@ -180,6 +181,8 @@ class Loop:
         if decision.replicas != previous:
             self.cluster.scale(decision.replicas)
         self.cluster.record(obj, decision, obs, previous)
+        if self.metrics is not None:
+            self.metrics.record(decision, previous)
         return decision
 
 
@@ -193,9 +196,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", required=True, help="the PagedInferenceService")
     parser.add_argument("--namespace", default=None, help="default: this pod's")
     parser.add_argument("--once", action="store_true", help="one decision, then exit")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve the decisions' series (paged_planner_*) on this port")
     args = parser.parse_args(argv)
     cluster = ServiceScale(load_client(), args.namespace or current_namespace(), args.name)
-    loop, stop = Loop(cluster, clock=time.time), threading.Event()
+    metrics = PlannerMetrics(cluster.ns, args.name)
+    if args.metrics_port is not None:
+        from prometheus_client import start_http_server
+        start_http_server(args.metrics_port, registry=metrics.registry)
+    loop, stop = Loop(cluster, clock=time.time, metrics=metrics), threading.Event()
     while True:
         try:
             decision = loop.tick()
