@@ -51,7 +51,7 @@ class KVEventFollower:
         self.metrics, self.on_block_size = metrics, on_block_size
         self.ctx = zmq.asyncio.Context.instance()
         self.tasks: dict[str, asyncio.Task] = {}
-        self.last_seq: dict[str, int] = {}
+        self.last_seq: dict[str, int | None] = {}  # None: no replay; the next batch is a base
         self.resyncs: dict[str, list[str]] = {}  # url -> how it resynced, in order
         self.synced: set[str] = set()  # backends whose first snapshot is in the index
         self.started: float | None = None  # when track() was first called
@@ -123,7 +123,6 @@ class KVEventFollower:
                     replay = self.ctx.socket(zmq.DEALER)
                     replay.setsockopt(zmq.LINGER, 0)
                     replay.connect(replay_ep)
-                self.last_seq[url] = -1
                 await self._snapshot(url, replay)  # a router that starts late starts here
                 self.synced.add(url)
                 while True:
@@ -145,7 +144,9 @@ class KVEventFollower:
         last = self.last_seq[url]
         _, events = decode_batch(payload)
         clears = bool(events) and isinstance(events[0], AllBlocksCleared)
-        if seq == last + 1 or (clears and seq > last):
+        if last is None:   # no replay socket: the index holds what arrives from here on
+            self._apply(url, seq, events)
+        elif seq == last + 1 or (clears and seq > last):
             self._apply(url, seq, events)  # in order, or a rebase: history no longer matters
         elif seq <= last:
             if seq < last or clears:  # the engine restarted: its sequence began again
@@ -156,10 +157,13 @@ class KVEventFollower:
                     self._apply(url, seq, events)
                 else:
                     await self._snapshot(url, replay)
+                    if self.last_seq[url] is None:
+                        self._apply(url, seq, events)
         else:  # a gap: replay what the buffer still holds, else a snapshot
             if not await self._replay(url, replay, last + 1, seq):
                 await self._snapshot(url, replay)
-            if self.last_seq[url] + 1 == seq:
+            after = self.last_seq[url]
+            if after is None or after + 1 == seq:
                 self._apply(url, seq, events)
 
     def _apply(self, url: str, seq: int, events: list) -> None:
@@ -194,8 +198,10 @@ class KVEventFollower:
         return False
 
     async def _snapshot(self, url: str, replay: Any) -> None:
-        if replay is None:  # no replay socket: start from what arrives from now on
+        if replay is None:  # no replay socket: start from the next batch that arrives
             self.index.clear(url)
+            self.last_seq[url] = None
+            self._export(url)
             return
         (seq, payload), *_ = await self._ask(replay, SNAPSHOT_REQUEST)
         self.index.clear(url)
