@@ -46,7 +46,9 @@ _KV_OFFLOAD_TESTS = ["tests/engine/test_kv_offload.py",
 # KV events from the recorder to the router's index (engine/kv_events.py,
 # router/paged_router/kv_follower.py, kv_index.py)
 _KV_EVENT_TESTS = ["tests/engine/test_kv_events_snapshot.py",
+                   "tests/engine/test_kv_events_publisher.py",
                    "tests/router/test_router_kv_resync.py",
+                   "tests/router/test_router_kv_follow_live.py",
                    "tests/router/test_router_precise.py"]
 _SPEC_TESTS = ["tests/engine/test_spec_decode_gate.py",
                "tests/engine/test_spec_decode_proposer.py",
@@ -101,12 +103,14 @@ NOT_NEEDED = ["__pycache__", "*.md"]
 # adds the load tests' fake server, neither of which the selected tests use.
 CONFTEST = "tests/conftest.py"
 # Test modules the selected tests import helpers from (copied, not selected).
-SUPPORT = ["tests/engine/test_prefix_and_cow.py",
+SUPPORT = ["tests/engine/test_prefix_and_cow.py", "tests/router/router_fakes.py",
            "tests/router/test_router_bounded_load.py", "tests/router/test_router_precise.py"]
-# Tests of the selected modules left out of every run: they start engine processes
-# (tens of seconds each, per mutant) and check sharing between processes, which the
-# in-process tests of the same code already cover.
+# Tests of the selected modules left out of every run: they start engine or router
+# processes (seconds to tens of seconds each, per mutant), for what the in-process tests of
+# the same code already cover.
 DESELECT = ["tests/engine/test_kv_offload_disk.py::test_two_engine_processes_share_one_directory",
+            "tests/router/test_router_precise.py::"
+            "test_precise_without_a_tokenizer_waits_for_the_engines_and_says_why",
             "tests/engine/test_kv_offload_disk.py::test_the_bound_holds_with_two_writing_processes"]
 
 CONFIG = """\
