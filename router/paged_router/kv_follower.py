@@ -151,8 +151,7 @@ class KVEventFollower:
         elif seq <= last:
             if seq < last or clears:  # the engine restarted: its sequence began again
                 self._resynced(url, "restart")
-                self.index.clear(url)
-                self.last_seq[url] = -1
+                self.index.clear(url)   # at once: routing must not use the old blocks meanwhile
                 if clears:
                     self._apply(url, seq, events)
                 else:

@@ -26,7 +26,7 @@ async def _until(check, what: str, timeout: float = 20.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def _serve_info(info: dict) -> tuple[Any, str]:
+async def _serve_info(info: dict, host: str = "127.0.0.1") -> tuple[Any, str]:
     """An engine's GET /kv_events (aiohttp), as the follower discovers the sockets."""
     from aiohttp import web
 
@@ -37,24 +37,29 @@ async def _serve_info(info: dict) -> tuple[Any, str]:
     app.router.add_get("/kv_events", answer)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, host, 0)
     await site.start()
-    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    return runner, f"http://{host}:{site._server.sockets[0].getsockname()[1]}"
+
+
+HOST = "127.0.0.2"   # a loopback address that is not the wildcard's fallback (127.0.0.1)
 
 
 def test_batches_published_after_the_snapshot_reach_the_index(caplog):
-    """Discovered sockets (a wildcard host, topic "kv", no block-size callback), the
-    snapshot, then live stores and a removal; a refused backend beside it is retried,
-    each time with the flag to set."""
-    recorder, publisher = new_publisher(topic="kv")
+    """Discovered sockets (wildcard hosts, topic "kv", no block-size callback) bound on
+    the backend's own address only, the snapshot, then live stores and a removal; a
+    refused backend beside it is retried, each time with the flag to set."""
+    recorder, publisher = new_publisher(topic="kv", endpoint=f"tcp://{HOST}:*",
+                                        replay_endpoint=f"tcp://{HOST}:*")
     publish(recorder, publisher, [("+", 0)])
     buffered(publisher, 1)
     info = publisher.info()
-    info["endpoint"] = info["endpoint"].replace("127.0.0.1", "*")
+    for key in ("endpoint", "replay_endpoint"):   # as the engine binds them: tcp://*:PORT
+        info[key] = info[key].replace(HOST, "*")
     missing = "http://127.0.0.1:9"
 
     async def scenario() -> tuple:
-        runner, url = await _serve_info(info)
+        runner, url = await _serve_info(info, HOST)
         index, metrics = KVIndex(), RouterMetrics()
         follower = KVEventFollower(index, metrics=metrics)
         follower.SYNC_GRACE = 600.0
@@ -149,6 +154,35 @@ def test_without_a_replay_socket_the_index_holds_what_arrived_since():
     assert follower.last_seq["u"] == 1 and follower.resyncs["u"] == ["restart"]
 
 
+def test_a_discovered_engine_without_replay_or_topic_is_followed_live():
+    """GET /kv_events names no replay socket and no topic: the follower subscribes to
+    everything and indexes what arrives from its first batch on."""
+    recorder = KVEventRecorder(block_size=2)
+    publisher = ZmqKVEventPublisher({"endpoint": f"tcp://{HOST}:*"}, recorder)
+    info = publisher.info()
+    info.update(endpoint=info["endpoint"].replace(HOST, "*"), topic=None)
+
+    async def scenario() -> tuple:
+        runner, url = await _serve_info(info, HOST)
+        follower = KVEventFollower(KVIndex())
+        try:
+            follower.track([url])
+            await _until(lambda: url in follower.synced, "the (empty) start")
+            await asyncio.sleep(0.3)   # the subscription reaches the PUB
+            publish(recorder, publisher, [("+", 0), ("+", 1)], [("-", 0)])
+            await _until(lambda: follower.index.blocks.get(url) == {E[1]}, "the live batches")
+            return url, dict(follower.last_seq), follower.resyncs
+        finally:
+            await follower.stop()
+            await runner.cleanup()
+
+    try:
+        url, last, resyncs = asyncio.run(scenario())
+    finally:
+        publisher.close()
+    assert last == {url: publisher.last_seq} and resyncs == {}
+
+
 def test_leaving_and_stopping_leave_nothing_behind():
     """A backend dropped at once (its task not yet run) and one dropped after it synced:
     no sequence, no blocks, a zero gauge; stop() waits for every task to end."""
@@ -175,14 +209,15 @@ def test_leaving_and_stopping_leave_nothing_behind():
             follower.track([url])
             tasks = list(follower.tasks.values())
             await follower.stop()
-            return gauge, after, task, tasks, follower
+            ended = all(t.done() for t in tasks)   # stop() waited for them
+            return gauge, after, task, tasks, follower, ended
         finally:
             await runner.cleanup()
 
     try:
-        gauge, after, task, tasks, follower = asyncio.run(scenario())
+        gauge, after, task, tasks, follower, ended = asyncio.run(scenario())
     finally:
         publisher.close()
     assert gauge == 2 and after == ({}, 0, 0)
     assert task.cancelled()
-    assert tasks and all(t.done() for t in tasks) and not follower.tasks
+    assert tasks and ended and not follower.tasks
