@@ -12,8 +12,8 @@ setting; the step-time profile is the cached one (python -m tuner profile), or e
 --profile given (a live one: python -m tuner profile --from-metrics), all against the same
 real runs. With --pilot the simulator is also set up as the capacity sweep sets it up: a
 real capacity search of the engine defaults first (not one of the compared settings),
-whose served steps refit the profile ("pilot") and whose lowest-rate probe gives each
-profile its front-end time (TTFT outside the engine's steps: "+front").
+whose served steps refit the profile ("pilot"), then a light load on that engine that
+gives each profile its front-end time (TTFT outside the engine's steps: "+front").
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from scipy.stats import kendalltau
 
 from loadtests.workloads import WORKLOAD_NAMES, get_workload
-from tuner.measure.capacity import interpolated, measure_capacity
+from tuner.measure.capacity import interpolated, measure_capacity, rate_load
 from tuner.measure.loadgen import LoadSpec
 from tuner.measure.local import EngineLaunch
 from tuner.measure.scoring import load_samples, score
@@ -35,6 +35,8 @@ from tuner.measure.trial import measure
 from tuner.sim.cli import workload_profile
 from tuner.sim.context import SimContext, engine_threads, load_profile
 from tuner.sim.live_profile import live_profile, read_steps
+from tuner.search import capacity_front
+from tuner.search.capacity_sweep import LIGHT_SHARE
 from tuner.sim.simulate import front_seconds
 
 # spread over the space: batch limit, page size, token budget, memory fraction
@@ -56,23 +58,31 @@ def rel(sim: float | None, real: float | None) -> float | None:
 def pilot_sims(sims: dict, base: dict, launch, load, slos, work: Path, duration: float
                ) -> dict:
     """The capacity sweep's set-up (tuner/search/capacity_sweep.py): the defaults' real
-    capacity search with their steps read meanwhile; -> each profile with the front-end
-    time of the pilot's lowest-rate probe ("LABEL+front"), and the live refit of the
-    first one with its own ("pilot+front")."""
+    capacity search with their steps read meanwhile, then a light load (a tenth of the
+    defaults' simulated capacity) on the same engine; -> each profile with the front-end
+    time that light load gives it ("LABEL+front"), and the live refit of the first one
+    with its own ("pilot+front")."""
     series: list = []
     first = next(iter(sims.values()))
-    start = max(interpolated(first.capacity(dict(base), rel_tol=0.05)) / 2, 0.5)
-    pilot = measure_capacity({}, launch, load, slos, workdir=work, start=start,
-                             warmup_requests=2, rel_tol=0.1, max_probes=7,
-                             watch=lambda url: read_steps(url, series, max(0.5, duration / 5)))
-    i = min(range(len(pilot.probes)), key=lambda k: pilot.probes[k]["rate"])
-    rate, real = pilot.probes[i]["rate"], load_samples(work / f"probe-{i:02d}" /
-                                                        "samples.jsonl").records
+    simulated = interpolated(first.capacity(dict(base), rel_tol=0.05))
+    rate, light = max(LIGHT_SHARE * simulated, 0.5), {}
+
+    def watch(url: str):
+        stop_reading = read_steps(url, series, max(0.5, duration / 5))
+
+        def stop() -> None:
+            light["records"] = capacity_front.light_load(
+                url, rate_load(load, rate), slos, work / "light")
+            stop_reading()
+        return stop
+    pilot = measure_capacity({}, launch, load, slos, workdir=work, start=simulated / 2,
+                             warmup_requests=2, rel_tol=0.1, max_probes=7, watch=watch)
     out = {f"{label}+front": dataclasses.replace(sim) for label, sim in sims.items()}
     out["pilot+front"] = dataclasses.replace(first, profile=live_profile(first.profile, series))
     for label, sim in out.items():
-        sim.front_seconds = front_seconds(real, sim.run(dict(base), rate).samples.records)
-        print(f"{label}: front-end time {sim.front_seconds * 1000:.1f} ms (pilot probe at "
+        sim.front_seconds = front_seconds(light["records"],
+                                          sim.run(dict(base), rate).samples.records)
+        print(f"{label}: front-end time {sim.front_seconds * 1000:.1f} ms (light load at "
               f"{rate:.2f} req/s; defaults' real capacity {interpolated(pilot):.2f})",
               flush=True)
     return out

@@ -301,27 +301,32 @@ def test_without_the_pilots_steps_the_calibration_stays(tmp_path, monkeypatch):
     assert any("the calibration stays (0 busy window(s)" in line for line in logs)
 
 
-def test_the_front_end_time_comes_from_the_pilots_lowest_probe(tmp_path, monkeypatch):
-    """The pilot's lowest-rate probe recorded TTFTs of 30 ms + 1 ms per req/s; the
-    simulator, without front-end time, 10 ms at any rate: the difference at the lowest
-    rate is added to every later simulated request (the search's and the arms')."""
-    import json
+@pytest.fixture(autouse=True)
+def no_light_load(monkeypatch):
+    """The pilot's light load needs a real engine: here it records nothing unless a test
+    says otherwise."""
+    monkeypatch.setattr(cs.capacity_front, "light_load", lambda url, load, slos, workdir: [])
 
+
+def test_the_front_end_time_comes_from_the_pilots_light_load(tmp_path, monkeypatch):
+    """After its capacity search the pilot's engine serves a light load (a tenth of the
+    baseline's simulated capacity) whose median TTFT is 30.4 ms; the simulator, without
+    front-end time, 10 ms at that rate: the 20.4 ms are added to every later simulated
+    request (the search's and the arms')."""
     _real(monkeypatch)
-    measure = cs.measure_capacity
+    measure, light = cs.measure_capacity, []
 
-    def measured(settings, launch, load, slos, *, workdir, **kwargs):
-        result = measure(settings, launch, load, slos, **kwargs)
-        if workdir.name == "pilot":   # what the real probes wrote, in probe order
-            for n, p in enumerate(result.probes):
-                where = workdir / f"probe-{n:02d}"
-                where.mkdir(parents=True)
-                lines = [{"event": "start", "t": 0.0}] + [
-                    {"kind": "chat", "ok": True, "ttft": 0.030 + 0.001 * p["rate"] + j * 1e-4,
-                     "e2e": 1.0, "itl": [], "start": j / 10} for j in range(9)]
-                (where / "samples.jsonl").write_text("\n".join(map(json.dumps, lines)))
-        return result
+    def measured(settings, launch, load, slos, *, watch=None, **kwargs):
+        if watch is not None:   # the pilot: its engine watched, the light load at the end
+            watch("http://engine:8000")()
+        return measure(settings, launch, load, slos, **kwargs)
     monkeypatch.setattr(cs, "measure_capacity", measured)
+    monkeypatch.setattr(cs, "read_steps", lambda url, series, interval: lambda: None)
+
+    def light_load(url, load, slos, workdir):
+        light.append((url, load.rate, load.arrival, workdir.name))
+        return [{"kind": "chat", "ok": True, "ttft": 0.030 + j * 1e-4} for j in range(9)]
+    monkeypatch.setattr(cs.capacity_front, "light_load", light_load)
 
     @dataclass
     class TimedSim(FakeSim):
@@ -341,22 +346,23 @@ def test_the_front_end_time_comes_from_the_pilots_lowest_probe(tmp_path, monkeyp
     plan = cs.CapacityPlan(sim=TimedSim(), sim_base={"cpu_memory_gib": 0.5}, trials=4,
                            real_probes=4, log=logs.append)
     record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
-    lowest = min(p["rate"] for p in record["pilot"]["probes"])
-    want = 0.030 + 0.001 * lowest + 4e-4 - 0.010   # the real median less the simulated
+    rate = cs.LIGHT_SHARE * FakeSim.truth({"max_num_seqs": 8})   # the baseline's, simulated
+    assert light == [("http://engine:8000", pytest.approx(rate, rel=0.1), "open", "light")]
+    want = 0.0304 - 0.010   # the real median less the simulated
     assert plan.sim.front_seconds == pytest.approx(want)
     assert record["profile"]["front_s"] == pytest.approx(want)
-    (settings, rate, front), = plan.sim.ran   # simulated once, without a front, at the rate
-    assert (rate, front) == (lowest, 0.0) and settings["cpu_memory_gib"] == 0.5
+    (settings, at, front), = plan.sim.ran   # simulated once, without a front, at that rate
+    assert (at, front) == (light[0][1], 0.0) and settings["cpu_memory_gib"] == 0.5
     assert plan.sim.fronts[0] == 0.0 and plan.sim.fronts[1:] and \
         all(f == pytest.approx(want) for f in plan.sim.fronts[1:])
-    assert any("front-end time:" in line for line in logs)
+    assert any(line.startswith("front-end time: 20.4 ms") for line in logs)
 
 
-def test_a_pilot_without_samples_adds_no_front_end_time(tmp_path, monkeypatch):
-    _real(monkeypatch)   # its probes write no samples
+def test_a_pilot_without_a_light_load_adds_no_front_end_time(tmp_path, monkeypatch):
+    _real(monkeypatch)   # its engine is never watched: no light load
     logs = []
     plan = cs.CapacityPlan(sim=FakeSim(), sim_base={}, trials=3, real_probes=4,
                            log=logs.append)
     record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
     assert record["profile"]["front_s"] == 0.0
-    assert any("front-end time: none added (the pilot's probe" in line for line in logs)
+    assert "front-end time: none added (the pilot's light load recorded no TTFT)" in logs

@@ -24,25 +24,24 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import optuna
 
 from paged_api import settings as engine_settings
 from paged_api.search_space import Param, default_value
-from tuner.measure.capacity import CapacityResult, interpolated, measure_capacity
+from tuner.measure.capacity import CapacityResult, interpolated, measure_capacity, rate_load
 from tuner.search.capacity_latency import latency_comparison
 from tuner.search.stats import decide, paired_gain
-from tuner.measure.scoring import load_samples
+from tuner.search import capacity_front
 from tuner.sim.live_profile import live_profile, read_steps
-from tuner.sim.simulate import front_seconds
 
 SIM_UNMODELLED = ("kv_offloading_size",)   # tiers are not simulated (tuner/sim/engine.py)
 SIM_REL_TOL = 0.1       # a simulated capacity is known to 10 %
 SIM_GROWTH = 1.5        # bracketing step from the warm start
 REAL_REL_TOL = 0.1
 REAL_GROWTH = 1.25      # a real search starts near the answer: small steps
+LIGHT_SHARE = 0.1       # the pilot's light load, of its simulated capacity: no queueing
 
 
 @dataclass
@@ -208,25 +207,42 @@ def _pilot(plan: CapacityPlan, config, settings: dict, sim: float) -> dict:
     search alike (a first round that brackets widely from a far guess reads its crossing
     less precisely); and it is the sweep's first engine: whatever a cold machine costs
     (weights off disk, first compilations) is paid here. Its stream (config.seed) is none
-    of the rounds' (seed + 1 + r)."""
+    of the rounds' (seed + 1 + r). After the search its engine serves one light load (a
+    tenth of `sim`: "light"), whose TTFTs give the simulator its front-end time."""
     load = dataclasses.replace(config.load, seed=config.seed)
     series: list = []
+    light: dict = {"rate": max(LIGHT_SHARE * sim, _floor(config))}
+
+    def watch(url: str) -> Callable[[], None]:
+        stop_reading = read_steps(url, series, max(0.5, config.load.duration / 5))
+
+        def stop() -> None:
+            try:
+                light["records"] = capacity_front.light_load(
+                    url, rate_load(load, light["rate"], trace_rate=plan.trace_rate),
+                    config.slos, config.out_dir / "confirm" / "pilot" / "light")
+            except Exception as exc:   # noqa: BLE001 - the front-end time is then unknown
+                light["error"] = str(exc)
+            finally:
+                stop_reading()
+        return stop
     try:
         result = measure_capacity(
             {**config.fixed, **settings}, config.launch, load, config.slos,
             workdir=config.out_dir / "confirm" / "pilot", start=max(sim, _floor(config)),
             trace_rate=plan.trace_rate, warmup_requests=config.warmup_requests,
             attainment=plan.sim.attainment, rel_tol=REAL_REL_TOL, growth=2.0,
-            max_probes=plan.real_probes + 3,
-            watch=lambda url: read_steps(url, series, max(0.5, config.load.duration / 5)))
+            max_probes=plan.real_probes + 3, watch=watch)
     except _infeasible() as exc:
         plan.log(f"pilot baseline: failed: {exc.reason}; the first round brackets widely")
-        return {"capacity": 0.0, "probes": [], "failed": exc.reason, "series": []}
+        return {"capacity": 0.0, "probes": [], "failed": exc.reason, "series": [],
+                "light": light}
     rate = interpolated(result)
     plan.log(f"pilot baseline: {rate:.2f} req/s real (simulated {sim:.2f}; not scored; "
              "probes " + ", ".join(f"{p['rate']:.2f}{'+' if p['passed'] else '-'}"
                                    for p in result.probes) + ")")
-    return {"capacity": rate, "probes": result.probes, "failed": None, "series": series}
+    return {"capacity": rate, "probes": result.probes, "failed": None, "series": series,
+            "light": light}
 
 
 def live_refit(plan: CapacityPlan, series: list) -> None:
@@ -243,31 +259,6 @@ def live_refit(plan: CapacityPlan, series: list) -> None:
              f"{plan.sim.profile.fit.heldout_error:.1%})")
     plan.sim = dataclasses.replace(plan.sim, profile=profile)
     plan.live = True
-
-
-def calibrate_front(plan: CapacityPlan, config, settings: dict, pilot: dict) -> None:
-    """The simulator's time outside the engine's steps (HTTP, tokenisation, streaming;
-    tuner/sim/simulate.py) from the pilot: the median TTFT of its lowest-rate probe less
-    that of the same settings simulated at that rate (the lowest: the least queueing)."""
-    probes = pilot["probes"]
-    if not probes:
-        return
-    i = min(range(len(probes)), key=lambda k: probes[k]["rate"])
-    real = load_samples(config.out_dir / "confirm" / "pilot" / f"probe-{i:02d}" /
-                        "samples.jsonl").records
-    if not any(r.get("ok") and r.get("ttft") is not None for r in real):
-        plan.log(f"front-end time: none added (the pilot's probe {i} recorded no TTFT)")
-        return
-    try:
-        simulated = dataclasses.replace(plan.sim, front_seconds=0.0).run(
-            {**plan.sim_base, **_sim_settings(settings)}, probes[i]["rate"])
-        front = front_seconds(real, simulated.samples.records)
-    except ValueError as exc:
-        plan.log(f"front-end time: none added ({exc})")
-        return
-    plan.sim = dataclasses.replace(plan.sim, front_seconds=front)
-    plan.log(f"front-end time: {front * 1000:.1f} ms a request (the pilot's TTFT at "
-             f"{probes[i]['rate']:.2f} req/s, real less simulated)")
 
 
 def _infeasible():
@@ -299,7 +290,8 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
             raise ValueError(f"the baseline settings are refused: {first.infeasible}")
         pilot = _pilot(plan, config, baseline.settings, first.capacity)
         live_refit(plan, pilot.pop("series"))
-        calibrate_front(plan, config, baseline.settings, pilot)
+        capacity_front.calibrate_front(
+            plan, {**plan.sim_base, **_sim_settings(baseline.settings)}, pilot.pop("light"))
     wall = time.perf_counter()
     base, points = simulated_search(plan, config.space, fixed=config.fixed,
                                     baseline=baseline.settings, seed=config.seed)
