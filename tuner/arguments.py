@@ -100,6 +100,11 @@ def build_parser(more=()) -> argparse.ArgumentParser:
                             "(measured: vllm:spec_decode_num_accepted_tokens / _draft_tokens)")
     sweep.add_argument("--real-probes", type=int, default=4, metavar="N",
                        help="capacity: real loads per arm and round in the confirmation")
+    sweep.add_argument("--front-end-time", action="store_true",
+                       help="capacity: measure the time outside the engine's steps on the "
+                            "pilot's engine (a light load) and add it to every simulated "
+                            "TTFT (off: on 2 CPU cores it measured within the noise of a "
+                            "light load's TTFT; docs/benchmarks/tuning.md)")
     sweep.add_argument("--param", action="append", default=[], metavar="NAME=SPEC",
                        help="search-space entry, e.g. max_num_seqs=1..64:log, block_size=pow2:1..256,"
                             " gpu_memory_utilization=0.5..0.9:step=0.1, max_num_batched_tokens=none")

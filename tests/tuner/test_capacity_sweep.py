@@ -344,7 +344,7 @@ def test_the_front_end_time_comes_from_the_pilots_light_load(tmp_path, monkeypat
 
     logs = []
     plan = cs.CapacityPlan(sim=TimedSim(), sim_base={"cpu_memory_gib": 0.5}, trials=4,
-                           real_probes=4, log=logs.append)
+                           real_probes=4, log=logs.append, front=True)
     record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
     rate = cs.LIGHT_SHARE * FakeSim.truth({"max_num_seqs": 8})   # the baseline's, simulated
     assert light == [("http://engine:8000", pytest.approx(rate, rel=0.1), "open", "light")]
@@ -362,7 +362,23 @@ def test_a_pilot_without_a_light_load_adds_no_front_end_time(tmp_path, monkeypat
     _real(monkeypatch)   # its engine is never watched: no light load
     logs = []
     plan = cs.CapacityPlan(sim=FakeSim(), sim_base={}, trials=3, real_probes=4,
-                           log=logs.append)
+                           log=logs.append, front=True)
     record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
     assert record["profile"]["front_s"] == 0.0
     assert "front-end time: none added (the pilot's light load recorded no TTFT)" in logs
+
+
+def test_without_the_flag_the_pilot_serves_no_light_load(tmp_path, monkeypatch):
+    _real(monkeypatch)
+    measure, asked = cs.measure_capacity, []
+    monkeypatch.setattr(cs, "measure_capacity", lambda *a, watch=None, **k: (
+        watch and watch("http://engine:8000")(), measure(*a, **k))[1])
+    monkeypatch.setattr(cs, "read_steps", lambda url, series, interval: lambda: None)
+    monkeypatch.setattr(cs.capacity_front, "light_load",
+                        lambda *a: asked.append(a) or [{"ok": True, "ttft": 1.0}])
+    logs = []
+    plan = cs.CapacityPlan(sim=FakeSim(), sim_base={}, trials=3, real_probes=4,
+                           log=logs.append)
+    record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
+    assert asked == [] and record["profile"]["front_s"] == 0.0
+    assert not any(line.startswith("front-end time") for line in logs)

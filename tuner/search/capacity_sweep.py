@@ -55,6 +55,7 @@ class CapacityPlan:
     trace_rate: float | None = None
     log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr))
     live: bool = False             # the profile was refitted from the pilot's steps
+    front: bool = False            # measure the front-end time (capacity_front.py)
 
 
 @dataclass
@@ -217,6 +218,9 @@ def _pilot(plan: CapacityPlan, config, settings: dict, sim: float) -> dict:
         stop_reading = read_steps(url, series, max(0.5, config.load.duration / 5))
 
         def stop() -> None:
+            if not plan.front:
+                stop_reading()
+                return
             try:
                 light["records"] = capacity_front.light_load(
                     url, rate_load(load, light["rate"], trace_rate=plan.trace_rate),
@@ -290,8 +294,10 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
             raise ValueError(f"the baseline settings are refused: {first.infeasible}")
         pilot = _pilot(plan, config, baseline.settings, first.capacity)
         live_refit(plan, pilot.pop("series"))
-        capacity_front.calibrate_front(
-            plan, {**plan.sim_base, **_sim_settings(baseline.settings)}, pilot.pop("light"))
+        light = pilot.pop("light")
+        if plan.front:
+            capacity_front.calibrate_front(
+                plan, {**plan.sim_base, **_sim_settings(baseline.settings)}, light)
     wall = time.perf_counter()
     base, points = simulated_search(plan, config.space, fixed=config.fixed,
                                     baseline=baseline.settings, seed=config.seed)
