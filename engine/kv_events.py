@@ -67,7 +67,7 @@ def apply_events(state: dict[str, Held], events: Iterable[Event]) -> None:
     for event in events:
         if isinstance(event, BlockStored):
             held = state.setdefault(event.where, {})
-            parent, tokens, size = event.parent_block_hash, event.token_ids, event.block_size or 1
+            parent, tokens, size = event.parent_block_hash, event.token_ids, event.block_size
             for i, h in enumerate(event.block_hashes):
                 h = event_hash(h)
                 held[h] = (None if parent is None else event_hash(parent),
@@ -190,14 +190,12 @@ class ZmqKVEventPublisher:
         self._queue: queue.Queue = queue.Queue(maxsize=config.get("max_queue_size", 100_000))
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.get("buffer_steps", 10_000))
         self._mirror: dict[str, Held] = {}  # per medium, as sent: what snapshots rebuild
-        self._next_seq = 0          # engine thread
         self._needs_rebase = False  # engine thread: a batch was dropped
-        self.last_seq = -1          # publisher thread: last batch sent
         self.batches_dropped = 0
         self.batches_published = self.events_published = self.bytes_published = 0
         self._running = True
-        self._next_seq = 1
-        self._send(0, time.time(), [all_blocks_cleared()])  # this engine's cache starts empty
+        self._next_seq = 1  # engine thread; batch 0, sent here, says this engine starts empty
+        self._send(0, time.time(), [all_blocks_cleared()])
         self._thread = threading.Thread(target=self._serve, daemon=True, name="kv-events")
         self._thread.start()
 
@@ -285,15 +283,16 @@ class ZmqKVEventPublisher:
         self._pub.send_multipart((self.topic.encode(), seq.to_bytes(8, "big"), payload))
         self._buffer.append((seq, payload))
         apply_events(self._mirror, events)
-        self.last_seq = seq
+        self.last_seq = seq  # the last batch sent (publisher thread; 0 by the constructor)
         self.batches_published += 1
         self.events_published += len(events)
         self.bytes_published += len(payload)
 
     def _answer_replay(self) -> None:
         frames = self._replay.recv_multipart()
-        if len(frames) != 3:
-            logger.warning("ignored a KV-event replay request of %d frames", len(frames))
+        if len(frames) != 3 or frames[1]:
+            logger.warning("ignored a KV-event replay request of %d frames (want an empty "
+                           "delimiter and the request)", len(frames) - 1)
             return
         client, _, request = frames
         if request == SNAPSHOT_REQUEST:

@@ -5,7 +5,10 @@ counters' exposition, a malformed replay request, and a publisher thread that fa
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import zmq
@@ -97,13 +100,17 @@ def test_a_malformed_replay_request_is_logged_and_the_next_one_answered(caplog):
     replay.connect(publisher.replay_endpoint)
     try:
         with caplog.at_level(logging.WARNING, logger="engine.kv_events"):
-            replay.send_multipart([b"just one frame"])   # two at the ROUTER
+            replay.send_multipart([b"just one frame"])
+            replay.send_multipart([b"no delimiter", SNAPSHOT_REQUEST])
             replay.send_multipart([b"", SNAPSHOT_REQUEST])
             assert replay.poll(10_000)
             _, seq, _ = replay.recv_multipart()
             assert seq == (0).to_bytes(8, "big")          # the start's clear: seq 0
             assert replay.recv_multipart()[1] == END_SEQ
-        assert "ignored a KV-event replay request of 2 frames" in caplog.messages
+        assert [m for m in caplog.messages if m.startswith("ignored")] == [
+            "ignored a KV-event replay request of 1 frames (want an empty delimiter and the "
+            "request)", "ignored a KV-event replay request of 2 frames (want an empty "
+            "delimiter and the request)"]
     finally:
         replay.close(linger=0)
         publisher.close()
@@ -129,3 +136,63 @@ def test_a_failing_publisher_thread_is_logged_and_closes_its_sockets(caplog):
     assert "the KV event publisher stopped" in caplog.messages
     assert publisher._pub.closed and publisher._replay.closed
     publisher.close()   # returns at once: nothing left to stop
+
+
+def _frames(sock: zmq.Socket) -> list[bytes]:
+    assert sock.poll(10_000), "no message within 10 s"
+    return sock.recv_multipart()
+
+
+def test_every_message_has_vllms_frames():
+    """vLLM's wire layout, which its own consumers parse by position: a PUB message is
+    [topic, 8-byte big-endian seq, payload]; every replay answer is [empty delimiter, 8-byte
+    seq, payload], the snapshot's seq the last batch sent, and a replay ends with [empty
+    delimiter, END_SEQ, empty payload]."""
+    recorder = KVEventRecorder(block_size=2)
+    publisher = ZmqKVEventPublisher({"endpoint": "inproc://kv-frames", "topic": "kv@frames",
+                                     "replay_endpoint": "inproc://kv-frames-replay"}, recorder)
+    ctx = zmq.Context.instance()
+    sub, replay = ctx.socket(zmq.SUB), ctx.socket(zmq.DEALER)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(publisher.endpoint)
+    replay.connect(publisher.replay_endpoint)
+    try:
+        deadline, block = time.monotonic() + 10, 0
+        while not sub.poll(50):   # the subscription reaches the PUB after a moment
+            assert time.monotonic() < deadline, "the subscriber got no batch"
+            block += 1
+            recorder.stored(block.to_bytes(16, "big"), None, [1, 2])
+            publisher.flush()
+        topic, seq, payload = sub.recv_multipart()
+        assert topic == b"kv@frames" and len(seq) == 8 and int.from_bytes(seq, "big") >= 1
+        assert kv_events.decode_batch(payload)[1]
+
+        replay.send_multipart([b"", (1).to_bytes(8, "big")])
+        answers = []
+        while not answers or answers[-1][1] != END_SEQ:
+            answers.append(_frames(replay))
+        *batches, end = answers
+        assert end == [b"", END_SEQ, b""]
+        assert [int.from_bytes(b[1], "big") for b in batches] == list(
+            range(1, publisher.last_seq + 1))
+        assert all(len(b) == 3 and b[0] == b"" and len(b[1]) == 8 for b in batches)
+
+        replay.send_multipart([b"", SNAPSHOT_REQUEST])
+        delimiter, seq, payload = _frames(replay)
+        assert (delimiter, seq) == (b"", publisher.last_seq.to_bytes(8, "big"))
+        assert _frames(replay) == [b"", END_SEQ, b""]
+    finally:
+        sub.close(linger=0)
+        replay.close(linger=0)
+        publisher.close()
+
+
+def test_an_engine_that_exits_without_closing_its_publisher_is_not_held_by_it():
+    """The publisher's thread is a daemon: a process that never calls close() (an engine
+    killed mid-step, a script) still exits."""
+    code = ("from engine.kv_events import KVEventRecorder, ZmqKVEventPublisher\n"
+            "ZmqKVEventPublisher({'endpoint': 'inproc://kv-exit'}, KVEventRecorder(2))\n"
+            "print('built')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=30, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0 and done.stdout == "built\n", done.stderr
