@@ -1,8 +1,12 @@
-"""Speculative decoding (n-gram prompt lookup) against plain decoding, same model, same run.
+"""Speculative decoding (n-gram prompt lookup, suffix decoding) against plain decoding, same
+model, same run.
 
-For each workload and concurrency, every configuration (off, then k = 2, 4 drafts) serves
-the same requests, closed loop: `concurrency` requests in flight, a new one admitted when
-one finishes. Greedy decoding, so every configuration produces the same tokens (checked).
+For each workload and concurrency, every configuration (off, n-gram with k = 2, 4 drafts,
+suffix decoding with --suffix-k) serves the same requests, closed loop: `concurrency`
+requests in flight, a new one admitted when one finishes. Before the measured rounds each
+engine serves --warmup requests of the workload (other seeds, not timed), as a running
+service has: suffix decoding drafts from what earlier requests wrote. Greedy decoding, so
+every configuration produces the same tokens (checked).
 Configurations take turns within each round (the order alternates), so a shared, noisy
 machine slows them alike; the table gives medians over rounds and ratios against "off".
 
@@ -12,10 +16,15 @@ Workloads (distinct prompts per request, so the prefix cache does not help one c
   function (copies, and writes new text);
 - code-edit: the same kind of module, then a request to return it with type hints added
   (copies, with small edits on each signature);
-- chat: a short question (little to copy).
+- chat: a short question (little to copy);
+- agentic: one step of a tool-calling session of loadtests/workloads/agentic.py (the
+  system prompt with the tools' JSON schemas, the task, 0-2 earlier calls and their
+  results, at --length-scale 0.5): the model writes a JSON call in the same scaffolding
+  every time, from a prompt it copies little of.
 
     python benchmarks/bench_spec_decode.py --model builtin://smollm2-135m-instruct \
-        --concurrency 1,4 --requests 4 --max-tokens 96 --threads 1
+        --concurrency 1,4 --requests 4 --max-tokens 96 --threads 1 \
+        --workloads code-edit,agentic --suffix-k 8
 """
 from __future__ import annotations
 
@@ -54,8 +63,21 @@ def _module(rng: random.Random, functions: int) -> str:
     return "\n".join(out)
 
 
-def prompts(workload: str, count: int, seed: int) -> list[str]:
-    """The user messages of one workload (distinct per request)."""
+def _agent_step(rng: random.Random) -> list[dict]:
+    """The messages of one step of an agent session: 0-2 earlier calls (the session's
+    own seeded calls) and their results, then the request for the next call."""
+    from loadtests.workloads.agentic import AgentSession
+
+    session = AgentSession(rng, scale=0.5)
+    for _ in range(rng.randint(0, min(2, session.steps - 1))):
+        session.next_request()
+        session.record_response("")  # no valid call: the session's seeded one is used
+    return session.next_request().body["messages"]
+
+
+def prompts(workload: str, count: int, seed: int) -> list[str | list[dict]]:
+    """The user messages of one workload (distinct per request); agentic's are whole
+    conversations (lists of chat messages)."""
     rng = random.Random(f"{workload}-{seed}")
     out = []
     for _ in range(count):
@@ -71,6 +93,8 @@ def prompts(workload: str, count: int, seed: int) -> list[str]:
             a, b = rng.sample(_NOUNS, 2)
             out.append(f"In a few sentences, how should a city decide between a new {a} and "
                        f"a new {b}?")
+        elif workload == "agentic":
+            out.append(_agent_step(rng))
         else:
             raise ValueError(f"unknown workload {workload!r}")
     return out
@@ -112,6 +136,13 @@ def run_closed_loop(engine, texts: list[str], concurrency: int, max_tokens: int,
     return wall, [done[i] for i in range(len(texts))], tpot, spec
 
 
+def tokens_per_step(spec_total: list, tokens: int) -> str:
+    """Tokens per sequence step: every step of a sequence yields one token (the prefill's
+    first included) plus the drafts it accepted, so steps = tokens - accepted."""
+    accepted = spec_total[2]
+    return f"{tokens / (tokens - accepted):.2f}" if tokens > accepted else "–"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -119,7 +150,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="checkpoint or builtin://NAME (default: the 23M bench Llama)")
     p.add_argument("--workloads", default="summarize,code,chat")
     p.add_argument("--concurrency", default="1,4,16")
-    p.add_argument("--k", default="2,4", help="num_speculative_tokens values to compare")
+    p.add_argument("--k", default="2,4", help="n-gram num_speculative_tokens values to compare")
+    p.add_argument("--suffix-k", default="",
+                   help="suffix decoding num_speculative_tokens values to compare (vLLM's "
+                        "other suffix_decoding_* defaults), e.g. 8,16")
+    p.add_argument("--suffix-memory", type=int, default=0, metavar="N",
+                   help="only measure the suffix tree's memory over N agentic outputs "
+                        "(benchmarks/suffix_memory.py) and exit")
+    p.add_argument("--warmup", type=int, default=8,
+                   help="requests each engine serves, untimed, before a workload's rounds")
     p.add_argument("--prompt-lookup", default="2,4", help="prompt_lookup_min,max")
     p.add_argument("--requests", type=int, default=None,
                    help="requests per workload and concurrency (default: the concurrency, "
@@ -148,6 +187,16 @@ def _model_path(model: str | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.suffix_memory:
+        from transformers import AutoTokenizer
+
+        from benchmarks import suffix_memory
+        from engine.builtin_models import ensure_builtin, is_builtin
+
+        model = _model_path(args.model)
+        path = ensure_builtin(model) if is_builtin(model) else model
+        suffix_memory.run(AutoTokenizer.from_pretrained(path), args.suffix_memory)
+        return 0
     import torch
 
     from engine import LLMEngine
@@ -160,13 +209,15 @@ def main(argv: list[str] | None = None) -> int:
                              "prompt_lookup_min": lo, "prompt_lookup_max": hi}
         if args.gate:
             configs[f"k={k} gated"] = {**configs[f"k={k}"], **json.loads(args.gate)}
+    for k in (int(x) for x in args.suffix_k.split(",") if x):
+        configs[f"suffix k={k}"] = {"method": "suffix", "num_speculative_tokens": k}
     model = _model_path(args.model)
 
     def build(spec):
-        # KV for max(levels) sequences of up to 640 tokens (prompts here are < 512)
+        # KV for max(levels) sequences of up to 1280 tokens (prompts here are < 1024)
         return LLMEngine.from_args(
-            model=model, max_model_len=1024, max_num_seqs=max(levels),
-            num_gpu_blocks_override=max(levels) * 40 + 64, block_size=16,
+            model=model, max_model_len=2048, max_num_seqs=max(levels),
+            num_gpu_blocks_override=max(levels) * 80 + 64, block_size=16,
             speculative_config=spec, device="cpu", dtype="float32", cpu_threads=args.threads)
 
     if args.tuned:
@@ -186,28 +237,35 @@ def main(argv: list[str] | None = None) -> int:
     chat = tokenizer.chat_template is not None
 
     def texts_for(workload, count, seed):
-        texts = prompts(workload, count, seed=seed)
+        conversations = [[{"role": "user", "content": t}] if isinstance(t, str) else t
+                         for t in prompts(workload, count, seed=seed)]
         if not chat:
-            return texts
-        return [tokenizer.apply_chat_template([{"role": "user", "content": t}],
-                                              tokenize=False, add_generation_prompt=True)
-                for t in texts]
+            return ["\n\n".join(m["content"] for m in c) for c in conversations]
+        return [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
+                for c in conversations]
 
     print(f"# {Path(model).name}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
           f"greedy, max_tokens {args.max_tokens}, prompt_lookup {lo}..{hi}; closed loop; "
+          f"{args.warmup} warm-up requests per engine and workload; "
           f"{args.rounds} rounds, configurations in turn; medians")
     if args.tuned:
         spec_decode_tuned.run(args, engine_for, texts_for, run_closed_loop, levels)
         return 0
     print("| workload | conc | config | out tok/s | TPOT ms | tok/s vs off | TPOT vs off | "
-          "accepted % | accepted % per position |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---|")
+          "tokens/step | accepted % | accepted % per position |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
     for workload in args.workloads.split(","):
         for c in levels:
             n = args.requests or max(4, c)
             rates: dict[str, list[float]] = {k: [] for k in configs}
             tpots: dict[str, list[float]] = {k: [] for k in configs}
             spec_totals = {k: [0, 0, 0, None] for k in configs}
+            tokens_out = dict.fromkeys(configs, 0)
+            if args.warmup:
+                warm = texts_for(workload, args.warmup, 1000 + c)
+                for name in configs:
+                    run_closed_loop(engines[name], warm, c, args.max_tokens,
+                                    f"w{workload}{c}{name}")
             for r in range(args.rounds):
                 texts = texts_for(workload, n, r)
                 reference = None
@@ -220,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                         reference = tokens
                     assert tokens == reference, f"{name} changed the greedy output"
                     rates[name].append(sum(map(len, tokens)) / wall)
+                    tokens_out[name] += sum(map(len, tokens))
                     tpots[name].append(statistics.median(tpot))
                     t = spec_totals[name]
                     t[0] += spec[0]
@@ -232,9 +291,10 @@ def main(argv: list[str] | None = None) -> int:
                 drafts, draft_tokens, accepted, per_pos = spec_totals[name]
                 acc = f"{100 * accepted / draft_tokens:.0f}" if draft_tokens else "–"
                 pos = " / ".join(f"{100 * a / drafts:.0f}" for a in per_pos) if drafts else "–"
+                per_step = tokens_per_step(spec_totals[name], tokens_out[name])
                 print(f"| {workload} | {c} | {name} | {rate:.1f} | {1000 * tpot:.1f} | "
-                      f"{rate / off_rate:.2f}x | {tpot / off_tpot:.2f}x | {acc} | {pos} |",
-                      flush=True)
+                      f"{rate / off_rate:.2f}x | {tpot / off_tpot:.2f}x | {per_step} | {acc} | "
+                      f"{pos} |", flush=True)
     return 0
 
 

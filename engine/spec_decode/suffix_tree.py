@@ -13,7 +13,7 @@ with count 1), and turns its first token into a node only when a second occurren
 there. So a text no other text repeats costs one node per token, and only substrings seen
 twice or more have nodes of their own (at most `depth` nodes per cached token, reached only
 by text that repeats itself everywhere). A node is ~72 bytes plus ~200 for a children dict;
-benchmarks/bench_spec_decode.py --suffix-memory measures bytes per cached token.
+benchmarks/bench_spec_decode.py --suffix-memory N measures it after N requests.
 
 Adding and forgetting outputs never blocks a step: `SuffixCache.add` only queues the
 request, and `work()` (called by the proposer once per draft) inserts or removes a bounded
