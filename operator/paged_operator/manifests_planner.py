@@ -46,7 +46,7 @@ def planner_role(spec: ServiceSpec) -> dict[str, Any]:
                  "resourceNames": [spec.name], "verbs": ["get", "patch"]},
                 {"apiGroups": ["apps"], "resources": ["deployments/scale"],
                  "resourceNames": [spec.name], "verbs": ["get", "patch", "update"]},
-                {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]}
+                {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]}
 
 
 def planner_children(spec: ServiceSpec) -> list[dict[str, Any]]:

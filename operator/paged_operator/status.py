@@ -1,34 +1,17 @@
 """The status of a PagedInferenceService, derived from its Deployment's real state.
 
-Conditions follow Kubernetes' conventions: type, status ("True"/"False"), reason
-(CamelCase), message, observedGeneration and lastTransitionTime, where the time moves only
-when the status flips, so that recomputing an unchanged state yields an identical dict.
+The operator's conditions are Ready, Progressing and Degraded (paged_api/conditions.py for
+their form); a condition of another type (the SLO planner's Planning) is kept as found.
 """
 from __future__ import annotations
 
-import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import manifests
+from paged_api.conditions import OPERATOR_TYPES, others
+from paged_api.conditions import condition as _condition
 from paged_api.service import ServiceSpec
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _condition(type_: str, ok: bool, reason: str, message: str, *, generation: int | None,
-               previous: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    status = "True" if ok else "False"
-    before = next((c for c in previous if c.get("type") == type_), None)
-    since = before.get("lastTransitionTime") if before and before.get("status") == status \
-        else None
-    cond = {"type": type_, "status": status, "reason": reason, "message": message,
-            "lastTransitionTime": since or _now()}
-    if generation is not None:
-        cond["observedGeneration"] = generation
-    return cond
 
 
 def _deployment_failure(deployment: Mapping[str, Any]) -> str | None:
@@ -132,7 +115,8 @@ def from_deployment(spec: ServiceSpec, deployment: Mapping[str, Any], *,
     return {
         "conditions": [_condition("Ready", *ready_cond, **kw),
                        _condition("Progressing", *progressing, **kw),
-                       _condition("Degraded", *degraded, **kw)],
+                       _condition("Degraded", *degraded, **kw),
+                       *others(conditions, OPERATOR_TYPES)],
         "observedGeneration": generation,
         "replicas": total,
         "readyReplicas": ready,
@@ -158,4 +142,5 @@ def degraded(message: str, *, reason: str, generation: int | None,
                 _condition("Progressing", False, reason, message, **kw)]
     bad = _condition("Degraded", True, reason, message, generation=generation,
                      previous=conditions)
-    return {"conditions": [*kept, bad], "observedGeneration": generation}
+    return {"conditions": [*kept, bad, *others(conditions, OPERATOR_TYPES)],
+            "observedGeneration": generation}

@@ -100,7 +100,7 @@ def test_rbac_is_minimal_and_has_no_wildcards():
     # tuning's load workers (the engine's goes with its owner, by garbage collection)
     assert granted[("apps", "deployments")] == {"get", "list", "watch", "create", "patch",
                                                 "delete"}
-    assert granted[("", "events")] == {"create"}
+    assert granted[("", "events")] == {"create", "patch"}   # patch: the planner's, below
     assert granted[("kopf.dev", "kopfpeerings")] == {"get", "list", "watch", "patch"}
     assert granted[("", "pods")] == {"get", "list", "watch"}  # engine errors, read-only
     # What the router's Role grants, the operator must hold (RBAC escalation check).

@@ -101,6 +101,8 @@ def test_a_served_load_scales_the_deployment_and_the_decision_is_recorded(
     assert "req/s per replica" in status["reason"]
     [event] = events_of(api, "chat")
     assert (event.reason, event.type) == ("PlannerScaled", "Normal")
+    [cond] = scale.service()["status"]["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == ("Planning", "True", "PlannerScaled")
     assert event.message.startswith("replicas 1 -> 4: ")
     # the same spec keeps the planner (its smoothing and stabilisation); a new one restarts it
     step = loop.step
@@ -130,10 +132,46 @@ def test_without_prometheus_the_replicas_stay_and_the_status_says_why(api_url):
     assert metrics.registry.get_sample_value("paged_planner_replicas", labels) == 2
     # nothing observed: no traffic figure is made up
     assert metrics.registry.get_sample_value("paged_planner_arrival_rate", labels) is None
-    planner = scale.service()["status"]["planner"]
+    service = scale.service()
+    planner = service["status"]["planner"]
     assert planner["held"] and planner["reason"].startswith("unchanged: Prometheus at")
+    [cond] = service["status"]["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == ("Planning", "False", "PlannerHeld")
+    assert cond["message"] == planner["reason"] and cond["observedGeneration"] == 1
     [event] = events_of(api, "dark")
-    assert (event.reason, event.type) == ("PlannerHeld", "Warning")
+    assert (event.reason, event.type, event.count) == ("PlannerHeld", "Warning", 1)
+    # held again for the same reason: the Event counts up, the condition keeps its time
+    loop = Loop(scale, predictor_for=lambda spec: None, clock=time.time)
+    loop.tick()
+    loop.tick()
+    [event] = events_of(api, "dark")
+    assert event.count == 3 and event.last_timestamp >= event.first_timestamp
+    assert scale.service()["status"]["conditions"] == [cond]
+
+
+def test_the_planners_condition_keeps_the_operators_across_a_concurrent_write(api_url):
+    """The planner writes the conditions list whole, conditionally on what it read: the
+    operator's Ready written after that read is kept (a conflict, a fresh read, a retry)."""
+    from kubernetes import client
+
+    from tuner.planner.core import Decision
+
+    api = kube_client(api_url)
+    make_service(api, "both", {"mode": "slo", "maxReplicas": 4, "minReplicas": 1,
+                               "slo": {"ttftSeconds": 1.0}}, replicas=2)
+    scale = ServiceScale(api, "default", "both")
+    read = scale.service()
+    ready = {"type": "Ready", "status": "True", "reason": "AllReplicasReady",
+             "message": "2/2 replicas ready", "lastTransitionTime": "2026-12-04T07:00:00Z"}
+    client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        GROUP, VERSION, "default", "pagedinferenceservices", "both",
+        {"status": {"conditions": [ready]}}, _content_type="application/merge-patch+json")
+    scale.record(read, Decision(at=time.time(), replicas=3, wanted=3, reason="3.0 req/s"),
+                 None, previous=2)
+    conditions = scale.service()["status"]["conditions"]
+    assert [c["type"] for c in conditions] == ["Ready", "Planning"]
+    assert conditions[0] == ready
+    assert (conditions[1]["status"], conditions[1]["reason"]) == ("True", "PlannerScaled")
 
 
 def test_at_zero_replicas_requests_held_by_the_router_bring_the_first_replica(api_url):

@@ -6,7 +6,7 @@ The operator runs it as the Deployment `<SVC>-planner` when spec.autoscaling.mod
 last interval in Prometheus (spec.autoscaling.prometheusServerAddress, the service's pods
 by spec.autoscaling.selector), decides (tuner/planner/core.py), sets the engine
 Deployment's replicas through the scale subresource when they change, and writes the
-decision to status.planner and an Event. A changed spec.autoscaling or spec.engine starts
+decision to status.planner, the Planning condition and an Event. A changed spec.autoscaling or spec.engine starts
 a new planner (the old smoothing and stabilisation belonged to other settings).
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ import httpx
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from paged_api.conditions import PLANNER_TYPE, condition, others
 from paged_api.contract import GROUP, SERVICE_KIND, SERVICE_PLURAL, VERSION
 from paged_api.service import InvalidSpecError, ServiceSpec, parse_spec
 from tuner.measure.promql import PrometheusReader
@@ -77,6 +78,7 @@ class ServiceScale:
         self.ns, self.name = namespace, name
         self.custom, self.apps = client.CustomObjectsApi(api), client.AppsV1Api(api)
         self.core = client.CoreV1Api(api)
+        self._last_event: client.CoreV1Event | None = None   # folded into when repeated
 
     def service(self) -> dict:
         return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns,
@@ -92,24 +94,60 @@ class ServiceScale:
 
     def record(self, obj: dict, decision: Decision, obs: Observation | None,
                previous: int) -> None:
+        """status.planner, the Planning condition (False while the planner holds, saying
+        why) and an Event; the same Event again only counts up (as kubectl's are folded)."""
         held = decision.reason.startswith("unchanged: ")
         planner = {k: v for k, v in asdict(decision).items() if v is not None}
         planner.update(time=_now(), previousReplicas=previous, held=held)
         if obs is not None:
             planner["observed"] = {k: v for k, v in asdict(obs).items()
                                    if v is not None and k != "at"}
-        self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, self.ns, SERVICE_PLURAL, self.name, {"status": {"planner": planner}},
-            _content_type=MERGE)
         reason = "PlannerHeld" if held else (
             "PlannerScaled" if decision.replicas != previous else "PlannerKept")
-        meta = obj["metadata"]
-        self.core.create_namespaced_event(self.ns, {
+        self._write_status(obj, planner, not held, reason, decision.reason)
+        self._event(obj, reason, "Warning" if held else "Normal",
+                    f"replicas {previous} -> {decision.replicas}: {decision.reason}"[:1024])
+
+    def _write_status(self, obj: dict, planner: dict, ok: bool, reason: str,
+                      message: str) -> None:
+        """The whole conditions list is written (a merge patch replaces lists), so the write
+        is conditional on the resourceVersion read: on a conflict (the operator wrote its
+        conditions meanwhile) the service is read again and the write retried."""
+        for attempt in range(3):
+            status = obj.get("status") or {}
+            previous = status.get("conditions") or []
+            conditions = [*others(previous, [PLANNER_TYPE]), condition(
+                PLANNER_TYPE, ok, reason, message[:1024],
+                generation=obj["metadata"].get("generation"), previous=previous)]
+            try:
+                self.custom.patch_namespaced_custom_object_status(
+                    GROUP, VERSION, self.ns, SERVICE_PLURAL, self.name,
+                    {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
+                     "status": {"planner": planner, "conditions": conditions}},
+                    _content_type=MERGE)
+                return
+            except ApiException as e:
+                if e.status != 409 or attempt == 2:
+                    raise
+                obj = self.service()
+
+    def _event(self, obj: dict, reason: str, type_: str, message: str) -> None:
+        last = self._last_event
+        if last is not None and (last.reason, last.message) == (reason, message):
+            last.count = (last.count or 1) + 1
+            try:
+                self.core.patch_namespaced_event(last.metadata.name, self.ns, {
+                    "count": last.count, "lastTimestamp": _now()})
+                return
+            except ApiException as e:   # expired (events live an hour) or deleted
+                if e.status != 404:
+                    raise
+        self._last_event = self.core.create_namespaced_event(self.ns, {
             "metadata": {"generateName": f"{self.name}.", "namespace": self.ns},
             "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": SERVICE_KIND,
-                               "name": self.name, "namespace": self.ns, "uid": meta.get("uid")},
-            "reason": reason, "type": "Warning" if held else "Normal",
-            "message": f"replicas {previous} -> {decision.replicas}: {decision.reason}"[:1024],
+                               "name": self.name, "namespace": self.ns,
+                               "uid": obj["metadata"].get("uid")},
+            "reason": reason, "type": type_, "message": message,
             "source": {"component": "paged-inference-planner"},
             "firstTimestamp": _now(), "lastTimestamp": _now(), "count": 1})
 

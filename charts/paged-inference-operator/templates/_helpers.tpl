@@ -93,7 +93,7 @@ holds).
   verbs: [get, create, patch, delete]
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [create, patch]   # patch: the SLO planner's Role folds its repeated Events
 {{- if gt (int .Values.replicaCount) 1 }}
 - apiGroups: [kopf.dev]
   resources: [{{ if .Values.clusterWide }}clusterkopfpeerings{{ else }}kopfpeerings{{ end }}]
