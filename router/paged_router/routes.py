@@ -73,6 +73,12 @@ async def health(request: Request) -> Response:
     if isinstance(hasher, EngineTokenizer):   # hashing needs the engines' tokenizer
         body["tokenizer"] = hasher.source or f"not yet: {hasher.error}"
         ready = ready and hasher.ready
+    if n == 0 and router.config.hold_seconds > 0:
+        # --cold-start-hold: with no replica a request waits for the first one, so the
+        # router stays ready (else its Service would send it nothing to hold, and its
+        # liveness probe would restart it with the held requests at zero replicas)
+        body["holding"] = True
+        ready = True
     return JSONResponse(body, status_code=200 if ready else 503)
 
 

@@ -27,15 +27,20 @@ def post_in_thread(url: str, out: list) -> threading.Thread:
     return thread
 
 
-def down(router: RouterThread, backend: FakeBackend) -> None:
+def down(router: RouterThread, backend: FakeBackend) -> httpx.Response:
+    """The backend stops serving; the router's /health once it has seen that."""
     backend.health_status = 503
-    wait_for(lambda: httpx.get(router.url + "/health").status_code == 503)
+    wait_for(lambda: httpx.get(router.url + "/health").json()["healthy_backends"] == 0)
+    return httpx.get(router.url + "/health")
 
 
 def test_a_held_request_is_served_when_the_first_backend_comes_back():
     with FakeBackend("127.0.0.2") as engine, \
             RouterThread(backends=[engine.url], hold_seconds=20.0, max_held=2) as router:
-        down(router, engine)
+        # a holding router stays ready with no replica: its Service (and kubelet) must
+        # keep sending it requests to hold
+        health = down(router, engine)
+        assert health.status_code == 200 and health.json()["holding"] is True
         got: list = []
         threads = [post_in_thread(router.url, got) for _ in range(2)]
         wait_for(lambda: router.sample("paged_router_held_requests") == 2)
@@ -57,13 +62,14 @@ def test_a_held_request_is_served_when_the_first_backend_comes_back():
 def test_a_hold_that_ends_without_a_backend_is_a_503_and_without_hold_it_is_at_once():
     with FakeBackend("127.0.0.3") as engine:
         with RouterThread(backends=[engine.url], hold_seconds=0.5) as router:
-            down(router, engine)
+            assert down(router, engine).status_code == 200
             t = time.monotonic()
             r = httpx.post(router.url + "/v1/completions", json={"prompt": "p"}, timeout=10)
             assert r.status_code == 503 and time.monotonic() - t >= 0.5
             assert r.json()["error"]["code"] == "no_healthy_backend"
             assert router.sample("paged_router_held_requests") == 0
         with RouterThread(backends=[engine.url]) as router:   # the default: no hold
-            down(router, engine)
+            health = down(router, engine)
+            assert health.status_code == 503 and "holding" not in health.json()
             r = httpx.post(router.url + "/v1/completions", json={"prompt": "p"}, timeout=10)
             assert r.status_code == 503 and router.sample("paged_router_held_requests") == 0
