@@ -46,7 +46,10 @@ def planner_role(spec: ServiceSpec) -> dict[str, Any]:
                  "resourceNames": [spec.name], "verbs": ["get", "patch"]},
                 {"apiGroups": ["apps"], "resources": ["deployments/scale"],
                  "resourceNames": [spec.name], "verbs": ["get", "patch", "update"]},
-                {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]}
+                {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+                # every router pod's held requests, at zero replicas
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                 "verbs": ["list"]}]}
 
 
 def planner_children(spec: ServiceSpec) -> list[dict[str, Any]]:

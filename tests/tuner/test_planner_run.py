@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import time
 
+import httpx
 import pytest
 
 from fake_openai_server import FakeOpenAIServer
 from local_api import api_url, kube_client
 from localcluster.prometheus import start_prometheus
-from paged_api.service import InvalidSpecError
+from paged_api.service import InvalidSpecError, parse_spec
 from tuner.measure.loadgen import LoadSpec, run_load
 from tuner.measure.promql import PrometheusReader, write_target
 from tuner.planner.metrics import PlannerMetrics
 from tuner.planner.core import Prediction
-from tuner.planner.run import Loop, ServiceScale, selector
+from tuner.planner.run import Loop, ServiceScale, held_at, selector
 
 __all__ = ["api_url"]   # the module's API server (a fixture)
 GROUP, VERSION = "serving.pagedinference.dev", "v1alpha1"
@@ -46,6 +47,20 @@ def make_service(api, name: str, autoscaling: dict, replicas: int, router: bool 
         "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
                  "template": {"metadata": {"labels": labels},
                               "spec": {"containers": [{"name": "e", "image": "engine"}]}}}})
+
+
+def make_slice(api, service: str, suffix: str, *urls: str, serving: bool = True) -> None:
+    """An EndpointSlice of `service` listing the router pods at `urls` (one port)."""
+    from kubernetes import client
+    hosts = [u.removeprefix("http://").rsplit(":", 1) for u in urls]
+    client.DiscoveryV1Api(api).create_namespaced_endpoint_slice("default", {
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+        "metadata": {"name": f"{service}-{suffix}",
+                     "labels": {"kubernetes.io/service-name": service}},
+        "ports": [{"name": "http", "port": int(hosts[0][1]), "protocol": "TCP"}],
+        "endpoints": [{"addresses": [host], "conditions": {"ready": serving,
+                                                           "serving": serving}}
+                      for host, _ in hosts]})
 
 
 def events_of(api, name: str) -> list:
@@ -179,11 +194,8 @@ def test_at_zero_replicas_requests_held_by_the_router_bring_the_first_replica(ap
     (a real router holding one) wake the planner, which scales to one replica at once."""
     import threading
 
-    import httpx
     from router_fakes import FakeBackend
     from router_harness import RouterThread
-
-    from tuner.planner.run import held_at
 
     api = kube_client(api_url)
     make_service(api, "cold", {"mode": "slo", "maxReplicas": 4, "minReplicas": 0,
@@ -198,8 +210,8 @@ def test_at_zero_replicas_requests_held_by_the_router_bring_the_first_replica(ap
         while httpx.get(router.url + "/health").json()["healthy_backends"] != 0:
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        loop = Loop(scale, predictor_for=lambda spec: None, held=lambda spec: held_at(router.url),
-                    clock=time.time)
+        make_slice(api, "cold", "a", router.url)   # the Service's one router pod
+        loop = Loop(scale, predictor_for=lambda spec: None, clock=time.time)
         kept = loop.tick()    # nothing held: zero stays (Prometheus is not asked)
         assert kept.replicas == 0 and scale.replicas() == 0 and "zero stays" in kept.reason
         got = []
@@ -226,3 +238,55 @@ def test_a_service_not_in_mode_slo_is_not_planned(api_url):
     with pytest.raises(InvalidSpecError, match="spec.autoscaling.mode is not slo"):
         Loop(scale, predictor_for=lambda spec: None, clock=time.time).tick()
     assert scale.replicas() == 3 and events_of(api, "hpa") == []
+
+
+def test_the_requests_held_by_every_router_replica_are_summed(api_url):
+    """Each router pod holds its own requests: the planner asks every pod its Service's
+    EndpointSlices list as serving (not one, through the Service), and none other."""
+    from router_fakes import FakeBackend
+    from router_harness import RouterThread
+
+    api = kube_client(api_url)
+    make_service(api, "pair", {"mode": "slo", "maxReplicas": 4, "minReplicas": 0,
+                               "slo": {"ttftSeconds": 1.0}}, replicas=0, router=True)
+    scale = ServiceScale(api, "default", "pair")
+    spec = parse_spec(scale.service()["spec"], name="pair", namespace="default")
+    with FakeBackend("127.0.0.6") as engine, \
+            RouterThread(backends=[engine.url], hold_seconds=30.0) as a, \
+            RouterThread(backends=[engine.url], hold_seconds=30.0) as b, \
+            RouterThread(backends=[engine.url], hold_seconds=30.0) as leaving:
+        engine.health_status = 503
+        for router in (a, b, leaving):
+            wait_until(lambda: httpx.get(router.url + "/health").json()["healthy_backends"] == 0)
+        make_slice(api, "pair", "a", a.url)
+        make_slice(api, "pair", "b", b.url)
+        make_slice(api, "pair", "c", leaving.url, serving=False)
+        make_slice(api, "other", "a", leaving.url)        # another Service's
+        assert scale.router_urls() == sorted([a.url, b.url])
+        threads = [post_in_thread(url) for url in (a.url, b.url, b.url, leaving.url)]
+        for router, n in ((a, 1), (b, 2), (leaving, 1)):
+            wait_until(lambda: held_at(router.url) == n)
+        assert scale.router_held(spec) == 3
+        spec_off = {**scale.service()["spec"], "router": {"enabled": False}, "autoscaling": {
+            "mode": "slo", "maxReplicas": 4, "slo": {"ttftSeconds": 1.0}}}
+        # without a router nothing is asked (the slices would be the engines')
+        assert scale.router_held(parse_spec(spec_off, name="pair", namespace="default")) == 0
+        engine.health_status = 200
+        for thread in threads:
+            thread.join(30)
+
+
+def wait_until(predicate, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def post_in_thread(url: str):
+    import threading
+    thread = threading.Thread(target=lambda: httpx.post(url + "/v1/completions",
+                                                        json={"prompt": "p"}, timeout=30),
+                              daemon=True)
+    thread.start()
+    return thread

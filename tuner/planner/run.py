@@ -77,7 +77,7 @@ class ServiceScale:
     def __init__(self, api: client.ApiClient, namespace: str, name: str) -> None:
         self.ns, self.name = namespace, name
         self.custom, self.apps = client.CustomObjectsApi(api), client.AppsV1Api(api)
-        self.core = client.CoreV1Api(api)
+        self.core, self.discovery = client.CoreV1Api(api), client.DiscoveryV1Api(api)
         self._last_event: client.CoreV1Event | None = None   # folded into when repeated
 
     def service(self) -> dict:
@@ -151,15 +151,33 @@ class ServiceScale:
             "source": {"component": "paged-inference-planner"},
             "firstTimestamp": _now(), "lastTimestamp": _now(), "count": 1})
 
+    def router_urls(self) -> list[str]:
+        """Every router pod behind the service's Service (which selects the router pods
+        when spec.router is on): the addresses its EndpointSlices list as serving, on the
+        port named http."""
+        found = self.discovery.list_namespaced_endpoint_slice(
+            self.ns, label_selector=f"kubernetes.io/service-name={self.name}").items
+        urls = []
+        for piece in found:
+            port = next((p.port for p in piece.ports or [] if p.name == "http"), None)
+            if port is None:
+                continue
+            for endpoint in piece.endpoints or []:
+                cond = endpoint.conditions
+                if cond is not None and (cond.serving if cond.serving is not None
+                                         else cond.ready) is False:
+                    continue
+                for address in endpoint.addresses[:1]:   # one pod, one address
+                    host = f"[{address}]" if ":" in address else address
+                    urls.append(f"http://{host}:{port}")
+        return sorted(urls)
 
-def router_held(spec: ServiceSpec) -> int:
-    """Requests the service's router holds for a first replica (its /metrics, through the
-    service's own Service, which selects the router pods); 0 without a router or an
-    answer."""
-    if not spec.router.enabled:
-        return 0
-    from paged_api.service import ENGINE_PORT
-    return held_at(f"http://{spec.name}.{spec.namespace}.svc:{ENGINE_PORT}")
+    def router_held(self, spec: ServiceSpec) -> int:
+        """Requests the service's routers hold for a first replica: the sum over every
+        router pod's /metrics (each holds its own); 0 without a router."""
+        if not spec.router.enabled:
+            return 0
+        return sum(held_at(url) for url in self.router_urls())
 
 
 def held_at(router_url: str) -> int:
@@ -182,10 +200,10 @@ class Loop:
     """One service's planner: `tick()` is one interval's decision."""
 
     def __init__(self, cluster: ServiceScale, *, predictor_for: Callable = sim_predictor,
-                 held: Callable[[ServiceSpec], int] = router_held,
+                 held: Callable[[ServiceSpec], int] | None = None,
                  clock: Callable[[], float], metrics: PlannerMetrics | None = None) -> None:
         self.cluster, self.predictor_for, self.clock = cluster, predictor_for, clock
-        self.held, self.metrics = held, metrics
+        self.held, self.metrics = held or cluster.router_held, metrics
         self.step: Step | None = None
         self.key: str | None = None
         self.interval = 30.0
