@@ -53,7 +53,7 @@ def entrypoint(image: str) -> list[str]:
                     "engine and operator images, or a container with its own `command`")
 
 
-def _python(argv: list[str]) -> list[str]:
+def host_python(argv: list[str]) -> list[str]:
     if argv and re.fullmatch(r"python(3(\.\d+)?)?", argv[0]):
         return [sys.executable, *argv[1:]]
     return argv
@@ -172,7 +172,7 @@ def launch(pod: dict[str, Any], container: dict[str, Any], ip: str, vols: dict[s
            services: Callable[[str], dict[str, str]] = lambda namespace: {}) -> Launch:
     """`services(namespace)`: the Service variables Kubernetes gives a pod there (unless
     spec.enableServiceLinks is false); the container's own env comes after them."""
-    argv = _python(list(container.get("command") or entrypoint(container.get("image", ""))))
+    argv = host_python(list(container.get("command") or entrypoint(container.get("image", ""))))
     argv += list(container.get("args") or [])
     mounts = sorted(((m["mountPath"], vols[m["name"]]) for m in
                      container.get("volumeMounts") or []

@@ -1,6 +1,7 @@
 """One pod as local processes: start each container, follow its probes, restart it with
-back-off after an exit, stop it (SIGTERM, SIGKILL after the grace period) when the pod is
-deleted, and write the Pod's status as a kubelet would."""
+back-off after an exit, stop it when the pod is deleted (its preStop hook first, then
+SIGTERM, SIGKILL when the grace period, counted from the deletion, is over), and write the
+Pod's status as a kubelet would."""
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..api.store import now
-from .launch import CannotRun, Launch, launch, volumes
+from .launch import CannotRun, Launch, host_python, launch, volumes
 from .probes import Probe
 
 TICK = 0.25
@@ -116,11 +117,44 @@ class PodWorker:
             self.kubelet.forget(self)
 
     async def terminate(self, grace: float) -> None:
-        running = [c.popen for c in self.containers if c.popen and c.popen.poll() is None]
-        await asyncio.gather(*(asyncio.to_thread(stop_process, p, grace) for p in running))
+        """Each running container's preStop hook, then SIGTERM; the hook's time comes out
+        of the grace period, as on a kubelet."""
+        deadline = time.monotonic() + grace
+        running = [c for c in self.containers if c.popen and c.popen.poll() is None]
+        if grace > 0:
+            await asyncio.gather(*(self._pre_stop(c, deadline) for c in running))
+        left = max(0.0, deadline - time.monotonic())
+        await asyncio.gather(*(asyncio.to_thread(stop_process, c.popen, left) for c in running
+                               if c.popen is not None))
         for c in self.containers:
             c.popen = None
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    async def _pre_stop(self, c: Container, deadline: float) -> None:
+        """lifecycle.preStop: `exec` (in the container's environment and directory) or
+        `sleep`, cut short at the deadline; a failing hook is logged, and the stop goes on."""
+        hook = (c.spec.get("lifecycle") or {}).get("preStop") or {}
+        timeout = max(0.0, deadline - time.monotonic())
+        if "sleep" in hook:
+            await asyncio.sleep(min(float(hook["sleep"]["seconds"]), timeout))
+            return
+        if "exec" not in hook:
+            return
+        spec = self.launches.get(c.name)
+        proc = await asyncio.create_subprocess_exec(
+            *host_python(list(hook["exec"]["command"])), env=spec.env if spec else None,
+            cwd=spec.cwd if spec else None, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL)
+        try:
+            code = await asyncio.wait_for(proc.wait(), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            code = None
+        if code != 0:
+            with open(c.log, "a") as out:
+                out.write(f"[local kubelet] preStop hook "
+                          f"{'timed out' if code is None else f'exited with {code}'}\n")
 
     def _prepare(self, pod: dict[str, Any]) -> None:
         vols = volumes(pod, self.dir, self.kubelet.dir, self.kubelet.get)

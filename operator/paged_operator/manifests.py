@@ -171,6 +171,14 @@ CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "privileged": False,
                       "capabilities": {"drop": ["ALL"]}}
 POD_SECURITY = {"runAsNonRoot": True, "runAsUser": ENGINE_UID, "runAsGroup": ENGINE_UID,
                 "fsGroup": ENGINE_UID, "seccompProfile": {"type": "RuntimeDefault"}}
+# A pod leaving (a scale-down, a rollout) keeps accepting requests this long before SIGTERM:
+# its endpoint turns not-ready at the deletion, and routers and kube-proxy stop sending to
+# it meanwhile; then the server drains what is in flight (the engine's shutdown grace
+# period, 30 s, and uvicorn's 5 s more; the router's 30 s) within the pod's grace period.
+PRE_STOP_SECONDS = 5
+PRE_STOP = {"preStop": {"exec": {"command": [   # python: every image that runs us has it
+    "python", "-c", f"import time; time.sleep({PRE_STOP_SECONDS})"]}}}
+ENGINE_GRACE_SECONDS = 60     # >= 5 + 30 + 5
 
 
 def deployment(spec: ServiceSpec) -> dict[str, Any]:
@@ -193,10 +201,11 @@ def deployment(spec: ServiceSpec) -> dict[str, Any]:
         # An engine that exits with an error leaves its last log lines in
         # lastState.terminated.message, where the status reads them.
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        "lifecycle": copy.deepcopy(PRE_STOP),
     }
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,  # the engine never talks to the API server
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": ENGINE_GRACE_SECONDS,
         "securityContext": copy.deepcopy(POD_SECURITY),
         "containers": [container], "volumes": volumes,
     }

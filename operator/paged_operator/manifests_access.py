@@ -126,6 +126,9 @@ def router_args(spec: ServiceSpec) -> list[str]:
             "--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
 
 
+ROUTER_GRACE_SECONDS = 40
+
+
 def router_deployment(spec: ServiceSpec) -> dict[str, Any]:
     def probe(**kw: int) -> dict[str, Any]:
         return {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 5, **kw}
@@ -145,8 +148,10 @@ def router_deployment(spec: ServiceSpec) -> dict[str, Any]:
         "securityContext": copy.deepcopy(CONTAINER_SECURITY),
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": mounts,
+        "lifecycle": copy.deepcopy(manifests.PRE_STOP),
     }
     pod_spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": ROUTER_GRACE_SECONDS,   # >= 5 + the router's 30
         "serviceAccountName": router_name(spec),
         "automountServiceAccountToken": True,  # it reads EndpointSlices, nothing else
         "securityContext": copy.deepcopy(POD_SECURITY),

@@ -11,6 +11,8 @@ from pathlib import Path
 from engine.listen import listen_socket
 from paged_router.policies import POLICIES
 
+SHUTDOWN_GRACE_SECONDS = 30   # in-flight requests finish within this after SIGTERM
+
 
 def _balance(text: str) -> float | None | str:
     if text.strip().lower() == "off":
@@ -154,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     # bench_router_latency.py); the event loop is uvloop where installed, else asyncio
     server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False,
                                            lifespan="on", log_level=args.log_level,
-                                           http="httptools", timeout_graceful_shutdown=30))
+                                           http="httptools",
+                                           timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS))
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
     sock = listen_socket(args.host, args.port)
     host, port = sock.getsockname()[:2]

@@ -199,6 +199,55 @@ spec:
 """
 
 
+# Writes when SIGTERM came (the preStop hook must have ended by then) and exits.
+TERM_WRITER = ("import signal,sys,time;"
+               "signal.signal(signal.SIGTERM,lambda *a:(open(sys.argv[1],'w')"
+               ".write(repr(time.time())),sys.exit(0)));print('up',flush=True);"
+               "[time.sleep(0.05) for _ in iter(int,1)]")
+HOOK = ("import os,sys,time;time.sleep(float(os.environ['HOOK_DELAY']));"
+        "open(sys.argv[1],'w').write(repr(time.time()))")
+
+
+def test_delete_runs_the_prestop_hook_before_sigterm(local_cluster: LocalCluster,
+                                                      tmp_path: Path) -> None:
+    """A pod's preStop hook runs, in its container's environment, before SIGTERM (what
+    lets a router stop sending to an engine before it stops accepting), and its time
+    counts against the grace period."""
+    cluster = local_cluster
+
+    def delete(name: str, grace: int, hook_delay: float) -> float:
+        cluster.kubectl("apply", "-f", "-", stdin=f"""
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, labels: {{app: {name}}}}}
+spec:
+  terminationGracePeriodSeconds: {grace}
+  containers:
+  - name: c
+    image: none
+    command: [python, -c, "{TERM_WRITER}", "{tmp_path / name}.term"]
+    env: [{{name: HOOK_DELAY, value: "{hook_delay}"}}]
+    lifecycle:
+      preStop:
+        exec: {{command: [python, -c, "{HOOK}", "{tmp_path / name}.hook"]}}
+""")
+        cluster.wait_for(lambda: "up" in cluster.kubectl("logs", name).stdout, 30,
+                         "the container to start")
+        asked = time.time()
+        cluster.kubectl("delete", "pod", name, "--wait=false")
+        cluster.wait_for(lambda: not cluster.pods(f"app={name}"), 40, "the pod to go")
+        return asked
+
+    asked = delete("drainer", 20, 1.5)
+    hook_done = float((tmp_path / "drainer.hook").read_text())
+    termed = float((tmp_path / "drainer.term").read_text())
+    assert asked + 1.5 <= hook_done <= termed < asked + 20
+    # a hook longer than the grace period is cut short: SIGTERM at the period's end
+    asked = delete("hasty", 2, 30)
+    assert not (tmp_path / "hasty.hook").exists()
+    assert asked + 2 <= float((tmp_path / "hasty.term").read_text()) < asked + 6
+
+
 def test_exits_restart_with_last_state_and_the_log_tail(local_cluster: LocalCluster) -> None:
     """What the operator reads to report an engine failing: lastState.terminated with the
     exit code, and the log tail as its message only under FallbackToLogsOnError."""

@@ -176,3 +176,25 @@ def test_router_args_parse_with_the_router_cli():
     container = manifests_access.router_deployment(spec)["spec"]["template"]["spec"][
         "containers"][0]
     assert build_parser().parse_args(container["args"]).cold_start_hold == 240.0
+
+
+def test_a_leaving_pod_keeps_accepting_first_and_drains_within_its_grace_period():
+    """Engine and router pods sleep in preStop (their endpoint turns not-ready at the
+    deletion, and routers stop sending meanwhile), then drain on SIGTERM: the pod's grace
+    period covers the hook, the server's own drain deadline and uvicorn's margin."""
+    from engine.entrypoints.server_state import ServerSettings
+    from paged_router import cli as router_cli
+
+    from paged_operator import manifests, manifests_access
+    spec = parse_spec({"model": {"uri": "a/b"}, "router": {"enabled": True}},
+                      name="svc", namespace="default")
+    pods = [manifests.deployment(spec)["spec"]["template"]["spec"],
+            manifests_access.router_deployment(spec)["spec"]["template"]["spec"]]
+    drains = [ServerSettings().shutdown_grace_period + 5,   # uvicorn's deadline (cli.py)
+              router_cli.SHUTDOWN_GRACE_SECONDS]
+    for pod, drain in zip(pods, drains):
+        hook = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+        assert hook[:2] == ["python", "-c"]
+        seconds = float(hook[2].rsplit("(", 1)[1].rstrip(")"))
+        assert seconds == manifests.PRE_STOP_SECONDS >= 2
+        assert pod["terminationGracePeriodSeconds"] >= seconds + drain, pod

@@ -98,7 +98,9 @@ def test_the_deployment_of_a_minimal_spec():
                              "readOnly": True},
                             {"name": "model-cache", "mountPath": "/model-cache"}],
                         "securityContext": CONTAINER_SECURITY,
-                        "terminationMessagePolicy": "FallbackToLogsOnError"}],
+                        "terminationMessagePolicy": "FallbackToLogsOnError",
+                        "lifecycle": {"preStop": {"exec": {"command": [
+                            "python", "-c", "import time; time.sleep(5)"]}}}}],
                     "volumes": [
                         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
                         {"name": "tmp", "emptyDir": {}},
