@@ -43,7 +43,7 @@ def confirmation_table(record: dict) -> str | None:
                      f"{statistics.median(arm['capacity']):>7.2f}  {text}")
     pilot = record.get("pilot")
     if pilot:
-        lines.append(f"  (before the rounds, not scored: the baseline's pilot "
+        lines.append("  (before the rounds, not scored: the baseline's pilot "
                      + (f"{pilot['capacity']:.2f} req/s)" if not pilot["failed"]
                         else f"failed: {pilot['failed']})"))
     return "\n".join(lines)
