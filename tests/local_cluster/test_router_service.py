@@ -1,7 +1,8 @@
 """A PagedInferenceService with an API key from a Secret and the router in front, on the local
 cluster: the engines read the key from the mounted Secret file, the router (its own
 Deployment) discovers the engine pods through the EndpointSlices of `<name>-engine` and
-follows a scale-up, and deleting the service leaves nothing."""
+follows a scale-up, a scale-down under load fails no request, and deleting the service
+leaves nothing."""
 from __future__ import annotations
 
 import json
@@ -123,9 +124,47 @@ def test_the_router_discovers_the_engines_and_follows_a_scale_up(routed: LocalCl
     assert routed_to(6) == engine_urls() and len(engine_urls()) == 3
 
 
+def test_a_scale_down_under_load_fails_no_request(routed: LocalCluster) -> None:
+    """Two of three engine pods leave while clients keep sending through the router: each
+    leaving pod turns not-ready at once (the router stops sending to it) and keeps serving
+    through its preStop hook, then drains what it has in flight; no request fails."""
+    import threading
+    import time
+
+    url = routed.service_url("routed")
+    routed.wait_for(lambda: healthy_backends(url) == 3, 60, "the router to see 3 backends")
+    results: list = []
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                results.append((time.monotonic(), post(url, KEY)[0]))
+            except OSError as e:   # a refused or reset connection
+                results.append((time.monotonic(), repr(e)))
+    clients = [threading.Thread(target=client, daemon=True) for _ in range(4)]
+    for thread in clients:
+        thread.start()
+    routed.wait_for(lambda: len(results) >= 8, 60, "requests before the scale-down")
+    before = routed.pods(ENGINES)
+    scaled = time.monotonic()
+    routed.kubectl("scale", "pis/routed", "--replicas=1")
+    routed.wait_for(lambda: len(routed.pods(ENGINES)) == 1, 120, "two engine pods to leave")
+    gone = time.monotonic()
+    routed.wait_for(lambda: len([t for t, _ in results if t > gone]) >= 8, 60,
+                    "requests after the scale-down")
+    stop.set()
+    for thread in clients:
+        thread.join(70)
+    assert len(before) == 3 and healthy_backends(url) == 1
+    during = [code for t, code in results if scaled <= t <= gone]
+    assert during and gone - scaled >= 5     # the pods took their preStop hook to leave
+    assert [r for r in results if r[1] != 200] == []
+
+
 def test_delete_stops_the_router_and_the_engines(routed: LocalCluster) -> None:
     pids = [pid_of(p) for p in routed.pods(ENGINES) + routed.pods(ROUTERS)]
-    assert len(pids) == 4
+    assert len(pids) == 2   # after the scale-down: one engine, one router
     routed.kubectl("delete", "pis", "routed", "--timeout=90s", timeout=100)
     routed.wait_for(lambda: not routed.pods("app.kubernetes.io/instance=routed"), 90,
                     "the pods to go")
