@@ -133,7 +133,7 @@ class DraftGate:
         unless adaptive_draft_knee is set (then best_length, or 1 as a probe)."""
         if self.knee is None or limit <= 0:
             return limit
-        state = self._states.setdefault(seq, _State())
+        state = self._states[seq]   # allows() tracks every sequence while the knee is set
         k = best_length(state.alpha, batch_size, self.knee, limit)
         if k > 0:
             state.since_long = 0
@@ -148,7 +148,7 @@ class DraftGate:
         """Record the drafts given to `seq` (checked against its tokens at the next step)."""
         if not self._tracking:
             return
-        state = self._states.setdefault(seq, _State())
+        state = self._states[seq]   # allows() made it
         state.drafts, state.length = list(drafts), len(seq.token_ids)
 
     def _observe(self, seq) -> _State:
@@ -165,5 +165,5 @@ class DraftGate:
             state.accepted = ALPHA_DECAY * state.accepted + a
             state.verified = ALPHA_DECAY * state.verified + a + (a < len(state.drafts))
         if new:  # the drafts are settled once the sequence moved on
-            state.drafts = []
+            state.drafts.clear()
         return state

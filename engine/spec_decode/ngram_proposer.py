@@ -36,7 +36,7 @@ class NgramProposer:
         if not self.gate.allows(seq, batch_size):
             return []
         limit = self.gate.length(seq, batch_size, min(room, self.k))
-        drafts = self.propose(seq.token_ids, limit) if limit > 0 else []
+        drafts = self.propose(seq.token_ids, limit)   # [] for a limit of 0
         self.gate.handed_out(seq, drafts)
         return drafts
 

@@ -168,3 +168,50 @@ def test_a_mixed_batch_with_the_gate_keeps_greedy_parity(tiny_checkpoints):
     assert 0 < stats.spec_num_draft_tokens < ungated.spec_num_draft_tokens
     rejected = lambda s: s.spec_num_draft_tokens - s.spec_num_accepted_tokens  # noqa: E731
     assert rejected(stats) < rejected(ungated)
+
+
+def test_the_bounds_of_each_setting_are_allowed_and_the_defaults_hold():
+    for ok in ({"min_acceptance_rate": 0.0}, {"min_acceptance_rate": 1.0},
+               {"acceptance_probe_interval": 1}, {"disable_by_batch_size": 1},
+               {"adaptive_draft_knee": 1}):
+        DraftGate(**ok)
+    with pytest.raises(ValueError, match=r"^acceptance_probe_interval must be >= 1, got 0$"):
+        DraftGate(acceptance_probe_interval=0)
+    assert DraftGate().probe_interval == 16 == DraftGate.from_config({}).probe_interval
+    assert not DraftGate().active
+
+
+def test_an_average_exactly_at_the_rate_still_drafts():
+    gate = DraftGate(min_acceptance_rate=1.0)   # a new sequence's average starts at 1
+    assert gate.allows(_seq(), 1)
+
+
+def test_the_adaptive_length_never_exceeds_the_room_and_probes_on_schedule():
+    gate = DraftGate(adaptive_draft_knee=1, acceptance_probe_interval=2)
+    seq = _seq()
+    # no room: nothing, however long the sequence has been held at zero
+    for _ in range(6):
+        assert gate.allows(seq, 64) and gate.length(seq, 64, 0) == 0
+    # room for one, but a batch of 64 at knee 1: drafting costs more than it saves, so
+    # zero, then a probe after two steps at zero, then the count starts again
+    got = []
+    for _ in range(7):
+        gate.allows(seq, 64)
+        got.append(gate.length(seq, 64, 1))
+    assert got == [0, 0, 1, 0, 0, 1, 0]
+    # a step that drafts resets the count: a batch of one makes drafting pay again
+    gate.allows(seq, 1)
+    assert gate.length(seq, 1, 1) == 1
+    got = []
+    for _ in range(3):
+        gate.allows(seq, 64)
+        got.append(gate.length(seq, 64, 1))
+    assert got == [0, 0, 1]
+
+
+def test_the_ngram_proposer_refuses_bad_bounds():
+    for bad in ({"prompt_lookup_min": 3, "prompt_lookup_max": 2, "num_speculative_tokens": 1},
+                {"prompt_lookup_min": 1, "prompt_lookup_max": 2, "num_speculative_tokens": 0},
+                {"prompt_lookup_min": 0, "prompt_lookup_max": 2, "num_speculative_tokens": 1}):
+        with pytest.raises(AssertionError):
+            NgramProposer(**bad)
