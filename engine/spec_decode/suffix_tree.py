@@ -32,8 +32,7 @@ class _Node:
         self.count = count
         self.children: dict[int, _Node] | None = None
         self.tail: list[int] | None = None  # tail[at:end]: a chain of count-1 nodes below
-        self.at = 0
-        self.end = 0
+        # `at` and `end` are set with a tail and read only while there is one
 
 
 class SuffixTree:
@@ -41,7 +40,6 @@ class SuffixTree:
         assert max_depth >= 1
         self.max_depth = max_depth
         self.root = _Node(0)
-        self.root.children = {}
         self.num_nodes = 1  # nodes spelt out (tails not counted)
 
     def add(self, tokens: list[int], start: int) -> None:
@@ -77,7 +75,7 @@ class SuffixTree:
             child.count -= 1
             if child.count == 0:
                 del node.children[tokens[i]]
-                if not node.children and node is not self.root:
+                if not node.children:
                     node.children = None
                 self.num_nodes -= self._size(child)
                 return
@@ -187,7 +185,7 @@ class SuffixCache:
         self.max_cached_requests = max_cached_requests
         self.trees: dict[str | None, SuffixTree] = {}
         self.cached: deque[tuple[str | None, list[int]]] = deque()  # oldest first
-        self._jobs: deque[list] = deque()  # [sign, salt, tokens, next start]
+        self._jobs: deque[list] = deque()  # [adding, salt, tokens, next start]
         self.backlog = 0  # suffixes queued, not yet inserted or removed
 
     def add(self, salt: str | None, tokens: list[int]) -> None:
@@ -197,12 +195,12 @@ class SuffixCache:
             return
         tokens = list(tokens)
         self.cached.append((salt, tokens))
-        self._queue(+1, salt, tokens)
+        self._queue(True, salt, tokens)
         if len(self.cached) > self.max_cached_requests:
-            self._queue(-1, *self.cached.popleft())
+            self._queue(False, *self.cached.popleft())
 
-    def _queue(self, sign: int, salt: str | None, tokens: list[int]) -> None:
-        self._jobs.append([sign, salt, tokens, 0])
+    def _queue(self, adding: bool, salt: str | None, tokens: list[int]) -> None:
+        self._jobs.append([adding, salt, tokens, 0])
         self.backlog += len(tokens)
 
     def work(self, budget: int | None = None) -> None:
@@ -210,12 +208,12 @@ class SuffixCache:
         budget = self.WORK_PER_CALL + self.backlog // 16 if budget is None else budget
         while budget > 0 and self._jobs:
             job = self._jobs[0]
-            sign, salt, tokens, start = job
+            adding, salt, tokens, start = job
             tree = self.trees.get(salt)
             if tree is None:
                 tree = self.trees[salt] = SuffixTree(self.max_depth)
             stop = min(len(tokens), start + budget)
-            step = tree.add if sign > 0 else tree.remove
+            step = tree.add if adding else tree.remove
             for s in range(start, stop):
                 step(tokens, s)
             budget -= stop - start
