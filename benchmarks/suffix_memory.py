@@ -40,7 +40,7 @@ def run(tokenizer, requests: int, checkpoints: tuple[int, ...] = (1_000, 5_000, 
     print(f"# suffix tree memory: {requests} agentic outputs, depth 24, at most {max_cached} "
           "requests cached (tracemalloc)")
     print("| requests added | cached requests | cached tokens | nodes | MiB | bytes per "
-          "cached token | s to insert |")
+          "cached token | s elapsed, tokenizing included |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
