@@ -23,7 +23,7 @@ AUTOSCALING_METRICS = {
     "kvCacheUsage": "vllm:kv_cache_usage_perc",
 }
 MODES = ("metrics", "slo")
-FORECASTS = ("none",)   # tuner/planner/core.py FORECASTS
+FORECASTS = ("none", "holt")   # tuner/planner/forecast.py FORECASTS
 SLO_KEYS = {"ttftSeconds": "ttft", "itlSeconds": "itl", "e2eSeconds": "e2e"}
 
 

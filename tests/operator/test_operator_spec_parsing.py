@@ -231,7 +231,7 @@ INVALID = [
      "spec.autoscaling.intervalSeconds must be >= 5, got 1"),
     ({"autoscaling": {"maxReplicas": 2, "mode": "slo", "slo": {"itlSeconds": 0.1},
                       "forecast": "prophet"}},
-     "spec.autoscaling.forecast must be one of ['none'], got 'prophet'"),
+     "spec.autoscaling.forecast must be one of ['none', 'holt'], got 'prophet'"),
     ({"autoscaling": {"maxReplicas": 2, "prometheusServerAddress": 9090}},
      "spec.autoscaling.prometheusServerAddress must be a string, got 9090"),
     ({"autoscaling": {"maxReplicas": 2, "prometheusServerAddress": "http://user:pw@prom:9090"}},

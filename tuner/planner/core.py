@@ -10,7 +10,8 @@ latency the simulator expects at the observed per-replica rate). Then:
    faster the service's steps are than the profile's (a decode step's time is what the
    inter-token gap is made of); smoothed over intervals (CORRECTION_WEIGHT to the newest),
    clamped to [1/4, 4]; the corrected capacity is the predicted one divided by it;
-2. forecast: the next interval's rate; `none` repeats the observed one;
+2. forecast: the next interval's rate (tuner/planner/forecast.py): `none` repeats the
+   observed one, `holt` projects its trend;
 3. wanted = ceil(forecast / corrected capacity), at least one while any request arrives;
    zero only when `min_replicas` is 0 and no request arrived for `idle_window` s (or
    none arrives while it is at zero already);
@@ -28,9 +29,10 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from tuner.planner.forecast import FORECASTS, Forecaster
+
 CORRECTION_WEIGHT = 0.5
 CORRECTION_BOUNDS = (0.25, 4.0)
-FORECASTS = ("none",)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,11 @@ class Planner:
     correction: float = 1.0
     last_arrival: float | None = None
     _wanted: deque = field(default_factory=deque)   # (at, wanted) within the stabilisation
+    forecaster: Forecaster | None = None
+
+    def __post_init__(self) -> None:
+        if self.forecaster is None:
+            self.forecaster = Forecaster(self.spec.forecast)
 
     def hold(self, at: float, replicas: int, why: str) -> Decision:
         """No usable observation: keep the replicas."""
@@ -119,14 +126,15 @@ class Planner:
             ratio = min(max(obs.itl_p50 / pred.itl_p50, CORRECTION_BOUNDS[0]),
                         CORRECTION_BOUNDS[1])
             self.correction += CORRECTION_WEIGHT * (ratio - self.correction)
-        forecast = obs.rate   # "none"
+        assert self.forecaster is not None
+        forecast = self.forecaster.next(obs.rate)
         if pred.capacity <= 0:
             return self.hold(obs.at, obs.replicas, "the predicted capacity is 0: no "
                                                    "replica meets the SLOs at this mix")
         corrected = pred.capacity / self.correction
         idle_for = obs.at - self.last_arrival
         if forecast > 0:
-            wanted, why = max(1, math.ceil(forecast / corrected - 1e-9)), (
+            wanted, why = max(1, math.ceil(forecast / corrected - 1e-6)), (  # fit noise
                 f"{forecast:.3g} req/s / {corrected:.3g} req/s per replica")
         elif idle_for >= spec.idle_window:
             wanted, why = 0, f"no request for {idle_for:.0f} s"

@@ -1,0 +1,60 @@
+"""The planner's forecast of the next interval's rate (tuner/planner/forecast.py): `holt`
+(statsmodels' Holt linear trend) meets a ramp with the next interval's rate, forecasts a
+flat rate as itself, never goes below zero, and is `none` until it has enough points; the
+spec's values, the CRD's enum and the planner's agree."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import yaml
+
+from paged_api import autoscaling
+from tuner.planner.core import Observation, Planner, PlannerSpec, Prediction
+from tuner.planner.forecast import FORECASTS, MIN_POINTS, WINDOW, Forecaster
+
+
+def feed(method: str, rates: list[float]) -> list[float]:
+    f = Forecaster(method)
+    return [f.next(r) for r in rates]
+
+
+def test_a_ramp_is_met_with_the_next_intervals_rate():
+    rates = [2.0 * i for i in range(1, 13)]          # +2 req/s every interval
+    out = feed("holt", rates)
+    assert out[:MIN_POINTS - 1] == rates[:MIN_POINTS - 1]   # too few points: the last rate
+    for rate, forecast in zip(rates[MIN_POINTS:], out[MIN_POINTS:]):
+        assert forecast == pytest.approx(rate + 2.0, rel=0.05)
+    assert feed("none", rates) == rates
+
+
+def test_a_flat_or_noisy_rate_forecasts_its_level_and_a_fall_stops_at_zero():
+    assert feed("holt", [5.0] * 10) == [5.0] * 10
+    rng = random.Random(3)
+    noisy = [4.0 + rng.gauss(0, 0.3) for _ in range(3 * WINDOW)]
+    assert all(3.0 < f < 5.0 for f in feed("holt", noisy)[MIN_POINTS:])
+    falling = feed("holt", [8.0, 6.0, 4.0, 2.0, 0.0, 0.0])
+    assert falling[4] == 0.0 and min(falling) >= 0.0   # the trend says -2: floored
+
+
+def test_the_planner_scales_for_the_forecast():
+    pred = Prediction(capacity=10.0, itl_p50=0.05)
+    plans = {m: Planner(PlannerSpec(max_replicas=20, forecast=m)) for m in FORECASTS}
+    last = {}
+    for i, rate in enumerate([10.0, 20.0, 30.0, 40.0, 50.0, 60.0]):
+        obs = Observation(at=30.0 * i, rate=rate, replicas=6, itl_p50=0.05)
+        last = {m: p.decide(obs, pred) for m, p in plans.items()}
+    assert last["none"].forecast == 60.0 and last["none"].replicas == 6
+    assert last["holt"].forecast == pytest.approx(70.0, rel=0.05)
+    assert last["holt"].replicas == 7 and "70" in last["holt"].reason
+
+
+def test_one_list_of_methods_in_the_spec_the_crd_and_the_planner():
+    from tests.charts.chart_tools import CRD_FILE
+    assert autoscaling.FORECASTS == FORECASTS
+    crd = yaml.safe_load(CRD_FILE.read_text())
+    props = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "properties"]["autoscaling"]["properties"]
+    assert props["forecast"]["enum"] == list(FORECASTS)
+    with pytest.raises(ValueError, match="forecast 'prophet'"):
+        Forecaster("prophet")
