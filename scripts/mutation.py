@@ -52,9 +52,15 @@ _KV_EVENT_TESTS = ["tests/engine/test_kv_events_snapshot.py",
                    "tests/router/test_router_precise.py"]
 _SPEC_TESTS = ["tests/engine/test_spec_decode_gate.py",
                "tests/engine/test_spec_decode_proposer.py",
+               "tests/engine/test_spec_decode_protocol.py",
+               "tests/engine/test_spec_decode_adaptive.py",
                "tests/engine/test_spec_decode_sampling.py",
                "tests/engine/test_spec_decode.py",
-               "tests/engine/test_spec_decode_grammar.py"]
+               "tests/engine/test_spec_decode_grammar.py",
+               "tests/engine/test_spec_decode_suffix.py",
+               "tests/engine/test_spec_decode_suffix_oracle.py",
+               "tests/engine/test_spec_decode_suffix_batch.py",
+               "tests/engine/test_spec_decode_suffix_parity.py"]
 _OPERATOR_TESTS = ["tests/operator/test_operator_manifests.py",
                    "tests/operator/test_operator_engine_contract.py",
                    "tests/operator/test_operator_spec_parsing.py",
@@ -80,6 +86,7 @@ TARGETS = {
     "router/paged_router/kv_index.py": [*_KV_EVENT_TESTS, "tests/router/test_router_kv_index.py",
                                   "tests/router/test_router_precise_footprint.py"],
     "engine/structured_output/manager.py": ["tests/engine/test_structured_outputs.py",
+                                            "tests/engine/test_structured_output_manager.py",
                                             "tests/engine/test_spec_decode_grammar.py"],
     "engine/spec_decode/": _SPEC_TESTS,  # a folder: every module in it
     "operator/paged_operator/manifests.py": _OPERATOR_TESTS,

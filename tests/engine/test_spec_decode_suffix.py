@@ -1,9 +1,9 @@
 """Suffix decoding's parts (engine/spec_decode/suffix_tree.py, suffix_proposer.py): the
-tree's counts and FIFO eviction traced on a small alphabet and against a brute-force count,
+tree's counts and FIFO eviction traced on a small alphabet (against brute force:
+test_spec_decode_suffix_oracle.py),
 tenants isolated by cache_salt, the draft's length and probability rules, the config."""
 from __future__ import annotations
 
-import collections
 import random
 import tracemalloc
 
@@ -15,18 +15,9 @@ from engine.sequence import Sequence
 from engine.spec_decode.proposer import make_proposer
 from engine.spec_decode.suffix_proposer import SuffixProposer, own_draft
 from engine.spec_decode.suffix_tree import SuffixCache, SuffixTree
+from test_spec_decode_suffix_oracle import nodes
 
 A, B, C = 1, 2, 3
-
-
-def _brute(texts: list[list[int]], depth: int) -> dict[tuple[int, ...], int]:
-    """count(w): how many (text, start) have w as the first len(w) <= depth tokens."""
-    out: collections.Counter = collections.Counter()
-    for t in texts:
-        for s in range(len(t)):
-            for n in range(1, min(depth, len(t) - s) + 1):
-                out[tuple(t[s:s + n])] += 1
-    return dict(out)
 
 
 def _add(tree: SuffixTree, tokens: list[int]) -> None:
@@ -65,41 +56,14 @@ def test_the_most_frequent_child_wins_and_ties_go_to_the_smaller_token():
     assert tie.continuation([B], limit=4, min_prob=0.0)[0] == [A]
 
 
-def test_counts_match_the_brute_force_count_under_random_adds_and_removes():
-    rng = random.Random(0)
-    for trial in range(200):
-        depth = rng.randint(1, 5)
-        tree, live = SuffixTree(depth), []
-        for _ in range(10):
-            if live and rng.random() < 0.35:
-                text = live.pop(rng.randrange(len(live)))
-                for s in range(len(text)):
-                    tree.remove(text, s)
-            else:
-                text = [rng.randint(0, 2) for _ in range(rng.randint(1, 8))]
-                live.append(text)
-                _add(tree, text)
-            assert tree.counts() == _brute(live, depth), (trial, live)
-            assert tree.root.count == sum(map(len, live))
-
-
-def _nodes(tree: SuffixTree) -> int:
-    stack, n = [tree.root], 0
-    while stack:
-        node = stack.pop()
-        n += 1
-        stack.extend((node.children or {}).values())
-    return n
-
-
 def test_text_seen_once_costs_one_node_per_token_and_repeats_share_nodes():
     tree = SuffixTree(max_depth=24)
     text = list(range(100, 400))  # no token repeats
     _add(tree, text)
-    assert tree.num_nodes == _nodes(tree) == 1 + len(text)
+    assert tree.num_nodes == nodes(tree) == 1 + len(text)
     for _ in range(50):  # the same text again and again: no new node after the second
         _add(tree, list(text))
-    assert tree.num_nodes == _nodes(tree) <= 1 + len(text) * 24
+    assert tree.num_nodes == nodes(tree) <= 1 + len(text) * 24
     before = tree.num_nodes
     _add(tree, list(text))
     assert tree.num_nodes == before

@@ -1,6 +1,6 @@
 """Suffix decoding against its definition, by brute force over random texts on a small
-alphabet (engine/spec_decode/suffix_tree.py, suffix_proposer.py): the tree's longest match,
-its continuation with its score and the node count it reports; the request's own draft;
+alphabet (engine/spec_decode/suffix_tree.py, suffix_proposer.py): the tree's counts, its
+longest match, its continuation with its score and the node count it reports; the request's own draft;
 the choice among match lengths and between the two sources; and the cache's limits. The
 definitions below read only the (text, start) paths, never the tree."""
 from __future__ import annotations
@@ -120,6 +120,7 @@ def test_the_tree_answers_as_its_paths_do_under_adds_and_removes():
                 for s in range(len(live[-1])):
                     tree.add(live[-1], s)
             counts, total = paths(live, depth), sum(map(len, live))
+            assert tree.counts() == dict(counts) and tree.root.count == total, (trial, live)
             assert tree.num_nodes == nodes(tree), (trial, live)
             for _ in range(6):
                 context = random_text(rng, most=7)
