@@ -177,6 +177,8 @@ def test_the_bounds_of_each_setting_are_allowed_and_the_defaults_hold():
         DraftGate(**ok)
     with pytest.raises(ValueError, match=r"^acceptance_probe_interval must be >= 1, got 0$"):
         DraftGate(acceptance_probe_interval=0)
+    with pytest.raises(ValueError, match=r"^adaptive_draft_knee must be >= 1, got 0$"):
+        DraftGate(adaptive_draft_knee=0)
     assert DraftGate().probe_interval == 16 == DraftGate.from_config({}).probe_interval
     assert not DraftGate().active
 

@@ -64,3 +64,24 @@ def test_the_built_in_methods_are_proposers_and_an_unknown_one_is_refused():
     assert ngram.num_speculative_tokens == 2
     with pytest.raises(ValueError, match=r"speculative_config\.method must be one of .*'x'"):
         make_proposer({"method": "x", "num_speculative_tokens": 2})
+
+
+def test_a_config_without_a_method_is_ngram_and_an_unknown_one_is_named():
+    proposer = make_proposer({"num_speculative_tokens": 2, "prompt_lookup_min": 1,
+                              "prompt_lookup_max": 2})
+    assert isinstance(proposer, NgramProposer) and proposer.num_speculative_tokens == 2
+    with pytest.raises(ValueError, match=r"^speculative_config\.method must be one of "
+                                         r"ngram, suffix, got 'eagle'$"):
+        make_proposer({"method": "eagle", "num_speculative_tokens": 2})
+
+
+def test_the_counters_start_at_zero_and_add_up():
+    from engine.spec_decode.stats import SpecDecodeStats
+    stats = SpecDecodeStats(3)
+    assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens,
+            stats.accepted_per_pos, stats.acceptance_rate) == (0, 0, 0, [0, 0, 0], 0.0)
+    stats.observe(3, 2)
+    stats.observe(2, 0)
+    assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens,
+            stats.accepted_per_pos) == (2, 5, 2, [1, 1, 0])
+    assert stats.acceptance_rate == pytest.approx(0.4)
