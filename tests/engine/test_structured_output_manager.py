@@ -131,3 +131,19 @@ def test_one_matcher_per_sequence_rebuilt_by_replaying_its_output(tokenizer, mon
     m.forget(s)
     m.forget(again)
     assert m.num_matchers == 0
+
+
+def test_the_256_most_recently_used_grammars_stay_compiled(tokenizer):
+    m = StructuredOutputManager(tokenizer, vocab_size=len(tokenizer),
+                                eos_token_ids=frozenset({tokenizer.eos_token_id}))
+    assert m.max_cached_grammars == 256   # engine/entrypoints/README.md says so
+
+
+def test_a_token_the_grammar_refuses_is_an_error_naming_it(tokenizer):
+    m = manager(tokenizer)
+    s = seq(SO(regex="[0-9]+"))
+    letter = tokenizer.encode("x", add_special_tokens=False)[0]
+    allowed(m, s)
+    with pytest.raises(RuntimeError, match=rf"^token {letter} does not fit the request's "
+                                           r"grammar$"):
+        m.accept(s, letter)
