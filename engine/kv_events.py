@@ -67,7 +67,8 @@ def apply_events(state: dict[str, Held], events: Iterable[Event]) -> None:
     for event in events:
         if isinstance(event, BlockStored):
             held = state.setdefault(event.where, {})
-            parent, tokens, size = event.parent_block_hash, event.token_ids, event.block_size
+            # an event without a block size (an older publisher's) holds one token per block
+            parent, tokens, size = event.parent_block_hash, event.token_ids, event.block_size or 1
             for i, h in enumerate(event.block_hashes):
                 h = event_hash(h)
                 held[h] = (None if parent is None else event_hash(parent),

@@ -41,9 +41,10 @@ def test_the_map_layout_of_newer_releases_decodes_to_the_same_events():
 def test_apply_events_chains_parents_and_splits_tokens_by_block_size():
     state: dict = {}
     apply_events(state, [BlockStored([1, 2, 3], 7, [1, 2, 3, 4, 5, 6], 2, None, "GPU"),
-                         BlockStored([4], None, [9], None, None, "GPU")])
-    assert state == {"GPU": {1: (7, (1, 2)), 2: (1, (3, 4)), 3: (2, (5, 6)), 4: (None, (9,))}}
-    apply_events(state, [BlockRemoved([2, 9], "CPU"), BlockRemoved([2, 4], "GPU")])
+                         BlockStored([4, 5], None, [9, 8], None, None, "GPU")])  # no size: 1
+    assert state == {"GPU": {1: (7, (1, 2)), 2: (1, (3, 4)), 3: (2, (5, 6)), 4: (None, (9,)),
+                             5: (4, (8,))}}
+    apply_events(state, [BlockRemoved([2, 9], "CPU"), BlockRemoved([2, 4, 5], "GPU")])
     assert state == {"GPU": {1: (7, (1, 2)), 3: (2, (5, 6))}}
 
 
