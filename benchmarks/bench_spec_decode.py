@@ -267,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
                     run_closed_loop(engines[name], warm, c, args.max_tokens,
                                     f"w{workload}{c}{name}")
             for r in range(args.rounds):
-                texts = texts_for(workload, n, r)
+                # seeds apart per concurrency: suffix decoding remembers what it served, so
+                # the same requests at a second level would be served from its own outputs
+                texts = texts_for(workload, n, 100 * c + r)
                 reference = None
                 order = list(configs) if r % 2 == 0 else list(configs)[::-1]
                 for name in order:
