@@ -2,7 +2,9 @@
 
 - `PlannerArm`: the SLO planner itself (tuner/planner/core.py's Planner, unchanged) fed
   as `python -m tuner plan` feeds it: every interval an Observation of the last
-  2 intervals (requests finished per second, the median inter-token gap, the replicas),
+  2 intervals (requests arrived per second as tuner/planner/observe.py reads them: the
+  finished ones plus the growth of those inside the engines; the median inter-token gap;
+  the replicas),
   a Prediction from the simulator on the planner's profile (one replica's capacity at the
   workload's mix, the gap expected at the rate each replica gets), and at zero replicas
   the router's held requests as the wake-up.
@@ -61,7 +63,9 @@ class PlannerArm:
             return 0
         done = fleet.finished_between(at - self.window, at)
         gaps = [g for r in done for g in r["itl"]]
-        obs = Observation(at=at, rate=len(done) / self.window, replicas=fleet.desired,
+        grown = fleet.in_system(at) - fleet.in_system(at - self.window)
+        obs = Observation(at=at, rate=max(0, len(done) + grown) / self.window,
+                          replicas=fleet.desired,
                           itl_p50=statistics.median(gaps) if gaps else None)
         if obs.rate > 0:
             self.last = self.predict(obs.rate / max(1, fleet.desired))

@@ -95,3 +95,40 @@ def test_bounds_and_bad_specs():
         PlannerSpec(forecast="arima")
     with pytest.raises(ValueError, match="targetAttainment"):
         PlannerSpec(target_attainment=0)
+
+
+class Answers:
+    """Synthetic Prometheus answers for tuner/planner/observe.py: the window's figures and
+    the engines' running and waiting gauges at each instant."""
+
+    url = "http://synthetic"
+
+    def __init__(self, requests: float, gauges: dict) -> None:
+        self.requests, self.gauges = requests, gauges
+
+    def figures(self, sel, start, end):
+        return {"server_requests": self.requests, "server_itl_p50": 0.05}
+
+    def scalar(self, expr, *, at):
+        name = expr.split("(", 1)[1].split("{", 1)[0]
+        return self.gauges.get((name, at))
+
+
+def test_the_arrival_rate_counts_the_backlog_growing_inside_the_engines():
+    """An overloaded service finishes only what it can serve: arrivals are the finished
+    requests plus the growth of running + waiting over the window."""
+    from tuner.planner.observe import observe
+
+    run, wait = "vllm:num_requests_running", "vllm:num_requests_waiting"
+    growing = Answers(300, {(run, 70.0): 8, (wait, 70.0): 2, (run, 130.0): 16,
+                            (wait, 130.0): 54})
+    obs = observe(growing, 'job="x"', window=60.0, at=130.0, replicas=2)
+    assert obs.completed == 5.0 and obs.in_system == 70
+    assert obs.rate == pytest.approx((300 + 60) / 60)          # 6 req/s arrived
+    draining = Answers(300, {(run, 70.0): 16, (wait, 70.0): 44, (run, 130.0): 16})
+    assert observe(draining, 'job="x"', window=60.0, at=130.0,
+                   replicas=2).rate == pytest.approx((300 - 44) / 60)   # no waiting series
+    assert observe(Answers(300, {}), 'job="x"', window=60.0, at=130.0,
+                   replicas=2).rate == 5.0                     # no gauges: the completions
+    gone = Answers(0, {(run, 70.0): 3, (run, 130.0): 0})
+    assert observe(gone, 'job="x"', window=60.0, at=130.0, replicas=2).rate == 0.0

@@ -99,6 +99,8 @@ def test_a_replica_serves_after_its_startup_and_held_requests_then_go(hf_config)
     for r in early:
         assert r["ttft"] >= 8.0 - r["start"] - 1e-9
     assert all(r["ttft"] < 1.0 for r in fleet.records if r["start"] > 9.0)
+    # held requests are at the router, not in an engine; sent at 8, they are
+    assert fleet.in_system(7.9) == 0 and fleet.in_system(8.0) >= len(early)
     assert fleet.replica_seconds() == pytest.approx(15.0)   # from 5 to the script's end
 
 
@@ -166,6 +168,9 @@ class View:
     def finished_between(self, t0, t1):
         return []
 
+    def in_system(self, at):
+        return 0
+
 
 def test_hpa_follows_the_queue_depth_with_kubernetes_rules():
     hpa = HpaArm(2.0, max_replicas=20, stabilization=60)
@@ -199,3 +204,9 @@ def test_planner_arm_wakes_only_on_held_requests_and_feeds_the_planner():
             return recs
     assert arm(Busy(1, [0]), 45) == 3                    # ceil(5 / 2)
     assert seen == [5.0]
+
+    class Backlogged(Busy):   # 60 more requests inside the engines than 30 s before
+        def in_system(self, at):
+            return {75: 70, 45: 10}[at]
+    assert arm(Backlogged(3, [0]), 75) == 4              # (150 + 60) / 30 = 7 req/s arrived
+    assert seen[-1] == pytest.approx(7 / 3)

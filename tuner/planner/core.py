@@ -69,6 +69,8 @@ class Observation:
     prompt_tokens: float | None = None   # mean lengths over the window (reported)
     output_tokens: float | None = None
     hit_rate: float | None = None
+    completed: float | None = None       # requests/s finished over the window
+    in_system: float | None = None       # requests inside the engines at the window's end
 
 
 @dataclass(frozen=True)

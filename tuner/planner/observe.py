@@ -2,10 +2,16 @@
 
 `observe` reads the window (at - window, at]: requests finished (vllm:request_success),
 their mean prompt and output lengths, the prefix-cache hit rate and the median
-inter-token latency (tuner/measure/promql.PrometheusReader.figures). `plan_once` turns an
-observation into a decision: the mix's prediction (tuner/planner/predict.py) only when
-requests arrived; an idle window reuses the last prediction (only the idle rule decides
-then). Prometheus unreachable or without the service's series: the replicas stay.
+inter-token latency (tuner/measure/promql.PrometheusReader.figures). The arrival rate is
+the finished requests plus the growth of the requests inside the engines (running +
+waiting, at the window's end less at its start) over the window: an overloaded service
+finishes no more than it can serve, and sizing it from its completions alone would ask
+for the replicas it has (benchmarks/bench_planner.py showed the planner climbing one
+replica per interval through a 4x step that way). Without those gauges, the completions.
+
+`Step` turns an observation into a decision: the mix's prediction (tuner/planner/
+predict.py) only when requests arrived; an idle window reuses the last prediction (only
+the idle rule decides then). Prometheus unreachable or without the service's series: the replicas stay.
 """
 from __future__ import annotations
 
@@ -24,14 +30,27 @@ def observe(reader: PrometheusReader, selector: str, *, window: float, at: float
         raise PrometheusError(f"Prometheus at {reader.url} has no vllm:request_success for "
                               f"{sel} in the last {window:.0f} s: does it scrape the service?")
     requests = figures["server_requests"]
+    before, after = in_system(reader, sel, at - window), in_system(reader, sel, at)
+    grown = after - before if before is not None and after is not None else 0.0
 
     def mean(name: str) -> float | None:
         return figures[name] / requests if requests and name in figures else None
-    return Observation(at=at, rate=requests / window, replicas=replicas,
+    return Observation(at=at, rate=max(0.0, requests + grown) / window, replicas=replicas,
+                       completed=requests / window, in_system=after,
                        itl_p50=figures.get("server_itl_p50"),
                        prompt_tokens=mean("server_prompt_tokens"),
                        output_tokens=mean("server_generation_tokens"),
                        hit_rate=figures.get("prefix_cache_hit_rate"))
+
+
+def in_system(reader: PrometheusReader, sel: str, at: float) -> float | None:
+    """Requests inside the service's engines at `at` (running + waiting), None when
+    Prometheus has no running gauge for them."""
+    running = reader.scalar(f"sum(vllm:num_requests_running{sel})", at=at)
+    if running is None:
+        return None
+    waiting = reader.scalar(f"sum(vllm:num_requests_waiting{sel})", at=at)
+    return running + (waiting or 0.0)
 
 
 class Step:

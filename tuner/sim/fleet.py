@@ -10,7 +10,10 @@ scaler (the SLO planner's benchmark, benchmarks/bench_planner.py; docs/planner.m
   event. A replica added serves `startup` s later (its cold start); one removed takes no
   new request and leaves once its in-flight requests are done (the preStop drain); each
   counts in replica-seconds from its start to its leaving.
-- Router: an arrival goes to the serving replica with the fewest unfinished requests; with
+- Router: a session's next turn goes back to the replica that served its last one while
+  that replica serves and has at most AFFINITY_SLACK more unfinished requests than the
+  least busy (its history's KV is cached there: the prefix-aware router's choice); else,
+  and for a new session, to the serving replica with the fewest unfinished requests; with
   none serving it is held (the router's --cold-start-hold: at most HOLD_LIMIT requests,
   each for at most `hold` s) and sent when one serves; past either bound it fails (the
   router's 503).
@@ -30,6 +33,7 @@ from engine.sampling_params import SamplingParams
 from tuner.sim.engine import sim_engine
 
 HOLD_LIMIT = 64     # the router's bound on held requests (--cold-start-queue)
+AFFINITY_SLACK = 4   # requests a session's replica may be busier than the least busy
 DRAIN_LIMIT = 600.0  # virtual s after the script for in-flight requests to finish
 
 
@@ -102,7 +106,7 @@ class Replica:
 class Fleet:
     def __init__(self, profile, settings: dict, stream, script: Script, *, hf_config,
                  startup: float, hold: float = 600.0, seed: int = 0,
-                 initial: int = 1) -> None:
+                 initial: int = 1, affinity: bool = True) -> None:
         self.profile, self.settings, self.stream = profile, settings, stream
         self.script, self.hf_config, self.seed = script, hf_config, seed
         self.startup, self.hold = startup, hold
@@ -112,6 +116,8 @@ class Fleet:
         self.held: list[tuple] = []                    # (request, record) waiting
         self.timeline: list[tuple[float, float, int, int]] = []  # t, rate, replicas, serving
         self.decisions: list[tuple[float, int]] = []
+        self.affinity = affinity
+        self._home: dict[int, Replica] = {}   # id(session) -> the replica of its last turn
         for _ in range(initial):
             self._add(0.0, ready=True)
 
@@ -124,6 +130,12 @@ class Fleet:
 
     def finished_between(self, t0: float, t1: float) -> list[dict]:
         return [rec for t, rec in self.finished if t0 < t <= t1]
+
+    def in_system(self, at: float) -> int:
+        """Requests inside the replicas' engines at `at` (sent, not finished): what the
+        engines' running + waiting gauges sum to."""
+        return sum(1 for r in self.records if "sent" in r and r["sent"] <= at
+                   and not (r.get("done", math.inf) <= at))
 
     def queue_depths(self) -> list[int]:
         return [r.engine.get_stats().num_requests_waiting for r in self.serving()]
@@ -145,15 +157,22 @@ class Fleet:
         for replica in order[:max(0, len(current) - wanted)]:
             replica.leaving = True
 
-    def _send(self, req, record, vocab_of) -> None:
-        target = min(self.serving(), key=lambda r: len(r.live))
-        vocab = vocab_of(target)
+    def _send(self, req, record, at: float) -> None:
+        serving = self.serving()
+        target = min(serving, key=lambda r: len(r.live))
+        home = self._home.get(id(req.session)) if self.affinity else None
+        if home is not None and home.serving() and \
+                len(home.live) <= len(target.live) + AFFINITY_SLACK:
+            target = home
+        if req.session is not None:
+            self._home[id(req.session)] = target
+        vocab = target.engine.info.vocab_size
         rid = f"f{len(self.records)}-{req.number}"
         target.engine.add_request(rid, [t % vocab for t in req.prompt_ids], SamplingParams(
             max_tokens=req.max_tokens, ignore_eos=True, temperature=0.0),
             arrival_time=req.arrival)
         target.live[rid] = (req, record, [])
-        record["replica"] = self.replicas.index(target)
+        record.update(replica=self.replicas.index(target), sent=at)
 
     def _at(self, t: float) -> None:
         done: list = []
@@ -169,7 +188,7 @@ class Fleet:
             self.held.pop(0)[1]["error"] = "held past the router's cold-start hold (503)"
         if self.held and self.serving():
             for req, record in self.held:
-                self._send(req, record, _vocab)
+                self._send(req, record, t)
             self.held.clear()
 
     def _arrive(self, t: float) -> None:
@@ -178,7 +197,7 @@ class Fleet:
         record = {"kind": req.kind, "start": t, "ok": False, "output_tokens": 0, "itl": []}
         self.records.append(record)
         if self.serving():
-            self._send(req, record, _vocab)
+            self._send(req, record, t)
         elif len(self.held) < HOLD_LIMIT:
             self.held.append((req, record))
         else:
@@ -217,10 +236,6 @@ class Fleet:
         return sum(min(r.gone_at if r.gone_at is not None else self.script.end,
                        self.script.end) - r.born
                    for r in self.replicas if r.born < self.script.end)
-
-
-def _vocab(replica: Replica) -> int:
-    return replica.engine.info.vocab_size
 
 
 def violation_seconds(records: list[dict], slos: dict, *, target: float, end: float,
