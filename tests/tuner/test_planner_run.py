@@ -214,6 +214,11 @@ def test_at_zero_replicas_requests_held_by_the_router_bring_the_first_replica(ap
         loop = Loop(scale, predictor_for=lambda spec: None, clock=time.time)
         kept = loop.tick()    # nothing held: zero stays (Prometheus is not asked)
         assert kept.replicas == 0 and scale.replicas() == 0 and "zero stays" in kept.reason
+        # between ticks (30 s apart) the routers are polled: a held request ends the wait
+        paused: list[bool] = []
+        stop = threading.Event()
+        waiter = threading.Thread(target=lambda: paused.append(loop.pause(stop)), daemon=True)
+        waiter.start()
         got = []
         thread = threading.Thread(target=lambda: got.append(httpx.post(
             router.url + "/v1/completions", json={"prompt": "p"}, timeout=30)), daemon=True)
@@ -221,6 +226,9 @@ def test_at_zero_replicas_requests_held_by_the_router_bring_the_first_replica(ap
         while held_at(router.url) < 1:
             assert time.monotonic() < deadline + 15
             time.sleep(0.02)
+        waiter.join(10)
+        assert paused == [False]   # woken by the held request, well before the interval
+        assert loop.interval == 30
         woke = loop.tick()
         assert woke.replicas == 1 == scale.replicas()
         assert woke.reason == "1 request(s) held by the router with no replica serving"
@@ -228,6 +236,8 @@ def test_at_zero_replicas_requests_held_by_the_router_bring_the_first_replica(ap
         engine.health_status = 200   # the replica is ready: the held request is served
         thread.join(30)
         assert [r.status_code for r in got] == [200]
+        stop.set()
+        assert loop.pause(stop) is True   # one replica now: the interval's wait, stopped
     assert held_at("http://127.0.0.1:9") == 0   # no router answering: nothing held
 
 
