@@ -7,7 +7,8 @@
   the replicas),
   a Prediction from the simulator on the planner's profile (one replica's capacity at the
   workload's mix, the gap expected at the rate each replica gets), and at zero replicas
-  the router's held requests as the wake-up.
+  the router's held requests, looked at every second (tuner/planner/run.py WAKE_POLL),
+  as the wake-up.
 - `HpaArm`: Kubernetes' HPA on the per-pod queue depth (vllm:num_requests_waiting, mode
   metrics' `queueDepth`), its target as the tuner derives it (the depth measured at one
   replica's capacity, floored at 0.1; docs/tuning-in-cluster.md), with the controller's
@@ -24,10 +25,8 @@ import statistics
 from collections import deque
 
 from tuner.planner.core import Observation, Planner, PlannerSpec, Prediction
+from tuner.planner.run import WAKE_POLL, WINDOW_FACTOR
 from tuner.sim.fleet import oracle_replicas
-
-WINDOW_FACTOR = 2   # the planner's window in intervals (tuner/planner/run.py)
-
 
 class SimPrediction:
     """One replica's capacity on the planner's profile (once: the mix is the workload's)
@@ -48,9 +47,12 @@ class SimPrediction:
 class PlannerArm:
     name = "planner"
 
+    period = WAKE_POLL
+
     def __init__(self, spec: PlannerSpec, predict) -> None:
         self.planner, self.predict = Planner(spec), predict
-        self.period, self.window = spec.interval, spec.interval * WINDOW_FACTOR
+        self.interval, self.window = spec.interval, spec.interval * WINDOW_FACTOR
+        self.next_tick = spec.interval
         self.last: Prediction | None = None
         self.decisions: list = []
 
@@ -59,8 +61,12 @@ class PlannerArm:
             if fleet.held:
                 decision = self.planner.wake(at, len(fleet.held))
                 self.decisions.append(decision)
+                self.next_tick = at + self.interval
                 return decision.replicas
             return 0
+        if at < self.next_tick - 1e-9:
+            return fleet.desired
+        self.next_tick = at + self.interval
         done = fleet.finished_between(at - self.window, at)
         gaps = [g for r in done for g in r["itl"]]
         grown = fleet.in_system(at) - fleet.in_system(at - self.window)

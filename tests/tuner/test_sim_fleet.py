@@ -189,19 +189,21 @@ def test_planner_arm_wakes_only_on_held_requests_and_feeds_the_planner():
     spec = PlannerSpec(min_replicas=0, max_replicas=8, interval=15, idle_window=60,
                        scale_down_stabilization=0)
     seen = []
-
-    def predict(per_replica):
-        seen.append(per_replica)
-        return Prediction(capacity=2.0, itl_p50=0.05)
-    arm = PlannerArm(spec, predict)
-    assert arm(View(0, []), 15) == 0
-    assert arm(View(0, [], held=3), 30) == 1
     recs = [{"itl": [0.05, 0.05]} for _ in range(150)]   # 5 req/s over the 30-s window
 
     class Busy(View):
         def finished_between(self, t0, t1):
             assert t1 - t0 == 30
             return recs
+
+    def predict(per_replica):
+        seen.append(per_replica)
+        return Prediction(capacity=2.0, itl_p50=0.05)
+    arm = PlannerArm(spec, predict)
+    assert arm.period == 1.0            # looks at the router every second while at zero
+    assert arm(View(0, []), 15) == 0
+    assert arm(View(0, [], held=3), 30) == 1
+    assert arm(Busy(1, [0]), 31) == 1 and not seen   # between ticks: unchanged
     assert arm(Busy(1, [0]), 45) == 3                    # ceil(5 / 2)
     assert seen == [5.0]
 
