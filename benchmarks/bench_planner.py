@@ -37,7 +37,7 @@ from loadtests.workloads import WORKLOAD_NAMES
 from tuner.measure.scoring import meets_slo
 from tuner.planner.core import PlannerSpec
 from tuner.sim.cli import context_for
-from tuner.sim.fleet import Fleet, Script, violation_seconds
+from tuner.sim.fleet import HOLD_LIMIT, Fleet, Script, violation_seconds
 
 
 def script_points(c: float, idle: float) -> list[tuple[float, float]]:
@@ -118,7 +118,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--forecast", default="none")
     p.add_argument("--max-replicas", type=int, default=8)
     p.add_argument("--attainment", type=float, default=0.9)
-    p.add_argument("--arms", default="oracle,planner,hpa")
+    p.add_argument("--hold-limit", type=int, default=HOLD_LIMIT,
+                   help="requests the router holds at zero replicas (--cold-start-queue)")
+    p.add_argument("--arms", default="oracle,planner,hpa",
+                   help="of oracle, planner, planner-holt (forecast holt), hpa")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
@@ -145,14 +148,17 @@ def main(argv: list[str] | None = None) -> None:
           f"{predict.capacity:.3g}; slowdown {args.slowdown}); HPA target queue depth "
           f"{max(0.1, depth):.3g}; start-up {args.startup:g} s; interval {args.interval:g} s, "
           f"stabilisation {args.stabilization:g} s, idle window {args.idle_window:g} s, "
-          f"forecast {args.forecast}; script {script.end:g} s (set-up "
+          f"forecast {args.forecast}; hold {args.hold_limit} requests; script "
+          f"{script.end:g} s (set-up "
           f"{time.perf_counter() - wall:.0f} s wall)")
     spec = PlannerSpec(min_replicas=0, max_replicas=args.max_replicas,
                        target_attainment=args.attainment, interval=args.interval,
                        scale_down_stabilization=args.stabilization,
                        idle_window=args.idle_window, forecast=args.forecast)
+    holt = dataclasses.replace(spec, forecast="holt")
     makers = {"oracle": lambda: OracleArm(script, capacity, args.startup, args.max_replicas),
               "planner": lambda: PlannerArm(spec, predict),
+              "planner-holt": lambda: PlannerArm(holt, predict),
               "hpa": lambda: HpaArm(depth, max_replicas=args.max_replicas,
                                     stabilization=args.stabilization)}
     rows, fleets = [], {}
@@ -160,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
         wall = time.perf_counter()
         fleet = Fleet(true_ctx.profile, settings, ctx.stream(1.0), script,
                       hf_config=hf_config, startup=args.startup, seed=args.seed,
-                      initial=1).run(makers[name]())
+                      initial=1, hold_limit=args.hold_limit).run(makers[name]())
         fleets[name] = fleet
         rows.append({**summarize(name, fleet, ctx.slos, args.attainment, 600 + idle),
                      "wall_s": time.perf_counter() - wall})

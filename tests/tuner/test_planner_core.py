@@ -132,3 +132,18 @@ def test_the_arrival_rate_counts_the_backlog_growing_inside_the_engines():
                    replicas=2).rate == 5.0                     # no gauges: the completions
     gone = Answers(0, {(run, 70.0): 3, (run, 130.0): 0})
     assert observe(gone, 'job="x"', window=60.0, at=130.0, replicas=2).rate == 0.0
+
+
+def test_the_correction_is_learned_only_from_a_steady_window():
+    """A queue filling (arrivals above completions) stretches the gaps with waiting, not
+    with slower steps: the replicas follow the arrivals, the correction stays."""
+    planner = Planner(PlannerSpec(max_replicas=50))
+    filling = Observation(at=0, rate=30.0, replicas=2, itl_p50=0.20, completed=20.0)
+    first = planner.decide(filling, PRED)
+    assert first.correction == 1.0 and first.replicas == 3          # 30 / 10
+    draining = Observation(at=30, rate=20.0, replicas=3, itl_p50=0.20, completed=23.0)
+    assert planner.decide(draining, PRED).correction == 1.0
+    edge = Observation(at=60, rate=22.0, replicas=3, itl_p50=0.10, completed=20.0)
+    assert planner.decide(edge, PRED).correction == pytest.approx(1.5)   # 10 %: steady
+    past = Observation(at=90, rate=22.1, replicas=3, itl_p50=0.10, completed=20.0)
+    assert planner.decide(past, PRED).correction == pytest.approx(1.5)   # just past it

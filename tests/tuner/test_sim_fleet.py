@@ -104,10 +104,11 @@ def test_a_replica_serves_after_its_startup_and_held_requests_then_go(hf_config)
     assert fleet.replica_seconds() == pytest.approx(15.0)   # from 5 to the script's end
 
 
-def test_the_hold_is_bounded_in_count_and_time(hf_config, monkeypatch):
-    monkeypatch.setattr(fleet_mod, "HOLD_LIMIT", 3)
+def test_the_hold_is_bounded_in_count_and_time(hf_config):
+    assert fleet_mod.HOLD_LIMIT == 64   # the router's --cold-start-queue default
     script = Script([(0, 4.0), (10, 4.0)])
-    fleet = _fleet(hf_config, script, startup=1.0, initial=0, hold=2.0).run(Fixed(lambda at: 0))
+    fleet = _fleet(hf_config, script, startup=1.0, initial=0, hold=2.0,
+                   hold_limit=3).run(Fixed(lambda at: 0))
     errors = [r.get("error", "") for r in fleet.records]
     assert all(not r["ok"] for r in fleet.records)
     assert any("full" in e for e in errors) and any("past the router" in e for e in errors)

@@ -9,7 +9,8 @@ latency the simulator expects at the observed per-replica rate). Then:
 1. correction: the observed / predicted inter-token latency is how much slower (> 1) or
    faster the service's steps are than the profile's (a decode step's time is what the
    inter-token gap is made of); smoothed over intervals (CORRECTION_WEIGHT to the newest),
-   clamped to [1/4, 4]; the corrected capacity is the predicted one divided by it;
+   clamped to [1/4, 4], and learned only from a steady window (`steady`: no queue
+   filling or draining); the corrected capacity is the predicted one divided by it;
 2. forecast: the next interval's rate (tuner/planner/forecast.py): `none` repeats the
    observed one, `holt` projects its trend;
 3. wanted = ceil(forecast / corrected capacity), at least one while any request arrives;
@@ -33,6 +34,7 @@ from tuner.planner.forecast import FORECASTS, Forecaster
 
 CORRECTION_WEIGHT = 0.5
 CORRECTION_BOUNDS = (0.25, 4.0)
+STEADY_SHARE = 0.1   # arrivals within 10 % of completions: the window's gaps are the steps'
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,17 @@ class Decision:
     wanted: int | None = None         # before the bounds and the stabilisation
 
 
+def steady(obs: Observation) -> bool:
+    """The service neither filled nor drained a queue over the window (arrivals within
+    STEADY_SHARE of completions, when the observation has both): only then do its
+    inter-token gaps say how fast its steps are rather than how long its queue grew (in
+    the fleet replay a correction learned during a 4x step asked for twice the replicas
+    for minutes after it)."""
+    if obs.completed is None:
+        return True
+    return abs(obs.rate - obs.completed) <= STEADY_SHARE * obs.completed
+
+
 @dataclass
 class Planner:
     spec: PlannerSpec
@@ -124,7 +137,7 @@ class Planner:
             self.last_arrival = obs.at
         elif self.last_arrival is None:
             self.last_arrival = obs.at - spec.interval   # idle since before the first look
-        if obs.itl_p50 and pred.itl_p50 and obs.rate > 0:
+        if obs.itl_p50 and pred.itl_p50 and obs.rate > 0 and steady(obs):
             ratio = min(max(obs.itl_p50 / pred.itl_p50, CORRECTION_BOUNDS[0]),
                         CORRECTION_BOUNDS[1])
             self.correction += CORRECTION_WEIGHT * (ratio - self.correction)

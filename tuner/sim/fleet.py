@@ -106,10 +106,11 @@ class Replica:
 class Fleet:
     def __init__(self, profile, settings: dict, stream, script: Script, *, hf_config,
                  startup: float, hold: float = 600.0, seed: int = 0,
-                 initial: int = 1, affinity: bool = True) -> None:
+                 initial: int = 1, affinity: bool = True,
+                 hold_limit: int = HOLD_LIMIT) -> None:
         self.profile, self.settings, self.stream = profile, settings, stream
         self.script, self.hf_config, self.seed = script, hf_config, seed
-        self.startup, self.hold = startup, hold
+        self.startup, self.hold, self.hold_limit = startup, hold, hold_limit
         self.replicas: list[Replica] = []
         self.records: list[dict] = []
         self.finished: list[tuple[float, dict]] = []   # (finish time, record), in order
@@ -198,7 +199,7 @@ class Fleet:
         self.records.append(record)
         if self.serving():
             self._send(req, record, t)
-        elif len(self.held) < HOLD_LIMIT:
+        elif len(self.held) < self.hold_limit:
             self.held.append((req, record))
         else:
             record["error"] = "the router's hold is full (503)"
