@@ -69,10 +69,11 @@ class PlannerArm:
         self.next_tick = at + self.interval
         done = fleet.finished_between(at - self.window, at)
         gaps = [g for r in done for g in r["itl"]]
-        grown = fleet.in_system(at) - fleet.in_system(at - self.window)
+        now = fleet.in_system(at)
+        grown = now - fleet.in_system(at - self.window)
         obs = Observation(at=at, rate=max(0, len(done) + grown) / self.window,
-                          replicas=fleet.desired,
-                          itl_p50=statistics.median(gaps) if gaps else None)
+                          replicas=fleet.desired, completed=len(done) / self.window,
+                          in_system=now, itl_p50=statistics.median(gaps) if gaps else None)
         if obs.rate > 0:
             self.last = self.predict(obs.rate / max(1, fleet.desired))
         decision = self.planner.decide(obs, self.last or Prediction(capacity=math.inf))

@@ -211,5 +211,10 @@ def test_planner_arm_wakes_only_on_held_requests_and_feeds_the_planner():
     class Backlogged(Busy):   # 60 more requests inside the engines than 30 s before
         def in_system(self, at):
             return {75: 70, 45: 10}[at]
+
+        def finished_between(self, t0, t1):   # gaps 4x the predicted: waiting in a queue
+            return [{"itl": [0.2, 0.2]} for _ in range(150)]
     assert arm(Backlogged(3, [0]), 75) == 4              # (150 + 60) / 30 = 7 req/s arrived
     assert seen[-1] == pytest.approx(7 / 3)
+    last = arm.decisions[-1]
+    assert last.rate == pytest.approx(7.0) and last.correction == 1.0   # a queue filling
