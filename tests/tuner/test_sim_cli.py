@@ -218,3 +218,54 @@ def test_the_planner_predicts_fewer_replicas_per_request_for_a_mix_of_longer_pro
     # (0.5 GiB) admits everything and every step grows
     small = following(mix(8), 20.0)
     assert small.itl_p50 < 0.5 * long.itl_p50 and small.capacity != long.capacity
+
+
+def test_without_a_cached_profile_the_planner_calibrates_nothing_and_waits_for_a_live_fit(
+        profile_file, tmp_path, monkeypatch):
+    """tuner/planner/run.sim_predictor: no calibration cached for the service's model: the
+    profile comes from its config alone (no step timed here), predictions are refused by
+    name until the service's own steps give a fit, then they are made."""
+    import json
+
+    from engine.kv_capacity import KVShape
+    from engine.model_loader import resolve_model_path
+    from paged_api.service import parse_spec
+    from tuner.planner import run
+    from tuner.sim import calibrate
+    from tuner.sim.profile import UNFITTED, Profile
+    from tuner.sources.histogram import BucketDistribution, FittedWorkload
+
+    monkeypatch.setenv("PAGED_PROFILE_DIR", str(tmp_path))   # nothing cached
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the planner must not calibrate")
+    monkeypatch.setattr(calibrate, "run_calibration", refuse)
+    spec = parse_spec({"model": {"uri": "builtin://default"}, "router": {"enabled": True},
+                       "autoscaling": {"mode": "slo", "minReplicas": 0, "maxReplicas": 4,
+                                       "slo": {"ttftSeconds": 3.0, "itlSeconds": 0.3}}},
+                      name="svc", namespace="team")
+    predictor = run.sim_predictor(spec)
+    profile = predictor.ctx.profile
+    config = json.loads((resolve_model_path(None) / "config.json").read_text())
+    assert profile.fit.form == UNFITTED and profile.num_steps == 0
+    assert profile.memory.vocab_size == config["vocab_size"]
+    assert profile.memory.kv_bytes_per_token == KVShape.of(config).bytes_per_token(2)
+    assert profile.identity == calibrate.identity("builtin://default", profile.identity.threads)
+    edges = (1, 2, 5, 10, 20, 50, 100)
+    fitted = FittedWorkload(prompt=BucketDistribution(edges, (0, 0, 0, 0, 0, 100.0, 0)),
+                            output=BucketDistribution(edges, (0, 0, 0, 0, 100.0, 0, 0)),
+                            rate=4.0, requests=240, window_s=60, source="test")
+    with pytest.raises(ValueError, match="no step-time profile yet"):
+        predictor(fitted, 2.0)
+    live_fit = Profile.load(profile_file).fit
+
+    class Live:   # LiveSteps once the service's step series holds enough busy windows
+        why = "fitted"
+
+        def update(self, at, base):
+            import dataclasses
+            return dataclasses.replace(base, fit=live_fit), None
+    predictor.live = Live()
+    predictor.refresh(0.0)
+    assert predictor.ctx.profile.fit == live_fit
+    assert predictor(fitted, 2.0).capacity > 0

@@ -23,7 +23,7 @@ from tuner.measure.promql import PrometheusError
 from tuner.planner.core import Prediction
 from tuner.sim.context import SimContext
 from tuner.sim.live_profile import Totals, live_profile, prometheus_series
-from tuner.sim.profile import Profile
+from tuner.sim.profile import UNFITTED, Profile
 from tuner.sources.histogram import FittedWorkload
 
 MIX_RESOLUTION = 0.05      # bucket shares rounded to 5 %: a mix that moves less is the same
@@ -98,6 +98,12 @@ class SimPredictor:
             self._capacity.clear()
 
     def __call__(self, fitted: FittedWorkload, per_replica_rate: float) -> Prediction:
+        if self.ctx.profile.fit.form == UNFITTED:
+            why = self.live.why if self.live is not None else "no step series is read"
+            raise ValueError(f"no step-time profile yet ({why}): the planner fits one from "
+                             "the service's own steps (paged:engine_step_*) once they hold "
+                             "enough busy windows, or `python -m tuner profile --model M` "
+                             "on the service's hardware caches one")
         # the mix, not the rate, decides the capacity: synthesise enough requests of it
         nominal = dataclasses.replace(fitted, rate=max(fitted.rate, 1.0))
         trace = nominal.synthesize(TRACE_REQUESTS / nominal.rate, seed=0)

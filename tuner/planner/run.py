@@ -55,17 +55,23 @@ def selector(spec: ServiceSpec) -> str:
 
 
 def sim_predictor(spec: ServiceSpec):
-    """One replica's capacity from the simulator: the profile of the service's model (cached
-    or calibrated in this pod) refitted to the service's own steps as Prometheus has them,
-    the engines' KV pool, the service's engine settings and SLOs."""
+    """One replica's capacity from the simulator: the profile of the service's model (a
+    cached calibration, else none: tuner/sim/calibrate.config_profile) refitted to the
+    service's own steps as Prometheus has them, the engines' KV pool, the service's engine
+    settings and SLOs. Until a fit exists the planner holds the replicas, saying why."""
     from paged_api import settings_k8s
     from tuner.planner.predict import LiveSteps, SimPredictor
+    from tuner.sim.calibrate import config_profile
     from tuner.sim.context import SimContext, engine_threads, load_profile
 
     auto = spec.autoscaling
     assert auto is not None and auto.planner is not None
     settings = settings_k8s.from_spec(spec.engine.applied())
-    profile = load_profile(spec.model.engine_arg, engine_threads(settings))
+    threads = engine_threads(settings)
+    try:   # a cached calibration of the model; never one run here (config_profile)
+        profile = load_profile(spec.model.engine_arg, threads, calibrate=False)
+    except ValueError:
+        profile = config_profile(spec.model.engine_arg, threads)
     ctx = SimContext(profile=profile, slos=dict(auto.planner.slos), model=profile.identity.model,
                      attainment=auto.planner.target_attainment)
     live = LiveSteps(PrometheusReader(auto.prometheus_server_address, timeout=30),

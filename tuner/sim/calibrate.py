@@ -12,6 +12,7 @@ $PAGED_PROFILE_DIR (default ~/.cache/paged-inference/profiles).
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import platform
 import random
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 
 from engine.step_shape import StepShape
-from tuner.sim.profile import Identity, Memory, Profile, fit
+from tuner.sim.profile import UNFITTED, Fit, Identity, Memory, Profile, fit
 
 WARMUP_STEPS = 3
 
@@ -55,6 +56,29 @@ def identity(model: str | None, threads: int) -> Identity:
     return Identity(model=model or "builtin://default",
                     fingerprint=hashlib.sha256(config).hexdigest(), hardware=hardware(),
                     torch=torch.__version__.split("+")[0], threads=threads)
+
+
+def config_profile(model: str | None, threads: int) -> Profile:
+    """A profile of `model` that times nothing: its identity, and from its config.json the
+    KV bytes per token (2-byte dtype), context length and vocabulary; its fit is UNFITTED
+    until one comes from the service's own steps (tuner/sim/live_profile.live_profile).
+    The SLO planner starts from it where no calibration is cached: it runs beside the
+    service, not on the service's hardware, and a calibration there would time the wrong
+    machine for minutes."""
+    import json
+
+    from engine.kv_capacity import KVShape
+    from engine.model_loader import resolve_model_path
+
+    config = json.loads((Path(resolve_model_path(model)) / "config.json").read_text())
+    text = config.get("text_config") or config
+    memory = Memory(device_bytes=0.0, weight_bytes=0.0,
+                    kv_bytes_per_token=KVShape.of(text).bytes_per_token(2),
+                    activation_base=0.0, activation_per_token=0.0,
+                    max_model_len=int(text.get("max_position_embeddings") or 2048),
+                    vocab_size=int(text["vocab_size"]))
+    return Profile(identity(model, threads), Fit(UNFITTED, {}, math.inf), memory, 0,
+                   "from config.json: no step-time fit")
 
 
 def cached_path(ident: Identity) -> Path:

@@ -29,6 +29,7 @@ FORMS: dict[str, tuple[str, ...]] = {
     "attention+blocks": ("prefill_tokens", "prefill_attention", "prefill_seqs",
                          "decode_seqs", "decode_context", "draft_tokens", "blocks_read"),
 }
+UNFITTED = "unfitted"   # a profile's form before any step was timed (calibrate.config_profile)
 HOLDOUT_EVERY = 4
 SIMPLER_SLACK = 0.05  # a form with more terms must cut the held-out error by more than 5 %
 
