@@ -73,7 +73,8 @@ class PlannerArm:
         grown = now - fleet.in_system(at - self.window)
         obs = Observation(at=at, rate=max(0, len(done) + grown) / self.window,
                           replicas=fleet.desired, completed=len(done) / self.window,
-                          in_system=now, itl_p50=statistics.median(gaps) if gaps else None)
+                          in_system=now, waiting=float(sum(fleet.queue_depths())),
+                          itl_p50=statistics.median(gaps) if gaps else None)
         if obs.rate > 0:
             self.last = self.predict(obs.rate / max(1, fleet.desired))
         decision = self.planner.decide(obs, self.last or Prediction(capacity=math.inf))

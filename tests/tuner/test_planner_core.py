@@ -147,3 +147,17 @@ def test_the_correction_is_learned_only_from_a_steady_window():
     assert planner.decide(edge, PRED).correction == pytest.approx(1.5)   # 10 %: steady
     past = Observation(at=90, rate=22.1, replicas=3, itl_p50=0.10, completed=20.0)
     assert planner.decide(past, PRED).correction == pytest.approx(1.5)   # just past it
+
+
+def test_a_queue_is_sized_to_clear_within_one_interval():
+    """Requests waiting now count as extra rate over the next interval: 30 waiting with a
+    30-s interval is 1 req/s more."""
+    planner = Planner(PlannerSpec(max_replicas=10, interval=30))
+    plain = planner.decide(Observation(at=0, rate=19.5, replicas=2, waiting=0.0), PRED)
+    assert plain.replicas == 2
+    queued = Planner(PlannerSpec(max_replicas=10, interval=30)).decide(
+        Observation(at=0, rate=19.5, replicas=2, waiting=30.0), PRED)
+    assert queued.replicas == 3 and "30 waiting" in queued.reason   # 20.5 / 10
+    longer = Planner(PlannerSpec(max_replicas=10, interval=60)).decide(
+        Observation(at=0, rate=19.5, replicas=2, waiting=30.0), PRED)
+    assert longer.replicas == 2                                      # 20.0 / 10

@@ -13,7 +13,10 @@ latency the simulator expects at the observed per-replica rate). Then:
    filling or draining); the corrected capacity is the predicted one divided by it;
 2. forecast: the next interval's rate (tuner/planner/forecast.py): `none` repeats the
    observed one, `holt` projects its trend;
-3. wanted = ceil(forecast / corrected capacity), at least one while any request arrives;
+3. wanted = ceil((forecast + waiting / interval) / corrected capacity): the arrivals and
+   the requests queued now, cleared within one interval (a fleet sized to its arrivals
+   alone never drains a queue it built while scaling: bench_planner.py's replicas at 90 %
+   of their capacity kept one for minutes); at least one while any request arrives;
    zero only when `min_replicas` is 0 and no request arrived for `idle_window` s (or
    none arrives while it is at zero already);
 4. bounds: within [min_replicas, max_replicas];
@@ -73,6 +76,7 @@ class Observation:
     hit_rate: float | None = None
     completed: float | None = None       # requests/s finished over the window
     in_system: float | None = None       # requests inside the engines at the window's end
+    waiting: float | None = None         # of them, queued (not yet running)
 
 
 @dataclass(frozen=True)
@@ -148,9 +152,14 @@ class Planner:
                                                    "replica meets the SLOs at this mix")
         corrected = pred.capacity / self.correction
         idle_for = obs.at - self.last_arrival
-        if forecast > 0:
-            wanted, why = max(1, math.ceil(forecast / corrected - 1e-6)), (  # fit noise
-                f"{forecast:.3g} req/s / {corrected:.3g} req/s per replica")
+        queue = (obs.waiting or 0.0) / spec.interval   # drain the queue within an interval
+        if forecast + queue > 0:
+            demand = forecast + queue
+            wanted, why = max(1, math.ceil(demand / corrected - 1e-6)), (  # fit noise
+                f"{demand:.3g} req/s / {corrected:.3g} req/s per replica")
+            if queue:
+                why += f" ({forecast:.3g} arriving + {obs.waiting:.0f} waiting to clear " \
+                       f"in {spec.interval:.0f} s)"
         elif idle_for >= spec.idle_window:
             wanted, why = 0, f"no request for {idle_for:.0f} s"
         elif obs.replicas == 0:   # e.g. a restarted planner: only a request brings one

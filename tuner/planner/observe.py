@@ -31,12 +31,13 @@ def observe(reader: PrometheusReader, selector: str, *, window: float, at: float
                               f"{sel} in the last {window:.0f} s: does it scrape the service?")
     requests = figures["server_requests"]
     before, after = in_system(reader, sel, at - window), in_system(reader, sel, at)
+    waiting = reader.scalar(f"sum(vllm:num_requests_waiting{sel})", at=at)
     grown = after - before if before is not None and after is not None else 0.0
 
     def mean(name: str) -> float | None:
         return figures[name] / requests if requests and name in figures else None
     return Observation(at=at, rate=max(0.0, requests + grown) / window, replicas=replicas,
-                       completed=requests / window, in_system=after,
+                       completed=requests / window, in_system=after, waiting=waiting,
                        itl_p50=figures.get("server_itl_p50"),
                        prompt_tokens=mean("server_prompt_tokens"),
                        output_tokens=mean("server_generation_tokens"),
