@@ -139,8 +139,10 @@ class Network:
                 if not match_labels(mon["spec"].get("selector"), pod["metadata"].get(
                         "labels") or {}) or not (pod.get("status") or {}).get("podIP"):
                     continue
-                if not any(c["type"] == "Ready" and c["status"] == "True"
-                           for c in pod["status"].get("conditions") or []):
+                # as prometheus-operator's PodMonitor: every pod with an address until it
+                # is gone, ready or not, terminating included (it may still serve while its
+                # preStop hook and drain run); only finished pods are dropped
+                if pod["status"].get("phase") in ("Succeeded", "Failed"):
                     continue
                 for i, ep in enumerate(mon["spec"].get("podMetricsEndpoints") or []):
                     try:
