@@ -2,7 +2,10 @@
 scraping the fake engine's vLLM histograms, read with PromQL, against the default path
 (two /metrics scrapes, differenced). Quantiles must agree within a bucket."""
 import bisect
+import threading
 import time
+
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -62,6 +65,45 @@ def test_an_engine_prometheus_does_not_scrape_is_a_clear_error(prometheus):
         reader.wait_for_scrape(reader.selector_for("http://127.0.0.1:9"), after=time.time())
     with pytest.raises(PrometheusError, match="failed"):
         reader.query("sum(", at=time.time())
+
+
+def test_a_failed_scrape_is_not_a_scrape(prometheus):
+    """A scrape that failed (up 0: the target erred or timed out) holds none of the
+    engine's series: wait_for_scrape waits for one that succeeded."""
+    proc, targets = prometheus
+    healthy = threading.Event()
+
+    class Flaky(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"flaky_metric 1\n" if healthy.is_set() else b"down\n"
+            self.send_response(200 if healthy.is_set() else 500)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    reader, sel = PrometheusReader(proc.url, timeout=30), '{job="flaky"}'
+    write_target(targets, "flaky", f"http://127.0.0.1:{httpd.server_port}", {"job": "flaky"})
+    try:
+        deadline = time.monotonic() + 30
+        while reader.scalar(f"max(timestamp(up{sel}))", at=time.time()) is None:
+            assert time.monotonic() < deadline, "Prometheus never scraped the target"
+            time.sleep(0.2)
+        assert reader.scalar(f"max(up{sel})", at=time.time()) == 0
+        with pytest.raises(PrometheusError, match="has not scraped"):
+            PrometheusReader(proc.url, timeout=2.5).wait_for_scrape(sel, after=0)
+        healthy.set()
+        at = reader.wait_for_scrape(sel, after=0)
+        assert reader.scalar(f"flaky_metric{sel}", at=at) == 1
+    finally:
+        write_target(targets, "flaky", None)
+        httpd.shutdown()
+        httpd.server_close()
 
 
 def test_a_live_profile_is_fitted_from_prometheus(prometheus):

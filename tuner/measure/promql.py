@@ -81,12 +81,15 @@ class PrometheusReader:
         return None if value is None or math.isnan(value) else value
 
     def wait_for_scrape(self, sel: str, *, after: float) -> float:
-        """The timestamp of the engine's first scrape later than `after` (waiting for it)."""
+        """The timestamp of the engine's first successful scrape later than `after`
+        (waiting for it). A failed scrape (up 0: a timeout on a loaded machine) holds none
+        of the engine's series, so it does not count."""
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             now = time.time()
             # timestamp() of the last `up` sample is the time of the target's last scrape
-            value = self.scalar(f"max(timestamp(up{sel}))", at=now)
+            # (of a bare selector only: of `up == 1` it is the evaluation time)
+            value = self.scalar(f"max(timestamp(up{sel}) and up{sel} == 1)", at=now)
             if value is not None and value > after:
                 return value
             time.sleep(0.2)

@@ -69,7 +69,10 @@ class LiveSteps:
 
     def _blocks(self, at: float) -> int | None:
         try:
-            found = self.reader.query(f"vllm:cache_config_info{self.sel}", at=at)
+            # over the last minute: one failed scrape marks the series stale, and the
+            # pool does not change with it
+            found = self.reader.query(f"last_over_time(vllm:cache_config_info{self.sel}[1m])",
+                                      at=at)
         except PrometheusError:
             return None
         sizes = [int(labels["num_gpu_blocks"]) for labels, _ in found
