@@ -113,10 +113,11 @@ def test_capacity_search_finds_the_knee_of_a_known_system(hf_config):
              for i in range(400)]
     slos = {"trace": {"e2e": 3.0}}
 
-    def run_at(rate):
+    def run_at(rate, probe):
         return simulate(profile, dict(max_num_seqs=64, cpu_memory_gib=0.5),
                         TraceStream(trace, rate=rate, max_model_len=2048),
-                        duration=60.0, slos=slos, hf_config=hf_config)
+                        duration=60.0, slos=slos, hf_config=hf_config,
+                        probe_for=0.9 if probe else None)
     result = sim_capacity(run_at, slos, start=1.0, rel_tol=0.03)
     assert 0.9 * knee <= result.rate <= 1.03 * knee
     assert knee < result.upper <= 1.1 * knee

@@ -86,15 +86,18 @@ class SimContext:
                               seed=self.seed, length_scale=self.length_scale,
                               max_model_len=max_len)
 
-    def run(self, settings: dict, rate: float | None) -> SimResult:
+    def run(self, settings: dict, rate: float | None, *, probe: bool = False) -> SimResult:
+        """One simulated load; `probe`: a capacity probe, stopped once its verdict at
+        this context's attainment is decided (tuner/sim/settle.py)."""
         _, hf_config = self._model_parts()
         return simulate(self.profile, settings, self.stream(rate), duration=self.duration,
                         slos=self.slos, hf_config=hf_config, acceptance=self.acceptance,
-                        seed=self.seed, front=self.front_seconds)
+                        seed=self.seed, front=self.front_seconds,
+                        probe_for=self.attainment if probe else None)
 
     def capacity(self, settings: dict, *, start: float = START_RATE, rel_tol: float = 0.05,
                  max_probes: int = 16, growth: float = 2.0) -> CapacityResult:
         """ValueError for settings the engine would refuse (the search's infeasible)."""
-        return sim_capacity(lambda rate: self.run(settings, rate), self.slos, start=start,
-                            attainment=self.attainment, rel_tol=rel_tol,
+        return sim_capacity(lambda rate, probe: self.run(settings, rate, probe=probe),
+                            self.slos, start=start, attainment=self.attainment, rel_tol=rel_tol,
                             max_probes=max_probes, growth=growth)

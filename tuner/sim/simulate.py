@@ -22,10 +22,12 @@ import time
 from dataclasses import dataclass, field
 
 from engine.sampling_params import SamplingParams
-from tuner.measure.capacity import CapacityResult, search_capacity
+from tuner.measure.capacity import (SETTLED_FRACTION, CapacityResult, search_capacity,
+                                    settled_attainment)
 from tuner.measure.scoring import Samples, score
 from tuner.sim.engine import SIM_VOCAB, sim_engine
 from tuner.sim.profile import Profile
+from tuner.sim.settle import Settling
 
 KV_SAMPLE_EVERY = 4  # steps between samples of the pool's usage
 
@@ -39,12 +41,19 @@ class SimResult:
 
 def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos: dict,
              hf_config, acceptance: float = 0.0, seed: int = 0, front: float = 0.0,
-             keep_schedule: bool = False, engine=None) -> SimResult:
+             keep_schedule: bool = False, engine=None, probe_for: float | None = None
+             ) -> SimResult:
     """Run `stream` (tuner/sim/stream.py) for `duration` virtual seconds. `engine`: an
     (LLMEngine, clock) pair to drive instead of the profiled one (tests drive the real
-    model runner on a virtual clock through the same loop)."""
+    model runner on a virtual clock through the same loop). `probe_for`: the run is a
+    capacity probe for that attainment: it stops once its verdict is decided
+    (tuner/sim/settle.py), and only its settled requests' records are complete."""
     if not duration > 0:
         raise ValueError(f"duration must be > 0 s, got {duration}")
+    settling = None if probe_for is None else Settling(
+        slos, duration=duration, front=front,
+        give_up_below=probe_for,
+        settled_arrivals=stream.arrivals_until(SETTLED_FRACTION * duration))
     wall = time.perf_counter()
     engine, clock = engine or sim_engine(profile, settings, hf_config=hf_config,
                                          acceptance=acceptance, seed=seed)
@@ -74,7 +83,7 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
                 arrival_time=req.arrival)
             live[rid] = (req, {"kind": req.kind, "start": req.arrival, "ok": False,
                                "output_tokens": 0, "itl": []}, [])
-        if clock.now >= duration:
+        if clock.now >= duration or (settling and settling.decided(live, clock.now)):
             break
         if not engine.has_unfinished_requests():
             clock.now = min(stream.next_time(), duration)
@@ -96,8 +105,11 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
                               output_tokens=len(times))
                 records.append(record)
                 stream.finished(req, len(times))
+                if settling:
+                    settling.finished(record)
         if clock.now == before:   # nothing could run: wait for the next arrival
             clock.now = min(stream.next_time(), duration)
+    stopped = min(clock.now, duration)
     for rid, (req, record, times) in live.items():
         record["error"] = "unfinished at end of run"
         records.append(record)
@@ -111,7 +123,8 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
         kv_cache_usage_perc_mean=sum(usage) / max(1, len(usage)),
         kv_cache_usage_perc_max=max(usage, default=0.0),
         num_blocks=float(engine.num_blocks), steps=float(steps),
-        evictions=float(stats.evictions),
+        evictions=float(stats.evictions), stopped_at=stopped,
+        gave_up=float(bool(settling and settling.failed)),
         sim_wall_s=time.perf_counter() - wall)
     return SimResult(samples, figures, schedule)
 
@@ -132,11 +145,26 @@ def front_seconds(real: list[dict], simulated: list[dict]) -> float:
 def sim_capacity(run_at, slos: dict, *, start: float = 1.0, attainment: float = 0.9,
                  rel_tol: float = 0.05, max_probes: int = 16,
                  growth: float = 2.0) -> CapacityResult:
-    """The capacity search (tuner/measure/capacity.py) with `run_at(rate)` a simulated
-    load at that rate (a SimResult)."""
-    return search_capacity(lambda rate: run_at(rate).samples, slos, start=start,
-                           attainment=attainment, rel_tol=rel_tol, max_probes=max_probes,
-                           growth=growth)
+    """The capacity search (tuner/measure/capacity.py) with `run_at(rate, probe)` a
+    simulated load at that rate (a SimResult; `probe`: stopped once its verdict is
+    decided). A probe stopped early as a failure records its share so far; when it ends
+    up as the lowest failing rate above the highest passing one, whose share
+    capacity.interpolated reads, it is run again in full."""
+    runs: dict[float, SimResult] = {}
+
+    def probe(rate: float):
+        runs[rate] = run_at(rate, True)
+        return runs[rate].samples
+    result = search_capacity(probe, slos, start=start, attainment=attainment,
+                             rel_tol=rel_tol, max_probes=max_probes, growth=growth)
+    passed = [p["rate"] for p in result.probes if p["passed"]]
+    above = [p for p in result.probes if not p["passed"] and p["rate"] > max(passed, default=0)]
+    if passed and above:
+        top = min(above, key=lambda p: p["rate"])
+        if runs[top["rate"]].figures.get("gave_up"):
+            share, count = settled_attainment(run_at(top["rate"], False).samples, slos)
+            top.update(attainment=share, requests=count, rerun=True)
+    return result
 
 
 __all__ = ["SIM_VOCAB", "SimResult", "front_seconds", "sim_capacity", "simulate"]

@@ -70,7 +70,8 @@ class WorkloadStream:
         self.workload, self.render, self.seed = workload, render, seed
         self.scale, self.max_model_len = length_scale, max_model_len
         users = max(1, users)
-        self.arrivals = [OpenLoop(seed, u, rate / users) for u in range(users)]
+        self.user_rate = rate / users
+        self.arrivals = [OpenLoop(seed, u, self.user_rate) for u in range(users)]
         self.sessions = [random.Random(seed * 100_003 + u) for u in range(users)]
         self.idle: list[list] = [[] for _ in range(users)]
         self.count = 0
@@ -79,6 +80,17 @@ class WorkloadStream:
 
     def next_time(self) -> float:
         return self._next[0][0]
+
+    def arrivals_until(self, t: float) -> int:
+        """How many requests arrive by `t` (the users' gaps drawn afresh, as pop draws them:
+        the arrival times depend on the seed and rate alone)."""
+        count = 0
+        for u in range(len(self.arrivals)):
+            loop = OpenLoop(self.seed, u, self.user_rate)
+            at = loop.gap()
+            while at <= t:
+                count, at = count + 1, at + loop.gap()
+        return count
 
     def pop(self) -> SimRequest:
         t, u = heapq.heappop(self._next)
@@ -122,6 +134,9 @@ class TraceStream:
         if self._i >= len(self.trace):
             return float("inf")
         return (self.trace[self._i].timestamp - self._t0) / self.speed
+
+    def arrivals_until(self, t: float) -> int:
+        return sum((r.timestamp - self._t0) / self.speed <= t for r in self.trace)
 
     def pop(self) -> SimRequest:
         t, i = self.next_time(), self._i
