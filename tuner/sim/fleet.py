@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from engine.sampling_params import SamplingParams
 from tuner.sim.engine import sim_engine
+from tuner.sim.simulate import collect
 
 HOLD_LIMIT = 64     # the router's bound on held requests (--cold-start-queue)
 AFFINITY_SLACK = 4   # requests a session's replica may be busier than the least busy
@@ -89,16 +90,7 @@ class Replica:
                 self.clock.now = t
                 return
             before = self.clock.now
-            for out in self.engine.step():
-                req, record, times = self.live[out.request_id]
-                times += [self.clock.now] * (len(out.outputs[0].token_ids) - len(times))
-                if out.finished:
-                    del self.live[out.request_id]
-                    record.update(ok=True, ttft=times[0] - req.arrival,
-                                  e2e=self.clock.now - req.arrival, output_tokens=len(times),
-                                  itl=[b - a for a, b in zip(times, times[1:])],
-                                  done=self.clock.now)
-                    done.append((req, record))
+            done += collect(self.engine.step(), self.live, self.clock.now)
             if self.clock.now == before:
                 self.clock.now = t
 
@@ -118,7 +110,9 @@ class Fleet:
         self.timeline: list[tuple[float, float, int, int]] = []  # t, rate, replicas, serving
         self.decisions: list[tuple[float, int]] = []
         self.affinity = affinity
-        self._home: dict[int, Replica] = {}   # id(session) -> the replica of its last turn
+        # a session (the object: held here, so no later session can take its identity)
+        # -> the replica of its last turn
+        self._home: dict[object, Replica] = {}
         for _ in range(initial):
             self._add(0.0, ready=True)
 
@@ -161,12 +155,12 @@ class Fleet:
     def _send(self, req, record, at: float) -> None:
         serving = self.serving()
         target = min(serving, key=lambda r: len(r.live))
-        home = self._home.get(id(req.session)) if self.affinity else None
+        home = self._home.get(req.session) if self.affinity else None
         if home is not None and home.serving() and \
                 len(home.live) <= len(target.live) + AFFINITY_SLACK:
             target = home
         if req.session is not None:
-            self._home[id(req.session)] = target
+            self._home[req.session] = target
         vocab = target.engine.info.vocab_size
         rid = f"f{len(self.records)}-{req.number}"
         target.engine.add_request(rid, [t % vocab for t in req.prompt_ids], SamplingParams(

@@ -93,20 +93,11 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
         steps += 1
         if len(usage) * KV_SAMPLE_EVERY <= steps:
             usage.append(engine.kv.stats().usage)
-        for out in outputs:
-            req, record, times = live[out.request_id]
-            new = len(out.outputs[0].token_ids) - len(times)
-            times += [clock.now] * new
-            if out.finished:
-                del live[out.request_id]
-                record.update(ok=True, ttft=times[0] - req.arrival + front,
-                              e2e=clock.now - req.arrival + front,
-                              itl=[b - a for a, b in zip(times, times[1:])],
-                              output_tokens=len(times))
-                records.append(record)
-                stream.finished(req, len(times))
-                if settling:
-                    settling.finished(record)
+        for req, record in collect(outputs, live, clock.now, front=front):
+            records.append(record)
+            stream.finished(req, record["output_tokens"])
+            if settling:
+                settling.finished(record)
         if clock.now == before:   # nothing could run: wait for the next arrival
             clock.now = min(stream.next_time(), duration)
     stopped = min(clock.now, duration)
@@ -127,6 +118,24 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
         gave_up=float(bool(settling and settling.failed)),
         sim_wall_s=time.perf_counter() - wall)
     return SimResult(samples, figures, schedule)
+
+
+def collect(outputs, live: dict, now: float, *, front: float = 0.0) -> list[tuple]:
+    """One step's outputs into the running requests' records: each new token timed at
+    `now`; a finished request leaves `live` (request id -> (request, record, token
+    times)) with its record completed (TTFT and E2E plus `front`, inter-token gaps,
+    tokens, `done`). -> [(request, record)] of those that finished."""
+    finished = []
+    for out in outputs:
+        req, record, times = live[out.request_id]
+        times += [now] * (len(out.outputs[0].token_ids) - len(times))
+        if out.finished:
+            del live[out.request_id]
+            record.update(ok=True, ttft=times[0] - req.arrival + front,
+                          e2e=now - req.arrival + front, output_tokens=len(times),
+                          itl=[b - a for a, b in zip(times, times[1:])], done=now)
+            finished.append((req, record))
+    return finished
 
 
 def front_seconds(real: list[dict], simulated: list[dict]) -> float:
@@ -167,4 +176,4 @@ def sim_capacity(run_at, slos: dict, *, start: float = 1.0, attainment: float = 
     return result
 
 
-__all__ = ["SIM_VOCAB", "SimResult", "front_seconds", "sim_capacity", "simulate"]
+__all__ = ["SIM_VOCAB", "SimResult", "collect", "front_seconds", "sim_capacity", "simulate"]
