@@ -94,8 +94,9 @@ def test_bad_requests_are_rejected_and_the_engine_keeps_serving(tiny_checkpoints
         llm.generate({"prompt_token_ids": list(range(3, 100))}, greedy)
     with pytest.raises(ValueError, match="empty"):
         llm.generate({"prompt_token_ids": []}, greedy)
-    with pytest.raises(ValueError, match="prompt_token_ids must be integers"):
-        llm.generate({"prompt_token_ids": [1, 10**9]}, greedy)
+    for bad in ([1, 10**9], [1, -1], [-5], [1, 2.0], [2.0], [True, 2], [True], [3, "4"]):
+        with pytest.raises(ValueError, match="prompt_token_ids must be integers"):
+            llm.generate({"prompt_token_ids": bad}, greedy)
     with pytest.raises(ValueError, match="one SamplingParams or one per prompt"):
         llm.generate(["a", "b"], [greedy])
     # a bad prompt in the middle of a batch aborts the whole call and frees its blocks
