@@ -17,6 +17,26 @@ from engine.step_shape import StepShape
 LAW = {"intercept": 0.003, "prefill_tokens": 1e-5, "decode_seqs": 5e-4}
 
 
+def text_endpoint(answer) -> ThreadingHTTPServer:
+    """A real HTTP server, already serving, whose every GET answers `answer()` ->
+    (status, body bytes) in Prometheus' text format; shut it down when done."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            status, body = answer()
+            self.send_response(status)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
 @contextlib.contextmanager
 def feeding_metrics(num_gpu_blocks: int | None = None):
     """Yields the endpoint's base URL; steps are observed every 10 ms meanwhile, their mix
@@ -43,20 +63,7 @@ def feeding_metrics(num_gpu_blocks: int | None = None):
                                      + LAW["prefill_tokens"] * shape.prefill_tokens
                                      + LAW["decode_seqs"] * shape.decode_seqs)
 
-    class Metrics(BaseHTTPRequestHandler):   # the text format, as the engine serves it
-        def do_GET(self):
-            body = generate_latest(metrics.registry)
-            self.send_response(200)
-            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    httpd = text_endpoint(lambda: (200, generate_latest(metrics.registry)))
     feeder = threading.Thread(target=serve, daemon=True)
     feeder.start()
     try:

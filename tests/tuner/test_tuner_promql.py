@@ -5,8 +5,6 @@ import bisect
 import threading
 import time
 
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 
 from fake_openai_server import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, FakeOpenAIServer
@@ -70,23 +68,12 @@ def test_an_engine_prometheus_does_not_scrape_is_a_clear_error(prometheus):
 def test_a_failed_scrape_is_not_a_scrape(prometheus):
     """A scrape that failed (up 0: the target erred or timed out) holds none of the
     engine's series: wait_for_scrape waits for one that succeeded."""
+    from step_feeder import text_endpoint
+
     proc, targets = prometheus
     healthy = threading.Event()
-
-    class Flaky(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = b"flaky_metric 1\n" if healthy.is_set() else b"down\n"
-            self.send_response(200 if healthy.is_set() else 500)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    httpd = text_endpoint(lambda: (200, b"flaky_metric 1\n") if healthy.is_set()
+                          else (500, b"down\n"))
     reader, sel = PrometheusReader(proc.url, timeout=30), '{job="flaky"}'
     write_target(targets, "flaky", f"http://127.0.0.1:{httpd.server_port}", {"job": "flaky"})
     try:

@@ -6,8 +6,6 @@ import random
 import time
 
 import pytest
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
@@ -21,21 +19,8 @@ EDGES = token_buckets(4096)  # 1, 2, 5, 10, ..., 2000
 
 def _serve_metrics(registry):
     """/metrics in the text format, as the engine serves it (vLLM's names keep their ':')."""
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = generate_latest(registry)
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    from step_feeder import text_endpoint
+    return text_endpoint(lambda: (200, generate_latest(registry)))
 
 
 def _true_prompts(n, seed=0):
