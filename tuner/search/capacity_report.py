@@ -109,6 +109,19 @@ def print_and_write(record: dict, *, out: Path, out_dir: Path) -> int:
     return 0
 
 
+def _axis(ax, values: list):
+    """x positions for a setting's values: the values themselves when all are numbers,
+    else one tick per distinct value (numbers first, in order), labelled with it
+    (num_speculative_tokens mixes 0, 2, 4 with "suffix:8")."""
+    def numeric(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if all(numeric(v) for v in values):
+        return lambda v: v
+    ticks = sorted(set(values), key=lambda v: (not numeric(v), v if numeric(v) else 0, str(v)))
+    ax.set_xticks(range(len(ticks)), [str(v) for v in ticks], rotation=45, fontsize=7)
+    return {v: i for i, v in enumerate(ticks)}.__getitem__
+
+
 def save_plots(record: dict, out_dir: Path) -> list[Path]:
     """capacity.png: simulated capacity against each searched setting, the confirmed arms'
     real medians drawn over them."""
@@ -122,15 +135,15 @@ def save_plots(record: dict, out_dir: Path) -> list[Path]:
         return []
     fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.0), squeeze=False)
     for ax, name in zip(axes[0], names):
-        xs = [p["params"][name] for p in points if name in p["params"]]
+        values = [p["params"][name] for p in points if name in p["params"]]
         ys = [p["capacity"] for p in points if name in p["params"]]
-        ax.scatter(xs, ys, s=12, alpha=0.5, label="simulated")
-        for arm in record["arms"]:
-            if arm.get("capacity"):
-                x = arm["params"].get(name)
-                if x is not None:
-                    ax.scatter([x], [statistics.median(arm["capacity"])], marker="*", s=90,
-                               label=f"{arm['label']} (real)")
+        arms = [(arm, arm["params"].get(name)) for arm in record["arms"]
+                if arm.get("capacity") and arm["params"].get(name) is not None]
+        place = _axis(ax, values + [x for _, x in arms])
+        ax.scatter([place(x) for x in values], ys, s=12, alpha=0.5, label="simulated")
+        for arm, x in arms:
+            ax.scatter([place(x)], [statistics.median(arm["capacity"])], marker="*", s=90,
+                       label=f"{arm['label']} (real)")
         ax.set_xlabel(name)
         ax.set_ylabel("capacity (req/s)")
     axes[0][0].legend(fontsize=7)
