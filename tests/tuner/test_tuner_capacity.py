@@ -4,6 +4,7 @@ finds that knee."""
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -64,3 +65,41 @@ def test_capacity_on_the_fake_engine_finds_the_known_knee(tmp_path, monkeypatch)
     assert 0.7 * knee <= result.rate <= 1.1 * knee, result.probes
     assert result.upper is not None and result.upper <= 1.6 * knee, result.probes
     assert "req/s per replica" in result.line()
+
+
+def test_every_probe_of_a_search_sends_its_own_requests(tmp_path, monkeypatch):
+    """Probe k loads seed + 1000 k on the one engine of the search: replaying the previous
+    probe's requests would find them in its prefix cache (a later probe of a real summarize
+    search passed 16.35 req/s where the first failed at 10.6)."""
+    import tuner.measure.server_metrics as server_metrics
+    import tuner.measure.trial as trial
+
+    sent = []
+
+    def measure(url, load, slos, *, workdir, warmup_requests):
+        sent.append((load.seed, load.rate, warmup_requests))
+        workdir.mkdir(parents=True)
+        ok = load.rate <= 5.0
+        lines = [{"event": "start", "t": 0.0}, *({"kind": "k", "start": i / 10, "ok": ok,
+                                                  "ttft": 0.1, "e2e": 0.2} for i in range(10)),
+                 {"event": "stop", "t": 10.0}]
+        (workdir / "samples.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+    class Engine:
+        url = "http://engine"
+
+        def start(self, timeout):
+            pass
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(trial, "measure", measure)
+    monkeypatch.setattr(server_metrics, "wait_idle", lambda url: None)
+    launch = SimpleNamespace(process=lambda settings, log: Engine(), startup_timeout=1)
+    load = LoadSpec(workload="chat", duration=10, users=1, seed=7)
+    result = measure_capacity({}, launch, load, {"k": {"ttft": 1.0}}, workdir=tmp_path,
+                              start=2.0, warmup_requests=3, max_probes=4)
+    assert [s for s, _, _ in sent] == [7, 1007, 2007, 3007]
+    assert [w for _, _, w in sent] == [3, 0, 0, 0]   # warm-up before the first probe only
+    assert [r for _, r, _ in sent] == [p["rate"] for p in result.probes]

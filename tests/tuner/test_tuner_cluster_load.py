@@ -169,8 +169,11 @@ def test_capacity_probes_one_trial_service_and_reads_the_metric_at_the_passing_r
         endpoint_url=lambda name: "http://trial:8000",
         delete_service=lambda name, wait: events.append(("delete", name)))
 
+    seeds = []
+
     def measure(url, load, slos, *, workdir, warmup_requests, prometheus):
         workdir.mkdir(parents=True)
+        seeds.append(load.seed)
         ok = load.rate <= 8
         lines = [{"event": "start", "t": 0.0}, *({"kind": "chat", "start": i / 10, "ok": ok,
                                                   "ttft": 0.1, "e2e": 0.2} for i in range(10)),
@@ -189,6 +192,8 @@ def test_capacity_probes_one_trial_service_and_reads_the_metric_at_the_passing_r
         prometheus=None)
     found = cluster_load.measure_capacity(run, {"maxNumSeqs": 4}, start=2.0)
     assert [p["rate"] for p in found["probes"]] == [2.0, 4.0, 8.0, 16.0]
+    # each probe its own requests: the last probe's would be in the service's prefix cache
+    assert seeds == [run.load.seed + 1000 * k for k in range(4)]
     assert found["ratePerReplica"] == 8.0 and found["upper"] == 16.0
     assert found["engine"] == {"blockSize": 16, "maxNumSeqs": 4}
     assert found["autoscaling"] == {"metric": "queueDepth", "target": "2", "measured": 2.0}

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.workloads import TRACE_WORKLOAD, get_workload
-from tuner.measure.capacity import rate_load, search_capacity
+from tuner.measure.capacity import probe_load, rate_load, search_capacity
 from paged_api.contract import MASTER_PORT_ENV, TRACE_FILE_ENV, TuningSpec, search_space
 from tuner.measure.loadgen import LoadError, LoadSpec
 from tuner.measure.scoring import load_samples
@@ -166,8 +166,9 @@ def measure_capacity(run: TuningRun, engine: dict, *, start: float,
         url = run.cluster.endpoint_url(name)
 
         def probe(rate: float) -> Any:
-            workdir = run.out_dir / "capacity" / f"probe-{next(numbers):02d}"
-            load = rate_load(run.load, rate, trace_rate=run.source.trace_rate)
+            k = next(numbers)
+            workdir = run.out_dir / "capacity" / f"probe-{k:02d}"
+            load = rate_load(probe_load(run.load, k), rate, trace_rate=run.source.trace_rate)
             figures_at[rate] = measure(url, load, run.slos, workdir=workdir,
                                        warmup_requests=0, prometheus=run.prometheus)
             return load_samples(workdir / "samples.jsonl")
