@@ -356,9 +356,13 @@ def test_kubectl_and_helm_work_with_protobuf_answers(local_cluster: LocalCluster
     k("-n", "pb", "apply", "-f", "-", stdin=json.dumps(EMBEDDED))
     compared = {}
     for path in LISTS:   # every stored object reads the same in protobuf as in JSON
-        code, type_, body = _get(cluster, path, f"{protobuf.CONTENT_TYPE},application/json")
+        for _ in range(20):   # a controller may write between the reads: read until still
+            before = json.loads(_get(cluster, path, "application/json")[2])["items"]
+            code, type_, body = _get(cluster, path, f"{protobuf.CONTENT_TYPE},application/json")
+            items = json.loads(_get(cluster, path, "application/json")[2])["items"]
+            if items == before:
+                break
         assert (code, type_) == (200, protobuf.CONTENT_TYPE), path
-        items = json.loads(_get(cluster, path, "application/json")[2])["items"]
         assert _pruned(protobuf.decode(body).get("items", [])) == _pruned(items), path
         compared[path.rsplit("/", 1)[1]] = len(items)
     assert min(n for kind, n in compared.items() if kind not in ("services", "pods",
