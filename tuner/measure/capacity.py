@@ -92,20 +92,27 @@ def search_capacity(probe: Callable[[float], Samples], slos: dict, *, start: flo
     return result
 
 
+def bracket(result: CapacityResult) -> tuple[dict | None, dict | None]:
+    """(the highest passing probe, the lowest failing probe above it): either None when
+    there is none."""
+    passed = [p for p in result.probes if p["passed"]]
+    if not passed:
+        return None, None
+    lo = max(passed, key=lambda p: p["rate"])
+    above = [p for p in result.probes if not p["passed"] and p["rate"] > lo["rate"]]
+    return lo, min(above, key=lambda p: p["rate"]) if above else None
+
+
 def interpolated(result: CapacityResult) -> float:
     """The rate where attainment crosses the target, read linearly between the highest
     passing and the lowest failing probe (their own attainments), so that two searches
     whose brackets coincide still tell a 5 % difference apart; the passing rate itself
     when nothing above it failed, 0 when nothing passed."""
-    passed = [p for p in result.probes if p["passed"]]
-    failed = [p for p in result.probes if not p["passed"]]
-    if not passed:
+    lo, hi = bracket(result)
+    if lo is None:
         return 0.0
-    lo = max(passed, key=lambda p: p["rate"])
-    above = [p for p in failed if p["rate"] > lo["rate"]]
-    if not above:
+    if hi is None:
         return lo["rate"]
-    hi = min(above, key=lambda p: p["rate"])
     drop = lo["attainment"] - hi["attainment"]
     share = (lo["attainment"] - result.attainment) / drop if drop > 0 else 0.0
     return lo["rate"] + min(max(share, 0.0), 1.0) * (hi["rate"] - lo["rate"])

@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass, field
 
 from engine.sampling_params import SamplingParams
-from tuner.measure.capacity import (SETTLED_FRACTION, CapacityResult, search_capacity,
-                                    settled_attainment)
+from tuner.measure.capacity import (SETTLED_FRACTION, CapacityResult, bracket,
+                                    search_capacity, settled_attainment)
 from tuner.measure.scoring import Samples, score
 from tuner.sim.engine import SIM_VOCAB, sim_engine
 from tuner.sim.profile import Profile
@@ -51,8 +51,7 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
     if not duration > 0:
         raise ValueError(f"duration must be > 0 s, got {duration}")
     settling = None if probe_for is None else Settling(
-        slos, duration=duration, front=front,
-        give_up_below=probe_for,
+        slos, duration=duration, front=front, give_up_below=probe_for,
         settled_arrivals=stream.arrivals_until(SETTLED_FRACTION * duration))
     wall = time.perf_counter()
     engine, clock = engine or sim_engine(profile, settings, hf_config=hf_config,
@@ -166,13 +165,10 @@ def sim_capacity(run_at, slos: dict, *, start: float = 1.0, attainment: float = 
         return runs[rate].samples
     result = search_capacity(probe, slos, start=start, attainment=attainment,
                              rel_tol=rel_tol, max_probes=max_probes, growth=growth)
-    passed = [p["rate"] for p in result.probes if p["passed"]]
-    above = [p for p in result.probes if not p["passed"] and p["rate"] > max(passed, default=0)]
-    if passed and above:
-        top = min(above, key=lambda p: p["rate"])
-        if runs[top["rate"]].figures.get("gave_up"):
-            share, count = settled_attainment(run_at(top["rate"], False).samples, slos)
-            top.update(attainment=share, requests=count, rerun=True)
+    _, top = bracket(result)
+    if top is not None and runs[top["rate"]].figures.get("gave_up"):
+        share, count = settled_attainment(run_at(top["rate"], False).samples, slos)
+        top.update(attainment=share, requests=count, rerun=True)
     return result
 
 
