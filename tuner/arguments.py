@@ -95,9 +95,10 @@ def build_parser(more=()) -> argparse.ArgumentParser:
                        help="capacity: the simulator's step-time profile (default: cached for "
                             "the model and threads, else calibrated first; python -m tuner "
                             "profile)")
-    sweep.add_argument("--acceptance", type=float, default=0.0,
-                       help="capacity: the simulated speculative drafts' acceptance rate "
-                            "(measured: vllm:spec_decode_num_accepted_tokens / _draft_tokens)")
+    sweep.add_argument("--acceptance", type=float, default=None,
+                       help="capacity: every simulated speculative draft accepted at this "
+                            "rate (default: each method's drafts and acceptance replayed on "
+                            "the model's own replies to the workload)")
     sweep.add_argument("--real-probes", type=int, default=4, metavar="N",
                        help="capacity: real loads per arm and round in the confirmation")
     sweep.add_argument("--front-end-time", action="store_true",

@@ -29,7 +29,7 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error("--target-rate must be > 0 requests/s")
     if not args.sim_duration > 0:
         parser.error("--sim-duration must be positive (virtual seconds)")
-    if not 0 <= args.acceptance <= 1:
+    if args.acceptance is not None and not 0 <= args.acceptance <= 1:
         parser.error("--acceptance must be in [0, 1]")
     if args.real_probes < 2:
         parser.error("--real-probes must be at least 2: one probe brackets nothing")

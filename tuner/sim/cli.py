@@ -12,7 +12,8 @@ from tuner.sim.context import DEFAULT_SIM_DURATION, SimContext, engine_threads, 
 
 SHOWN = ("requests", "completed", "goodput", "slo_attainment", "ttft_p50", "ttft_p90",
          "tpot_p50", "itl_p50", "e2e_p90", "prefix_cache_hit_rate", "server_preemptions",
-         "kv_cache_usage_perc_mean", "num_blocks", "steps", "sim_wall_s")
+         "kv_cache_usage_perc_mean", "spec_acceptance_rate", "num_blocks", "steps",
+         "sim_wall_s")
 
 
 def add_parsers(sub) -> None:
@@ -58,8 +59,9 @@ def add_parsers(sub) -> None:
     sim.add_argument("--duration", type=float, default=DEFAULT_SIM_DURATION,
                      help="virtual seconds per simulated load")
     sim.add_argument("--attainment", type=float, default=0.9)
-    sim.add_argument("--acceptance", type=float, default=0.0,
-                     help="speculative drafts' acceptance rate (measured: vllm:spec_decode_*)")
+    sim.add_argument("--acceptance", type=float, default=None,
+                     help="every speculative draft accepted at this rate (default: each "
+                          "method's drafts and acceptance replayed on the model's replies)")
     sim.add_argument("--target-rate", type=float, default=None,
                      help="print the replicas this rate needs at the capacity")
     sim.add_argument("--users", type=int, default=None)
@@ -117,7 +119,7 @@ def context_for(args, *, fixed: dict, log=lambda s: print(s, file=sys.stderr)) -
                       length_scale=args.length_scale or (1.0 if trace else
                                                          prof.get("length_scale", 1.0)),
                       duration=getattr(args, "sim_duration", None) or args.duration,
-                      seed=args.seed, acceptance=getattr(args, "acceptance", 0.0),
+                      seed=args.seed, acceptance=getattr(args, "acceptance", None),
                       attainment=getattr(args, "attainment", 0.9), model=args.model)
 
 
@@ -188,6 +190,8 @@ def simulate_main(parser: argparse.ArgumentParser, args) -> int:
         parser.error("--duration must be positive (virtual seconds)")
     if not 0 < args.attainment <= 1:
         parser.error("--attainment must be in (0, 1]")
+    if args.acceptance is not None and not 0 <= args.acceptance <= 1:
+        parser.error("--acceptance must be in [0, 1]")
     try:
         fixed = parse_sets(args.set)
         ctx = context_for(args, fixed=fixed)

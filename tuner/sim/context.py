@@ -4,11 +4,18 @@ profile (cached per identity, or calibrated now), the request stream's source an
 `SimContext.capacity(settings)` is one setting's SLO capacity: the capacity search
 (tuner/measure/capacity.py) over simulated loads, every load replaying the same seeded
 stream (common random numbers, so settings differ by what they do, not by their luck).
+
+Speculative settings are simulated per method (tuner/sim/drafts.py): the first one asks
+the real engine for the model's replies to the stream's first REPLY_REQUESTS requests
+(once per context), and each method and length is replayed over them once. A fixed
+`acceptance` instead keeps the engine's own proposer over made-up tokens, every draft
+accepted at that rate.
 """
 from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 
 from tuner.measure.capacity import CapacityResult
@@ -18,6 +25,7 @@ from tuner.sim.stream import Renderer, TraceStream, WorkloadStream
 
 DEFAULT_SIM_DURATION = 60.0   # virtual seconds per simulated load
 START_RATE = 1.0
+REPLY_REQUESTS = 48           # the workload's requests whose real replies drafts replay
 
 
 def engine_threads(settings: dict) -> int:
@@ -60,11 +68,14 @@ class SimContext:
     length_scale: float = 1.0
     duration: float = DEFAULT_SIM_DURATION
     seed: int = 0
-    acceptance: float = 0.0
+    acceptance: float | None = None       # None: per method, replayed on real replies
     attainment: float = 0.9
     model: str | None = None
     front_seconds: float = 0.0            # time outside the engine's steps (simulate.py)
+    replies: list | None = None           # tuner/sim/drafts.Reply, made on first use
+    log: object = field(default=lambda s: print(s, file=sys.stderr), repr=False)
     _loaded: dict = field(default_factory=dict, repr=False)
+    _drafts: dict = field(default_factory=dict, repr=False)
 
     def _model_parts(self):
         if not self._loaded:
@@ -86,12 +97,33 @@ class SimContext:
                               seed=self.seed, length_scale=self.length_scale,
                               max_model_len=max_len)
 
+    def draft_model(self, spec: dict):
+        """The DraftModel of a speculative_config on this workload (tuner/sim/drafts.py)."""
+        from tuner.sim.drafts import drafting_key, model_replies, replay
+
+        if self.replies is None:
+            stream = self.stream(1.0)
+            requests = []
+            for _ in range(REPLY_REQUESTS):
+                requests.append(stream.pop())
+                stream.finished(requests[-1], requests[-1].max_tokens)
+            started = time.perf_counter()
+            self.replies = model_replies(self.model, requests, seed=self.seed)
+            self.log(f"simulator: the model's replies to {len(requests)} requests, for the "
+                     f"drafts of speculative settings ({time.perf_counter() - started:.1f} s)")
+        key = drafting_key(spec)
+        if key not in self._drafts:
+            self._drafts[key] = replay(spec, self.replies)
+        return self._drafts[key]
+
     def run(self, settings: dict, rate: float | None, *, probe: bool = False) -> SimResult:
         """One simulated load; `probe`: a capacity probe, stopped once its verdict at
         this context's attainment is decided (tuner/sim/settle.py)."""
         _, hf_config = self._model_parts()
+        per_method = self.acceptance is None
         return simulate(self.profile, settings, self.stream(rate), duration=self.duration,
-                        slos=self.slos, hf_config=hf_config, acceptance=self.acceptance,
+                        slos=self.slos, hf_config=hf_config, acceptance=self.acceptance or 0.0,
+                        drafts=self.draft_model if per_method else None,
                         seed=self.seed, front=self.front_seconds,
                         probe_for=self.attainment if probe else None)
 

@@ -5,7 +5,10 @@ loop, sampler and output processing) with the model runner replaced by a profile
 advances a virtual clock by the profile's time for the batch's shape and returns logits
 that make the sampler pick a token of its choosing: a fresh pseudo-random one per row
 (a model writing new text), and for a speculative row each draft accepted with the given
-probability, in order, up to the first rejection. The engine reads that clock for every
+probability (one for every position, or one per position: draft j given drafts 1..j-1
+were accepted), in order, up to the first rejection. With a DraftModel (tuner/sim/
+drafts.py) the drafts themselves come from a ModelledProposer: as often and as long as the
+method drafts on the model's own replies, accepted at its per-position rates. The engine reads that clock for every
 timestamp, so requests' TTFT, inter-token gaps and latencies come out in virtual seconds.
 
 Token ids are folded into a small vocabulary (id mod SIM_VOCAB): the logits stay small,
@@ -37,7 +40,8 @@ class VirtualClock:
 
 class ProfiledRunner:
     def __init__(self, profile: Profile, clock: VirtualClock, hf_config, *, num_blocks: int,
-                 block_size: int, acceptance: float = 0.0, seed: int = 0) -> None:
+                 block_size: int, acceptance: float | tuple[float, ...] = 0.0,
+                 seed: int = 0) -> None:
         self.profile, self.clock = profile, clock
         self.hf_config = hf_config
         self.vocab_size = min(SIM_VOCAB, profile.memory.vocab_size)
@@ -80,8 +84,9 @@ class ProfiledRunner:
             if c + n - len(d) != seq.num_tokens:
                 continue  # a prefill chunk that does not reach the prompt's end
             accepting = True
-            for draft in d:
-                accepting = accepting and self.rng.random() < self.acceptance
+            for j, draft in enumerate(d):
+                p = self.acceptance[j] if isinstance(self.acceptance, tuple) else self.acceptance
+                accepting = accepting and self.rng.random() < p
                 rows.append(i)
                 targets.append(draft if accepting else self._token(avoid=draft))
             rows.append(i)
@@ -109,12 +114,15 @@ class TokenCountTokenizer:
 
 
 def sim_engine(profile: Profile, settings: dict, *, hf_config,
-               acceptance: float = 0.0, seed: int = 0) -> tuple[LLMEngine, VirtualClock]:
+               acceptance: float = 0.0, drafts=None, seed: int = 0
+               ) -> tuple[LLMEngine, VirtualClock]:
     """An LLMEngine with these settings (api/paged_api/settings.py names) on a profiled runner;
     its KV pool as large as the engine would make it (Profile.memory), unless
     num_gpu_blocks_override says. Search dimensions (num_speculative_tokens) go into
-    their object setting as for a real trial. ValueError for settings the engine would
-    refuse."""
+    their object setting as for a real trial. `drafts(speculative_config)`: the method's
+    DraftModel, which then replaces the engine's proposer and `acceptance` (None: the
+    engine's own proposer over the made-up tokens, accepted at `acceptance`). ValueError
+    for settings the engine would refuse."""
     from paged_api.search_space import SETTINGS as SEARCHABLE
     from paged_api.search_space import engine_values
 
@@ -135,4 +143,13 @@ def sim_engine(profile: Profile, settings: dict, *, hf_config,
     clock = VirtualClock()
     runner = ProfiledRunner(profile, clock, hf_config, num_blocks=num_blocks,
                             block_size=config.block_size, acceptance=acceptance, seed=seed)
-    return LLMEngine(config, runner=runner, tokenizer=TokenCountTokenizer(), clock=clock), clock
+    engine = LLMEngine(config, runner=runner, tokenizer=TokenCountTokenizer(), clock=clock)
+    spec = config.speculative_config
+    model = drafts(spec) if spec and drafts is not None else None
+    if model is not None:
+        from tuner.sim.drafts import ModelledProposer
+
+        engine.scheduler.proposer = ModelledProposer(model, spec, vocab=runner.vocab_size,
+                                                     seed=seed + 1)
+        runner.acceptance = model.accept
+    return engine, clock

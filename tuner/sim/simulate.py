@@ -40,14 +40,16 @@ class SimResult:
 
 
 def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos: dict,
-             hf_config, acceptance: float = 0.0, seed: int = 0, front: float = 0.0,
+             hf_config, acceptance: float = 0.0, drafts=None, seed: int = 0,
+             front: float = 0.0,
              keep_schedule: bool = False, engine=None, probe_for: float | None = None
              ) -> SimResult:
     """Run `stream` (tuner/sim/stream.py) for `duration` virtual seconds. `engine`: an
     (LLMEngine, clock) pair to drive instead of the profiled one (tests drive the real
     model runner on a virtual clock through the same loop). `probe_for`: the run is a
     capacity probe for that attainment: it stops once its verdict is decided
-    (tuner/sim/settle.py), and only its settled requests' records are complete."""
+    (tuner/sim/settle.py), and only its settled requests' records are complete.
+    `drafts`: speculation per method (tuner/sim/engine.sim_engine)."""
     if not duration > 0:
         raise ValueError(f"duration must be > 0 s, got {duration}")
     settling = None if probe_for is None else Settling(
@@ -55,7 +57,7 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
         settled_arrivals=stream.arrivals_until(SETTLED_FRACTION * duration))
     wall = time.perf_counter()
     engine, clock = engine or sim_engine(profile, settings, hf_config=hf_config,
-                                         acceptance=acceptance, seed=seed)
+                                         acceptance=acceptance, drafts=drafts, seed=seed)
     vocab = engine.info.vocab_size
     live: dict[str, tuple] = {}   # request id -> (SimRequest, record, token times)
     records: list[dict] = []
@@ -116,6 +118,8 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
         evictions=float(stats.evictions), stopped_at=stopped,
         gave_up=float(bool(settling and settling.failed)),
         sim_wall_s=time.perf_counter() - wall)
+    if engine.spec_stats.num_draft_tokens:   # as a real trial reports it (server_metrics)
+        figures["spec_acceptance_rate"] = engine.spec_stats.acceptance_rate
     return SimResult(samples, figures, schedule)
 
 
