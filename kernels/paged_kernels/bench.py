@@ -82,25 +82,48 @@ def time_us(fn) -> float:
         return 1000.0 * triton.testing.do_bench(fn, warmup=10, rep=50)
 
 
+def decode_inputs(*, batch, context, num_heads, num_kv_heads, head_dim, dtype, device):
+    """One decode step's tensors: keys and values in paged storage order [batch, context, kv_heads, D], queries
+    [batch, heads, D], and a function running the same attention with SDPA on contiguous copies of K/V
+    (output [batch, heads, 1, D]: the reference and the speed bar)."""
+    key = torch.randn(batch, context, num_kv_heads, head_dim, device=device, dtype=dtype)
+    value = torch.randn(batch, context, num_kv_heads, head_dim, device=device, dtype=dtype)
+    query = torch.randn(batch, num_heads, head_dim, device=device, dtype=dtype)
+    # Contiguous copies in SDPA's layout [batch, kv_heads, context, D], same values.
+    key_c, value_c = key.transpose(1, 2).contiguous(), value.transpose(1, 2).contiguous()
+    q_c = query[:, :, None, :]
+    scale = head_dim**-0.5
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(q_c, key_c, value_c, scale=scale, enable_gqa=True)
+
+    return query, key, value, sdpa
+
+
+def shuffled_pool(key, value, block_size) -> dict:
+    """paged_attention's cache arguments for one decode per sequence over key/value [batch, context, kv_heads, D]:
+    the same memory viewed as [blocks, block_size, kv_heads, D], sequence b's block-table row a random
+    permutation of its own blocks (b * per_seq ...), so the physical order differs from the logical one."""
+    batch, context, kvh, d = key.shape
+    dev = key.device
+    per_seq = context // block_size
+    order = torch.rand(batch, per_seq, device=dev).argsort(dim=1)
+    tables = (order + per_seq * torch.arange(batch, device=dev)[:, None]).to(torch.int32)
+    return dict(key_cache=key.view(batch * per_seq, block_size, kvh, d),
+                value_cache=value.view(batch * per_seq, block_size, kvh, d),
+                cu_seqlens_q=torch.arange(batch + 1, device=dev, dtype=torch.int32),
+                seq_lens=torch.full((batch,), context, device=dev, dtype=torch.int32), block_tables=tables)
+
+
 def bench_shape(args, *, batch, context, dtype, peak, device="cuda", timer=None) -> list[list[str]]:
     """All block sizes for one batch x context; returns table rows. (device/timer: for tests on CPU.)"""
     from . import triton_attention
 
     timer = timer or time_us
     h, kvh, d = args.num_heads, args.num_kv_heads, args.head_dim
-    dev = torch.device(device)
     scale = d**-0.5
-    # Paged storage: [batch, context, kv_heads, D], viewed per block size as [blocks, block_size, kv_heads, D].
-    key = torch.randn(batch, context, kvh, d, device=dev, dtype=dtype)
-    value = torch.randn(batch, context, kvh, d, device=dev, dtype=dtype)
-    query = torch.randn(batch, h, d, device=dev, dtype=dtype)
-    # Contiguous copies in SDPA's layout [batch, kv_heads, context, D], same values.
-    key_c, value_c = key.transpose(1, 2).contiguous(), value.transpose(1, 2).contiguous()
-    q_c = query[:, :, None, :]
-
-    def sdpa():
-        return torch.nn.functional.scaled_dot_product_attention(q_c, key_c, value_c, scale=scale, enable_gqa=True)
-
+    query, key, value, sdpa = decode_inputs(batch=batch, context=context, num_heads=h, num_kv_heads=kvh, head_dim=d,
+                                            dtype=dtype, device=torch.device(device))
     expected = sdpa()[:, :, 0, :]
     sdpa_us = timer(sdpa)
     elem = key.element_size()
@@ -108,21 +131,13 @@ def bench_shape(args, *, batch, context, dtype, peak, device="cuda", timer=None)
                               block_size=0, elem_bytes=elem)
     rows = [[str(batch), str(context), "contiguous (SDPA)", f"{sdpa_us:.1f}", *bandwidth(sdpa_bytes, sdpa_us, peak),
              "1.00", "-"]]
-    cu_seqlens = torch.arange(batch + 1, device=dev, dtype=torch.int32)
-    seq_lens = torch.full((batch,), context, device=dev, dtype=torch.int32)
     for block_size in args.block_size:
         if context % block_size:
             continue
-        per_seq = context // block_size
-        # Row b: sequence b's own blocks (b * per_seq ...) in random physical order.
-        order = torch.rand(batch, per_seq, device=dev).argsort(dim=1)
-        tables = (order + per_seq * torch.arange(batch, device=dev)[:, None]).to(torch.int32)
-        k_pool = key.view(batch * per_seq, block_size, kvh, d)
-        v_pool = value.view(batch * per_seq, block_size, kvh, d)
+        pool = shuffled_pool(key, value, block_size)
 
         def paged():
-            return triton_attention.paged_attention(query, k_pool, v_pool, cu_seqlens_q=cu_seqlens,
-                                                    seq_lens=seq_lens, block_tables=tables, scale=scale)
+            return triton_attention.paged_attention(query, scale=scale, **pool)
 
         err = (paged().float() - expected.float()).abs().max().item()
         us = timer(paged)
