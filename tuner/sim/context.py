@@ -113,7 +113,12 @@ class SimContext:
                      f"drafts of speculative settings ({time.perf_counter() - started:.1f} s)")
         key = drafting_key(spec)
         if key not in self._drafts:
-            self._drafts[key] = replay(spec, self.replies)
+            model = self._drafts[key] = replay(spec, self.replies)
+            self.log(f"simulator: {model.method} k={spec['num_speculative_tokens']} on the "
+                     f"model's replies: {model.draft_share:.0%} of {model.steps} decode steps "
+                     f"draft, acceptance by position "
+                     f"{' '.join(f'{a:.2f}' for a in model.accept)}, "
+                     f"{model.tokens_per_step:.2f} tokens per step")
         return self._drafts[key]
 
     def run(self, settings: dict, rate: float | None, *, probe: bool = False) -> SimResult:
