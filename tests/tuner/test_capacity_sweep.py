@@ -77,6 +77,11 @@ class FakeSim:
     calls: list = field(default_factory=list)
     fits: list = field(default_factory=list)     # the profile's fit of each call
     front_seconds: float = 0.0
+    refit_scale: float = 1.0    # capacities x this on any profile but the first (a refit)
+    calibration: Profile | None = None
+
+    def __post_init__(self):
+        self.calibration = self.calibration or self.profile
 
     @staticmethod
     def truth(settings: dict) -> float:
@@ -88,7 +93,8 @@ class FakeSim:
         self.fits.append(self.profile.fit)
         if "kv_offloading_size" in settings:
             raise AssertionError("the simulator was given a setting it does not model")
-        return search_capacity(_knee(self.truth(settings)), {"chat": {"ttft": 1.0}},
+        scale = 1.0 if self.profile is self.calibration else self.refit_scale
+        return search_capacity(_knee(self.truth(settings) * scale), {"chat": {"ttft": 1.0}},
                                start=start, **search)
 
 
@@ -260,7 +266,7 @@ def test_the_search_runs_on_the_pilots_served_steps(tmp_path, monkeypatch):
         _steps_law(series)
         return lambda: None
     monkeypatch.setattr(cs, "read_steps", read_steps)
-    calibrated, logs = FakeSim(), []
+    calibrated, logs = FakeSim(refit_scale=0.5), []   # the refit predicts the real 0.5 x
     plan = cs.CapacityPlan(sim=calibrated, sim_base={}, trials=6, real_probes=4,
                            log=logs.append)
     real_launch = []

@@ -34,7 +34,8 @@ from tuner.measure.capacity import CapacityResult, interpolated, measure_capacit
 from tuner.search.capacity_latency import latency_comparison
 from tuner.search.stats import decide, paired_gain
 from tuner.search import capacity_front
-from tuner.sim.live_profile import live_profile, read_steps
+from tuner.search.capacity_profile import live_refit
+from tuner.sim.live_profile import read_steps
 
 SIM_UNMODELLED = ("kv_offloading_size",)   # tiers are not simulated (tuner/sim/engine.py)
 SIM_REL_TOL = 0.1       # a simulated capacity is known to 10 %
@@ -55,6 +56,7 @@ class CapacityPlan:
     trace_rate: float | None = None
     log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr))
     live: bool = False             # the profile was refitted from the pilot's steps
+    profile_check: dict | None = None  # both profiles against the pilot (live_refit)
     front: bool = False            # measure the front-end time (capacity_front.py)
 
 
@@ -249,22 +251,6 @@ def _pilot(plan: CapacityPlan, config, settings: dict, sim: float) -> dict:
             "light": light}
 
 
-def live_refit(plan: CapacityPlan, series: list) -> None:
-    """The simulator's profile refitted from the pilot's steps when they are enough (else
-    the calibration stays, and the log says why)."""
-    try:
-        profile = live_profile(plan.sim.profile, series)
-    except ValueError as exc:
-        plan.log(f"profile: the calibration stays ({exc})")
-        return
-    plan.log(f"profile: refitted from the pilot's {profile.num_steps} served steps, form "
-             f"{profile.fit.form}, held-out error {profile.fit.heldout_error:.1%} "
-             f"(calibration: {plan.sim.profile.fit.form}, "
-             f"{plan.sim.profile.fit.heldout_error:.1%})")
-    plan.sim = dataclasses.replace(plan.sim, profile=profile)
-    plan.live = True
-
-
 def _infeasible():
     from tuner.measure.runner import Infeasible
     return Infeasible
@@ -293,7 +279,10 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
         if first.capacity is None:
             raise ValueError(f"the baseline settings are refused: {first.infeasible}")
         pilot = _pilot(plan, config, baseline.settings, first.capacity)
-        live_refit(plan, pilot.pop("series"))
+        live_refit(plan, pilot.pop("series"), real=pilot["capacity"], calibrated=first.capacity,
+                   predict=lambda sim: simulate_point(
+                       dataclasses.replace(plan, sim=sim), _sim_settings(baseline.settings),
+                       start=first.capacity).capacity)
         light = pilot.pop("light")
         if plan.front:
             capacity_front.calibrate_front(
@@ -316,7 +305,7 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
                           "heldout_error": plan.sim.profile.fit.heldout_error,
                           "front_s": plan.sim.front_seconds,
                           "source": "live (the pilot's steps)" if plan.live
-                          else "calibration"}}
+                          else "calibration", "check": plan.profile_check}}
     if len(arms) == 1 or config.confirm_rounds < 2:
         record.update(arms=arms, rounds=0, winner=None,
                       reason="no candidate differs from the baseline" if len(arms) == 1
