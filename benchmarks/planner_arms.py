@@ -37,11 +37,15 @@ class SimPrediction:
         self.capacity = ctx.capacity(settings).rate
         self._itl: dict[float, float | None] = {}
 
-    def __call__(self, per_replica_rate: float) -> Prediction:
+    def itl_at(self, per_replica_rate: float) -> float | None:
         key = float(f"{per_replica_rate:.2g}")
         if key not in self._itl:
             self._itl[key] = self.ctx.run(self.settings, key).figures.get("itl_p50")
-        return Prediction(capacity=self.capacity, itl_p50=self._itl[key])
+        return self._itl[key]
+
+    def __call__(self, per_replica_rate: float) -> Prediction:
+        return Prediction(capacity=self.capacity, itl_p50=self.itl_at(per_replica_rate),
+                          itl_at=self.itl_at)
 
 
 class PlannerArm:

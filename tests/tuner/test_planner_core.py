@@ -1,9 +1,11 @@
 """The SLO planner's arithmetic (tuner/planner/core.py) on synthetic observations."""
 import pytest
 
-from tuner.planner.core import Observation, Planner, PlannerSpec, Prediction
+from tuner.planner.core import (UTILISATION, Observation, Planner, PlannerSpec, Prediction,
+                                slowdown)
 
-PRED = Prediction(capacity=10.0, itl_p50=0.05)
+# a replica planned at 10 req/s: its SLO capacity, less the planner's margin
+PRED = Prediction(capacity=10.0 / UTILISATION, itl_p50=0.05)
 
 
 def _obs(at, rate, replicas, itl=0.05):
@@ -24,7 +26,7 @@ def test_a_lower_capacity_for_the_mix_raises_the_replicas():
     """A mix shift (longer prompts): the predictor's capacity falls, the replicas rise."""
     short = Planner(PlannerSpec(max_replicas=20)).decide(_obs(0, 30.0, 1), PRED)
     long = Planner(PlannerSpec(max_replicas=20)).decide(
-        _obs(0, 30.0, 1), Prediction(capacity=4.0, itl_p50=0.05))
+        _obs(0, 30.0, 1), Prediction(capacity=4.0 / UTILISATION, itl_p50=0.05))
     assert (short.replicas, long.replicas) == (3, 8)
 
 
@@ -34,7 +36,7 @@ def test_the_correction_moves_the_prediction_toward_what_was_observed():
     assert first.correction == pytest.approx(1.5)            # half way, from 1
     second = planner.decide(_obs(30, 20.0, 2, itl=0.10), PRED)
     assert second.correction == pytest.approx(1.75)
-    assert second.corrected_capacity == pytest.approx(10.0 / 1.75)
+    assert second.corrected_capacity == pytest.approx(10.0 / 1.75)   # 0.9 x 11.1 / 1.75
     assert second.replicas == 4                               # 20 / 5.71, not 20 / 10
     for t in range(60, 600, 30):
         last = planner.decide(_obs(t, 20.0, 4, itl=0.10), PRED)
@@ -161,3 +163,63 @@ def test_a_queue_is_sized_to_clear_within_one_interval():
     longer = Planner(PlannerSpec(max_replicas=10, interval=60)).decide(
         Observation(at=0, rate=19.5, replicas=2, waiting=30.0), PRED)
     assert longer.replicas == 2                                      # 20.0 / 10
+
+
+def _profiled_itl(r):
+    """A profile's median inter-token latency that rises toward its capacity of 30 req/s."""
+    return 0.05 / (1 - r / 30) if r < 29 else None
+
+
+def test_the_slowdown_is_solved_by_time_scaling_not_read_as_a_ratio():
+    """An engine 1.25x slower than its profile at 20 req/s per replica serves like the
+    profile at 25 req/s with every time 1.25x longer: its gaps read 0.375 s against the
+    profile's 0.15 s at 20 req/s. The plain ratio says 2.5x slower; the solve 1.25x."""
+    observed = 1.25 * _profiled_itl(20 * 1.25)
+    assert observed / _profiled_itl(20) == pytest.approx(2.5)
+    for around in (1.0, 0.3, 4.0, 1.25):         # wherever the smoothed correction stands
+        assert slowdown(observed, 20.0, _profiled_itl, around) == pytest.approx(1.25, rel=0.02)
+    # a flat profile: the ratio itself, exactly
+    assert slowdown(0.10, 20.0, lambda r: 0.05, 1.0) == pytest.approx(2.0)
+    assert slowdown(0.01, 5.0, lambda r: 0.05, 3.0) == pytest.approx(0.25)   # at the bounds
+    assert slowdown(1.00, 5.0, lambda r: 0.05, 0.5) == pytest.approx(4.0)
+    # the planner learns it: replicas for 100 req/s at 0.9 x 24 per replica, not at 0.9 x 12
+    planner = Planner(PlannerSpec(max_replicas=50))
+    pred = Prediction(capacity=30.0, itl_p50=_profiled_itl(20), itl_at=_profiled_itl)
+    for t in range(0, 600, 30):
+        last = planner.decide(_obs(t, 100.0, 5, itl=observed), pred)
+    assert last.correction == pytest.approx(1.25, rel=0.02)
+    assert last.replicas == 5                      # 100 / 21.6; the ratio's 2.5 gave 10
+
+
+def test_each_replica_is_planned_below_its_slo_capacity():
+    """At its SLO capacity a replica meets the SLOs for just the target share: the planner
+    keeps UTILISATION of it (0.9): 19 req/s at 10 per replica takes 3, not 2."""
+    planner = Planner(PlannerSpec(max_replicas=10))
+    assert planner.decide(_obs(0, 19.0, 1), Prediction(capacity=10.0)).replicas == 3
+    assert Planner(PlannerSpec(max_replicas=10)).decide(
+        _obs(0, 17.9, 1), Prediction(capacity=10.0)).replicas == 2
+
+
+def test_a_queue_being_cleared_is_not_held_by_the_stabilisation():
+    """After a step the replicas that cleared the queue go as soon as it is gone; the ones
+    the arrivals asked for stay for the stabilisation window."""
+    planner = Planner(PlannerSpec(max_replicas=20, interval=15,
+                                  scale_down_stabilization=60))
+    assert planner.decide(Observation(at=0, rate=10.0, replicas=1), PRED).replicas == 1
+    step = planner.decide(Observation(at=15, rate=30.0, replicas=1, waiting=600.0), PRED)
+    assert step.replicas == 7                      # (30 + 600 / 15) / 10
+    cleared = planner.decide(Observation(at=30, rate=30.0, replicas=7, waiting=0.0), PRED)
+    assert cleared.replicas == 3                   # the arrivals' 3, at once
+    dip = planner.decide(Observation(at=45, rate=10.0, replicas=3, waiting=0.0), PRED)
+    assert dip.replicas == 3 and "arrivals wanted 3" in dip.reason
+
+
+def test_the_idle_window_is_not_held_again_by_the_stabilisation():
+    planner = Planner(PlannerSpec(min_replicas=0, max_replicas=4, interval=30,
+                                  idle_window=120, scale_down_stabilization=60))
+    replicas = [planner.decide(_obs(0, 25.0, 1), PRED).replicas]
+    for t in range(30, 181, 30):
+        replicas.append(planner.decide(_obs(t, 0.0, replicas[-1]), PRED).replicas)
+    # the arrivals' 3 held for 60 s, then 1 while idle < 120 s, then 0 at 120 s: the idle
+    # intervals' one replica is not held for another 60 s
+    assert replicas == [3, 3, 3, 1, 0, 0, 0]

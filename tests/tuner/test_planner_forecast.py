@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from paged_api import autoscaling
-from tuner.planner.core import Observation, Planner, PlannerSpec, Prediction
+from tuner.planner.core import UTILISATION, Observation, Planner, PlannerSpec, Prediction
 from tuner.planner.forecast import FORECASTS, MIN_POINTS, WINDOW, Forecaster
 
 
@@ -38,7 +38,7 @@ def test_a_flat_or_noisy_rate_forecasts_its_level_and_a_fall_stops_at_zero():
 
 
 def test_the_planner_scales_for_the_forecast():
-    pred = Prediction(capacity=10.0, itl_p50=0.05)
+    pred = Prediction(capacity=10.0 / UTILISATION, itl_p50=0.05)   # 10 planned per replica
     plans = {m: Planner(PlannerSpec(max_replicas=20, forecast=m)) for m in FORECASTS}
     last = {}
     for i, rate in enumerate([10.0, 20.0, 30.0, 40.0, 50.0, 60.0]):

@@ -18,7 +18,7 @@ from paged_api.service import InvalidSpecError, parse_spec
 from tuner.measure.loadgen import LoadSpec, run_load
 from tuner.measure.promql import PrometheusReader, write_target
 from tuner.planner.metrics import PlannerMetrics
-from tuner.planner.core import Prediction
+from tuner.planner.core import UTILISATION, Prediction
 from tuner.planner.run import Loop, ServiceScale, held_at, selector
 
 __all__ = ["api_url"]   # the module's API server (a fixture)
@@ -91,7 +91,7 @@ def test_a_served_load_scales_the_deployment_and_the_decision_is_recorded(
 
         def predict(fitted, per_replica_rate):   # one replica serves a quarter of the load
             seen.append(per_replica_rate)
-            return Prediction(capacity=seen[0] / 4)
+            return Prediction(capacity=seen[0] / 4 / UTILISATION)
         return predict
 
     scale = ServiceScale(api, "default", "chat")

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from benchmarks.planner_arms import HpaArm, OracleArm, PlannerArm
-from tuner.planner.core import PlannerSpec, Prediction
+from tuner.planner.core import UTILISATION, PlannerSpec, Prediction
 from tuner.sim import fleet as fleet_mod
 from tuner.sim.fleet import Fleet, Script, oracle_replicas, violation_seconds
 from tuner.sim.profile import Fit, Identity, Memory, Profile
@@ -199,7 +199,7 @@ def test_planner_arm_wakes_only_on_held_requests_and_feeds_the_planner():
 
     def predict(per_replica):
         seen.append(per_replica)
-        return Prediction(capacity=2.0, itl_p50=0.05)
+        return Prediction(capacity=2.0 / UTILISATION, itl_p50=0.05)   # 2 planned
     arm = PlannerArm(spec, predict)
     assert arm.period == 1.0            # looks at the router every second while at zero
     assert arm(View(0, []), 15) == 0

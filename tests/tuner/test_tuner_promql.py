@@ -160,7 +160,7 @@ def test_the_planner_observes_the_service_through_prometheus(prometheus, tmp_pat
     """tuner/planner/observe.py: the window's rate, mix and latency as Prometheus scraped
     them from a served load; a planning step from them; no Prometheus: replicas held."""
     from tuner.measure.loadgen import run_load
-    from tuner.planner.core import Planner, PlannerSpec, Prediction
+    from tuner.planner.core import UTILISATION, Planner, PlannerSpec, Prediction
     from tuner.planner.observe import Step, observe
 
     proc, targets = prometheus
@@ -181,7 +181,8 @@ def test_the_planner_observes_the_service_through_prometheus(prometheus, tmp_pat
 
     def predictor(fitted, per_replica_rate):
         seen.append((fitted.requests, per_replica_rate))
-        return Prediction(capacity=obs.rate / 3, itl_p50=obs.itl_p50)   # no correction
+        return Prediction(capacity=obs.rate / 3 / UTILISATION,    # 3 replicas planned
+                          itl_p50=obs.itl_p50)                 # no correction
     step = Step(Planner(PlannerSpec(max_replicas=10)), reader, sel, predictor,
                 window=end - start)
     decision, _ = step(at=end, replicas=2)

@@ -87,6 +87,7 @@ class SimPredictor:
         step series (else the profile's fit stands)."""
         self.ctx, self.settings, self.live = ctx, settings, live
         self._capacity: dict[tuple, float] = {}
+        self._itl: dict[tuple, float | None] = {}   # by (mix, per-replica rate)
 
     def refresh(self, at: float) -> None:
         """The service's own steps and KV pool, when `live` has them (see the module)."""
@@ -96,9 +97,11 @@ class SimPredictor:
         if profile is not None:
             self.ctx = dataclasses.replace(self.ctx, profile=profile, _loaded=self.ctx._loaded)
             self._capacity.clear()
+            self._itl.clear()
         if blocks is not None and blocks != self.settings.get("num_gpu_blocks_override"):
             self.settings = {**self.settings, "num_gpu_blocks_override": blocks}
             self._capacity.clear()
+            self._itl.clear()
 
     def __call__(self, fitted: FittedWorkload, per_replica_rate: float) -> Prediction:
         if self.ctx.profile.fit.form == UNFITTED:
@@ -115,7 +118,13 @@ class SimPredictor:
         if key not in self._capacity:
             result = ctx.capacity(self.settings)
             self._capacity[key] = result.rate
-        itl = None
-        if per_replica_rate > 0:
-            itl = ctx.run(self.settings, per_replica_rate).figures.get("itl_p50")
-        return Prediction(capacity=self._capacity[key], itl_p50=itl)
+
+        def itl_at(rate: float) -> float | None:
+            """The simulated median inter-token latency at this per-replica rate (to two
+            digits: the correction's solve asks for nearby rates again)."""
+            rate = float(f"{rate:.2g}")
+            if (key, rate) not in self._itl:
+                self._itl[key, rate] = ctx.run(self.settings, rate).figures.get("itl_p50")
+            return self._itl[key, rate]
+        itl = itl_at(per_replica_rate) if per_replica_rate > 0 else None
+        return Prediction(capacity=self._capacity[key], itl_p50=itl, itl_at=itl_at)
