@@ -225,7 +225,8 @@ def test_without_a_cached_profile_the_planner_calibrates_nothing_and_waits_for_a
         profile_file, tmp_path, monkeypatch):
     """tuner/planner/run.sim_predictor: no calibration cached for the service's model: the
     profile comes from its config alone (no step timed here), predictions are refused by
-    name until the service's own steps give a fit, then they are made."""
+    name until the service's own steps give a fit, then they are made, speculation
+    included, without running the model."""
     import json
 
     from engine.kv_capacity import KVShape
@@ -241,7 +242,11 @@ def test_without_a_cached_profile_the_planner_calibrates_nothing_and_waits_for_a
     def refuse(*args, **kwargs):
         raise AssertionError("the planner must not calibrate")
     monkeypatch.setattr(calibrate, "run_calibration", refuse)
+    # nor run the model for replies to replay its speculative method on (tuner/sim/drafts.py)
+    monkeypatch.setattr("tuner.sim.drafts.model_replies", refuse)
     spec = parse_spec({"model": {"uri": "builtin://default"}, "router": {"enabled": True},
+                       "engine": {"speculative": {"method": "ngram",
+                                                  "numSpeculativeTokens": 2}},
                        "autoscaling": {"mode": "slo", "minReplicas": 0, "maxReplicas": 4,
                                        "slo": {"ttftSeconds": 3.0, "itlSeconds": 0.3}}},
                       name="svc", namespace="team")

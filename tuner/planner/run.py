@@ -72,8 +72,10 @@ def sim_predictor(spec: ServiceSpec):
         profile = load_profile(spec.model.engine_arg, threads, calibrate=False)
     except ValueError:
         profile = config_profile(spec.model.engine_arg, threads)
+    # acceptance 0: the planner runs no model, so no replies to replay a speculative
+    # method on (tuner/sim/drafts.py); its drafts are simulated as verified and rejected
     ctx = SimContext(profile=profile, slos=dict(auto.planner.slos), model=profile.identity.model,
-                     attainment=auto.planner.target_attainment)
+                     attainment=auto.planner.target_attainment, acceptance=0.0)
     live = LiveSteps(PrometheusReader(auto.prometheus_server_address, timeout=30),
                      selector(spec))
     return SimPredictor(ctx, settings, live=live)
