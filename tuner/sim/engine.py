@@ -8,8 +8,9 @@ that make the sampler pick a token of its choosing: a fresh pseudo-random one pe
 probability (one for every position, or one per position: draft j given drafts 1..j-1
 were accepted), in order, up to the first rejection. With a DraftModel (tuner/sim/
 drafts.py) the drafts themselves come from a ModelledProposer: as often and as long as the
-method drafts on the model's own replies, accepted at its per-position rates. The engine reads that clock for every
-timestamp, so requests' TTFT, inter-token gaps and latencies come out in virtual seconds.
+method drafts on the model's own replies, accepted at its per-position rates. The engine
+reads that clock for every timestamp, so requests' TTFT, inter-token gaps and latencies
+come out in virtual seconds.
 
 Token ids are folded into a small vocabulary (id mod SIM_VOCAB): the logits stay small,
 and equal prompts stay equal, so the prefix cache hits exactly as it would.
