@@ -50,6 +50,7 @@ MASTER_PORT_ENV = "TUNER_LOCUST_MASTER_PORT"  # load workers are pods (spec.load
 INDEX_ENV = "JOB_COMPLETION_INDEX"           # set by Kubernetes in an Indexed Job
 
 MODES = ("Manual", "Auto")
+OBJECTIVES = ("Goodput", "Capacity")
 DEFAULT_WORKLOAD = "chat"       # when neither workload nor workloadFrom is given
 # spec.engine key -> setting
 BY_KEY = {s.field: name for name, s in SETTINGS.items() if s.field and s.section == "engine"}
@@ -102,6 +103,7 @@ class TuningSpec:
     load_workers: int = 1
     capacity: CapacitySpec | None = None     # None: only for Auto on an autoscaled target
     tuner_pods: int = 1             # pods sharing the study (spec.storage's database)
+    objective: str = "Goodput"      # Capacity: searched on the simulator (capacity_job.py)
 
 
 def parse_duration(value: Any, field: str) -> float:
@@ -215,6 +217,21 @@ def tuner_pods(spec: dict[str, Any]) -> int:
     return pods
 
 
+def objective_of(spec: dict[str, Any]) -> str:
+    """spec.objective (default Goodput). Capacity searches the rate itself, on the
+    simulator in one pod: no spec.rate, no second tuner pod."""
+    objective = spec.get("objective") or "Goodput"
+    if objective not in OBJECTIVES:
+        raise ValueError(f"spec.objective: {objective!r} is not Goodput or Capacity")
+    if objective == "Capacity" and spec.get("rate") is not None:
+        raise ValueError("spec.rate: the Capacity objective searches the rate itself; drop "
+                         "spec.rate (or use spec.objective Goodput for one fixed rate)")
+    if objective == "Capacity" and (spec.get("tunerPods") or 1) > 1:
+        raise ValueError("spec.tunerPods: the Capacity objective searches on the simulator "
+                         "in one pod; set tunerPods to 1")
+    return objective
+
+
 def verify_window(spec: dict[str, Any]) -> float:
     """spec.apply.verifyWindow (default 5m), which only a Prometheus can read."""
     given = (spec.get("apply") or {}).get("verifyWindow")
@@ -245,6 +262,7 @@ def parse_tuning(spec: dict[str, Any]) -> TuningSpec:
     rounds = _number(confirm, "rounds", int, 3, low=2)
     if spec.get("users") is not None and spec.get("rate") is not None:
         raise ValueError("spec.users and spec.rate: give one (closed or open loop), not both")
+    objective = objective_of(spec)
     capacity = spec.get("capacity")
     if capacity is not None:
         if not isinstance(capacity, dict):
@@ -270,7 +288,7 @@ def parse_tuning(spec: dict[str, Any]) -> TuningSpec:
         startup_timeout=parse_duration(spec.get("startupTimeout", "600s"), "startupTimeout"),
         seed=_number(spec, "seed", int, 0, low=0), workload_from=source,
         load_workers=_number(spec, "loadWorkers", int, 1, low=1), capacity=capacity,
-        tuner_pods=tuner_pods(spec))
+        tuner_pods=tuner_pods(spec), objective=objective)
 
 
 def spec_error(spec: dict[str, Any]) -> str | None:

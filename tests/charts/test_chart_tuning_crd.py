@@ -36,6 +36,9 @@ VALID = [
     {"searchSpace": None},   # the settings table's default ranges
     {"searchSpace": {"offloadGiB": [0, 1, 2]}},   # the host KV tier (spec.kvCache)
     {"searchSpace": {"offloadGiB": {"min": 0.5, "max": 4}, "maxNumSeqs": [8]}},
+    {"objective": "Capacity", "capacity": {"maxProbes": 4, "attainment": 0.95}},
+    {"objective": "Goodput", "rate": 2.0},
+    {"objective": "Goodput", "tunerPods": 2, "storage": {"secretRef": {"name": "db"}}},
 ]
 # (spec, where the broken rule is declared, what the operator's message names)
 INVALID = [
@@ -51,6 +54,10 @@ INVALID = [
     ({"apply": {"mode": "Auto", "verifyWindow": "5m"}}, "spec",
      "spec.apply.verifyWindow needs spec.prometheus.url"),
     ({"tunerPods": 2}, "spec", "spec.tunerPods 2 needs spec.storage.secretRef"),
+    ({"objective": "Capacity", "rate": 2.0}, "spec",
+     "spec.rate: the Capacity objective searches the rate itself"),
+    ({"objective": "Capacity", "tunerPods": 2, "storage": {"secretRef": {"name": "db"}}},
+     "spec", "spec.tunerPods: the Capacity objective searches on the simulator in one pod"),
 ]
 
 
@@ -91,7 +98,7 @@ def test_invalid_load_sources_break_a_rule_and_the_operator_and_tuner_refuse_the
                                   {"workloadFrom": {"prometheus": {"window": "a day"}}, **PROM},
                                   {"workloadFrom": {"trace": {"url": "ftp://x"}}},
                                   {"apply": {"verifyWindow": "five minutes"}, **PROM},
-                                  {"tunerPods": 0}])
+                                  {"tunerPods": 0}, {"objective": "capacity"}])
 def test_the_schema_bounds_the_new_fields(spec):
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.Draft4Validator(SCHEMA).validate(tuning(**spec))

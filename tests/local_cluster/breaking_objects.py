@@ -46,6 +46,8 @@ BREAKING = [
     pit(workloadFrom={"prometheus": {}}),
     pit(apply={"verifyWindow": "5m"}),
     pit(tunerPods=2),
+    pit(objective="Capacity", rate=1.0),
+    pit(objective="Capacity", tunerPods=2, storage={"secretRef": {"name": "db"}}),
     pit(workloadFrom={"trace": {"url": "http://t"}, "prometheus": {}},
         prometheus={"url": "http://p"}),
     pit(workloadFrom={"trace": {"configMapRef": {"name": "c"}, "url": "http://t"}}),

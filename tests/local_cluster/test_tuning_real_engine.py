@@ -101,3 +101,74 @@ def test_auto_tuning_on_the_real_engine(local_cluster) -> None:
     assert trial_services(cluster, "tiny-auto") == []
     cluster.kubectl("wait", "job/tiny-auto-tuner", "--for=condition=Complete",
                     "--timeout=30s", timeout=40)
+
+
+def capacity_tuning() -> dict:
+    return {"apiVersion": "serving.pagedinference.dev/v1alpha1",
+            "kind": "PagedInferenceTuning", "metadata": {"name": "tiny-cap"},
+            "spec": {"targetRef": {"name": "cap"}, "objective": "Capacity",
+                     "workload": "chat", "trials": 6, "trialDuration": "6s",
+                     "lengthScale": 0.25, "warmupRequests": 1,
+                     "slo": {"ttftSeconds": 1.5, "itlSeconds": 0.5},
+                     "searchSpace": {"maxNumSeqs": [1, 2, 4, 8]},
+                     "capacity": {"maxProbes": 2}, "confirm": {"rounds": 2},
+                     "startupTimeout": "180s", "apply": {"mode": "Auto", "minGain": 0}}}
+
+
+def test_capacity_tuning_on_the_real_engine(local_cluster) -> None:
+    """spec.objective Capacity: a pilot of the target's settings (maxNumSeqs 1) on a trial
+    service fits the simulator's step times and pool; six settings are simulated; the best
+    and the baseline are measured for real (capacity searches, 2 rounds); the winner is
+    applied and verified by an open-loop load at the rate its gain promises."""
+    cluster = local_cluster
+    body = service()
+    body["metadata"]["name"] = "cap"
+    body["spec"]["model"]["servedName"] = "cap"
+    apply(cluster, body)
+    cluster.kubectl("wait", "pis/cap", "--for=condition=Ready", "--timeout=200s", timeout=210)
+    started = time.monotonic()
+    apply(cluster, capacity_tuning())
+    status = finished(cluster, "tiny-cap", timeout=900)["status"]
+    print(f"\ncapacity tuning: {time.monotonic() - started:.0f} s; pilot {status['pilot']}; "
+          f"simulation {status['simulation']}; confirmation {status['confirmation']}; "
+          f"gain {status['gain']}; verification {status.get('verification')}")
+    # the pilot: a real capacity, whose served steps became the simulator's profile
+    assert "failed" not in status["pilot"] and status["pilot"]["capacity"] > 0
+    simulation = status["simulation"]
+    assert simulation["profile"]["source"] == "live (the pilot's steps)"
+    assert simulation["profile"]["heldoutError"] is not None
+    assert simulation["settings"] == 6 and status["trialsText"] == "6/6 simulated"
+    best_simulated = simulation["best"][0]
+    assert best_simulated["capacity"] >= simulation["baselineCapacity"]
+    shown = [json.dumps(p["engine"], sort_keys=True) for p in simulation["best"]]
+    assert len(shown) == len(set(shown))   # each setting once, however often proposed
+    # the confirmation: the baseline and the best simulated setting, for real, twice
+    base, c1 = status["confirmation"]
+    assert base["label"] == "baseline" and c1["label"] == "C1"
+    assert c1["engine"] == best_simulated["engine"] != base["engine"]
+    for arm in (base, c1):
+        assert len(arm["capacities"]) == 2 and all(c > 0 for c in arm["capacities"]), arm
+        assert arm["failed"] == []
+    # the simulator, fitted on the pilot alone, is near the baseline's real capacity
+    real = sorted(base["capacities"])[0]
+    assert 0.4 < simulation["baselineCapacity"] / real < 2.5, (simulation, base)
+    # batching beats one sequence at a time: the gain is large, its interval consistent
+    gain = status["gain"]
+    assert gain["rounds"] == 2 and gain["low"] <= gain["ratio"] <= gain["high"]
+    assert gain["ratio"] > 1.3, gain
+    assert status["decision"]["winner"] == "C1"
+    assert status["best"]["capacity"] == pytest.approx(sum(c1["capacities"]) / 2, rel=1e-3)
+    assert status["capacity"]["ratePerReplica"] > 0
+    # Auto: applied and verified by an open-loop probe at baseline x the gain's lower bound
+    verification = status["verification"]
+    assert verification["method"] == "load" and verification["rate"] > 0
+    assert verification["baselineCapacity"] > 0
+    live = cluster.json("get", "pis", "cap")
+    if status["applied"] == "Yes":
+        assert verification["held"] is True
+        assert verification["attainment"] >= 0.9
+        assert live["spec"]["engine"]["maxNumSeqs"] == c1["engine"]["maxNumSeqs"]
+    else:
+        assert status["applied"] == "RolledBack" and verification["held"] is False
+        assert live["spec"]["engine"]["maxNumSeqs"] == 1
+    assert trial_services(cluster, "tiny-cap") == []

@@ -44,16 +44,17 @@ from tuner.measure.trial import measure
 
 
 
-def arm_goodput(arm: dict) -> dict[str, Any]:
-    """Mean goodput of a confirmation arm with its 95 % t-interval over the rounds."""
-    values = [g for g, failed in zip(arm["goodput"], arm["failed"]) if not failed]
+def arm_goodput(arm: dict, figure: str = "goodput") -> dict[str, Any]:
+    """Mean `figure` (goodput, or capacity for spec.objective Capacity) of a confirmation
+    arm with its 95 % t-interval over the rounds."""
+    values = [g for g, failed in zip(arm[figure], arm["failed"]) if not failed]
     if not values:
-        return {"goodput": 0.0}
+        return {figure: 0.0}
     mean = statistics.fmean(values)
-    out: dict[str, Any] = {"goodput": round(mean, 4), "rounds": len(values)}
+    out: dict[str, Any] = {figure: round(mean, 4), "rounds": len(values)}
     if len(values) > 1:
         half = t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-        out["goodputInterval"] = [round(mean - half, 4), round(mean + half, 4)]
+        out[f"{figure}Interval"] = [round(mean - half, 4), round(mean + half, 4)]
     return out
 
 
@@ -62,9 +63,13 @@ def _gain_text(gain: dict) -> str:
 
 
 def apply_decision(run: TuningRun, record: dict, *,
-                   capacity: Callable[..., dict] | None = None) -> None:
+                   capacity: Callable[..., dict] | None = None,
+                   verify_load: Callable[[TuningRun, dict], dict] | None = None) -> None:
     """`capacity(engine, start=rate)`: status.capacity of `engine` (spec.engine keys) from
-    a search starting at `rate` req/s; None: no capacity search."""
+    a search starting at `rate` req/s; None: no capacity search. `record["figure"]`: what
+    the arms measured (default goodput). `verify_load(run, record)`: the verification
+    without PromQL (default: a goodput load against the baseline's)."""
+    figure = record.get("figure", "goodput")
     decision = dict(record["decision"])
     arms = {a["label"]: a for a in record["arms"]}
     gains = {k: g for k, g in (record.get("gains") or {}).items() if g}
@@ -82,7 +87,7 @@ def apply_decision(run: TuningRun, record: dict, *,
     if label is not None:
         gain = gains.get(label)
         fields["best"] = {**to_spec_patch(arms[label]["params"]), "source": "confirmation",
-                          **arm_goodput(arms[label])}   # engine, and kvCache when searched
+                          **arm_goodput(arms[label], figure)}   # engine, kvCache if searched
         if gain:
             fields["gain"] = {"ratio": round(gain["ratio"], 4), "low": round(gain["low"], 4),
                               "high": round(gain["high"], 4), "rounds": gain["rounds"],
@@ -126,7 +131,10 @@ def apply_decision(run: TuningRun, record: dict, *,
         run.publish(**fields, phase="Succeeded", applied="Manual")
         return
     run.publish(**fields, phase="Applying")
-    _apply_and_verify(run, patch["spec"], arm_goodput(arms["baseline"])["goodput"])
+    baseline = arm_goodput(arms["baseline"], figure)[figure]
+    title = figure[0].upper() + figure[1:]
+    _apply_and_verify(run, patch["spec"], {f"baseline{title}": baseline}, lambda: (
+        verify_load(run, record) if verify_load is not None else _verify_goodput(run, baseline)))
 
 
 def section_change(live_spec: dict[str, Any], section: str, wanted: dict[str, Any]
@@ -143,7 +151,8 @@ def section_change(live_spec: dict[str, Any], section: str, wanted: dict[str, An
     return change, None if live is None else {k: live.get(k) for k in change}
 
 
-def _apply_and_verify(run: TuningRun, wanted: dict, baseline_goodput: float) -> None:
+def _apply_and_verify(run: TuningRun, wanted: dict, baseline: dict,
+                      load: Callable[[], dict]) -> None:
     """`wanted`: {"engine": ..., "kvCache": {"offloadGiB": ...}?, "autoscaling": {"target":
     ...}?} to merge into the spec; the sections other than engine and autoscaling are the
     table's (settings_types.Setting.section)."""
@@ -176,10 +185,10 @@ def _apply_and_verify(run: TuningRun, wanted: dict, baseline_goodput: float) -> 
     try:
         cluster.wait_ready(target, timeout=run.spec.startup_timeout,
                            generation=patched["metadata"]["generation"])
-        verification = _verify(run, baseline_goodput, live_before)
+        verification = _verify(run, live_before, load)
     except Infeasible as exc:
-        verification = {"method": "rollout", "goodput": 0.0, "held": False,
-                        "baselineGoodput": round(baseline_goodput, 4),
+        verification = {"method": "rollout", "held": False,
+                        **{k: round(v, 4) for k, v in baseline.items()},
                         "message": f"{target} did not roll out: {exc.reason}"}
     held, why = verification["held"], verification["message"]
     if held:
@@ -222,10 +231,10 @@ def _live_baseline(run: TuningRun) -> dict | None:
     return figures
 
 
-def _verify(run: TuningRun, baseline_goodput: float, live_before: dict | None) -> dict:
+def _verify(run: TuningRun, live_before: dict | None, load: Callable[[], dict]) -> dict:
     """status.verification after the rollout: PromQL on the live traffic when there is
-    enough of it (`promql`: both windows' figures), else a short load against the
-    confirmation's baseline (`fallback` says why)."""
+    enough of it (`promql`: both windows' figures), else `load()`: a short load against
+    the confirmation's baseline (`fallback` says why)."""
     target = run.spec.target
     fallback, record = "no spec.prometheus.url", {}
     if live_before is not None:
@@ -248,6 +257,12 @@ def _verify(run: TuningRun, baseline_goodput: float, live_before: dict | None) -
                     "message": f"verified on {target}'s traffic: {why}"}
         fallback = f"too little live traffic for PromQL: {why}"
         run.publish(verification={**record, "method": "load", "fallback": fallback})
+    return {**record, "method": "load", "fallback": fallback, **load()}
+
+
+def _verify_goodput(run: TuningRun, baseline_goodput: float) -> dict:
+    """The goodput of a short load on the live service against the baseline's."""
+    target = run.spec.target
     figures = measure(run.cluster.endpoint_url(target),
                       dataclasses.replace(run.load, seed=run.spec.seed + 1000),
                       run.slos, workdir=run.out_dir / "verify",
@@ -255,7 +270,7 @@ def _verify(run: TuningRun, baseline_goodput: float, live_before: dict | None) -
     goodput = figures["goodput"]
     floor = 0.5 / run.spec.duration   # as the confirmation floors a goodput of 0
     held = max(goodput, floor) > max(baseline_goodput, floor)
-    return {**record, "method": "load", "fallback": fallback, "held": held,
+    return {"held": held,
             "goodput": round(goodput, 4), "baselineGoodput": round(baseline_goodput, 4),
             "message": f"verified on {target} with a {run.spec.duration:g} s load: goodput "
                        f"{goodput:.3f} req/s vs the baseline's {baseline_goodput:.3f}"}

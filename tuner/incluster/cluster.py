@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from paged_api.contract import GROUP, TUNING_LABEL, VERSION
+from paged_api.contract import API_KEY_FILE_ENV, GROUP, TUNING_LABEL, VERSION
 from paged_api.contract import SERVICE_PLURAL as SERVICES
 from paged_api.contract import TUNING_PLURAL as TUNINGS
 from tuner.measure.runner import Infeasible
@@ -196,3 +196,21 @@ class Cluster:
 
 def dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def api_key(ref: dict) -> str:
+    """The target's API key from the file the operator mounts ($TUNER_API_KEY_FILE)."""
+    where = f"the Secret {ref.get('name')!r} (key {ref.get('key') or 'api-key'!r})"
+    path = os.environ.get(API_KEY_FILE_ENV)
+    if not path:
+        raise ValueError(f"spec.targetRef: the target requires an API key but this Job has "
+                         f"none mounted: delete the tuning and apply it again so that the "
+                         f"operator mounts {where}")
+    try:
+        key = Path(path).read_text().strip()
+    except OSError:
+        key = ""
+    if not key:
+        raise ValueError(f"spec.targetRef: the target's apiKeySecretRef names {where}, "
+                         f"which is missing or empty: create it")
+    return key

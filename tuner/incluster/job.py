@@ -36,13 +36,15 @@ from typing import Any
 
 import optuna
 
+from tuner.incluster import capacity_job
 from tuner.incluster import load as cluster_load
 from tuner.search import study as st
 from tuner.incluster.apply import apply_decision, arm_goodput
-from tuner.incluster.cluster import Cluster, current_namespace, load_client
+from tuner.incluster.cluster import Cluster, api_key, current_namespace, load_client
+from tuner.incluster.history import best_of, pareto
 from tuner.incluster.service_runner import ServiceRunner
 from tuner.incluster.space_bounds import job_space
-from paged_api.contract import (API_KEY_FILE_ENV, BY_KEY, INDEX_ENV, STORAGE_URL_ENV,
+from paged_api.contract import (BY_KEY, INDEX_ENV, STORAGE_URL_ENV,
                                      TuningSpec, parse_tuning)
 from tuner.measure.promql import PrometheusReader
 from tuner.search.confirm import Baseline, run_confirmation
@@ -189,12 +191,16 @@ class Tuning:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
     # ---- confirm ----
-    def confirm(self, study: optuna.Study) -> dict:
+    def baseline(self) -> Baseline:
+        """The target's current settings."""
         known = {k: v for k, v in self.target_engine.items() if k in BY_KEY}
         params = {**from_engine_spec(known, where=f"{self.spec.target} spec.engine"),
                   **sections_baseline(self.target["spec"], self.spec.space,  # host KV tier
                                       where=f"{self.spec.target}'s spec")}
-        baseline = Baseline(params, params, f"{self.spec.target}'s spec.engine")
+        return Baseline(params, params, f"{self.spec.target}'s spec.engine")
+
+    def confirm(self, study: optuna.Study) -> dict:
+        baseline = self.baseline()
         self.publish(phase="Confirming")
         return run_confirmation(study, baseline=baseline, k=self.spec.candidates,
                                 rounds=self.spec.confirm_rounds, seed=self.spec.seed,
@@ -206,6 +212,9 @@ class Tuning:
         """`index`: this pod's JOB_COMPLETION_INDEX (spec.tunerPods > 1): only pod 0 goes
         past the search."""
         quiet_optuna()
+        if self.spec.objective == "Capacity":
+            self.run_capacity()
+            return
         study = st.open_study(storage=storage or f"sqlite:///{self.out_dir}/study.db",
                               study_name=f"{self.cluster.ns}-{self.name}", objective="goodput",
                               seed=self.spec.seed,
@@ -229,46 +238,40 @@ class Tuning:
         apply_decision(self, record, capacity=self.capacity if cluster_load.wants_capacity(
             self.spec, self.target) else None)
 
+    def run_capacity(self) -> None:
+        """spec.objective Capacity (tuner/incluster/capacity_job.py)."""
+        trials = f"{self.spec.trials} simulated"
+        self.publish(workload=cluster_load.describe(self.spec, self.source), phase="Searching",
+                     trialsTotal=self.spec.trials, trialsText=f"0/{trials}")
+        try:
+            record = capacity_job.run_sweep(self, self.baseline(), log)
+        except ValueError as exc:   # no profile could be fitted, or the baseline refused
+            self.publish(phase="Failed", decision={"winner": None, "reason": str(exc)})
+            log(str(exc))
+            return
+        record["figure"] = "capacity"
+        base = record["arms"][0]
+        self.publish(**capacity_job.simulated_status(record),
+                     trialsDone=len(record["simulated"]),
+                     trialsText=f"{len(record['simulated'])}/{trials}",
+                     baseline={"engine": self.target_engine,
+                               **arm_goodput(base, "capacity"), "simulated": base["sim"]},
+                     pilot={"capacity": round(record["pilot"]["capacity"], 4),
+                            **({"failed": record["pilot"]["failed"]}
+                               if record["pilot"]["failed"] else {})},
+                     confirmation=[{"label": a["label"],
+                                    **to_spec_patch(a["params"], record=True),
+                                    "simulated": round(a["sim"], 4),
+                                    "capacities": [round(c, 4) for c in a["capacity"]],
+                                    "failed": [f for f in a["failed"] if f]}
+                                   for a in record["arms"]])
+        attainment = self.spec.capacity.attainment if self.spec.capacity else 0.9
+        self.publish(capacity=capacity_job.capacity_status(record, attainment))
+        apply_decision(self, record, verify_load=capacity_job.verify_capacity)
+
     def capacity(self, engine: dict, start: float, sections: dict | None = None) -> dict:
         self.publish(phase="MeasuringCapacity")
         return cluster_load.measure_capacity(self, engine, start=start, sections=sections)
-
-
-def best_of(history: list[dict]) -> dict | None:
-    measured = [e for e in history if "goodput" in e]
-    if not measured:
-        return None
-    top = max(measured, key=lambda e: e["goodput"])
-    return {"engine": top["engine"], "goodput": top["goodput"], "source": "search"}
-
-
-def pareto(history: list[dict], size: int = 5) -> list[dict]:
-    """Search trials no other trial beats on both goodput (higher) and p99 TTFT (lower)."""
-    measured = [e for e in history if "goodput" in e]
-    front = [e for e in measured if not any(
-        o["goodput"] >= e["goodput"] and o["ttftP99"] <= e["ttftP99"]
-        and (o["goodput"], o["ttftP99"]) != (e["goodput"], e["ttftP99"]) for o in measured)]
-    front.sort(key=lambda e: -e["goodput"])
-    return [{"engine": e["engine"], "goodput": e["goodput"], "ttftP99": e["ttftP99"]}
-            for e in front[:size]]
-
-
-def api_key(ref: dict) -> str:
-    """The target's API key from the file the operator mounts ($TUNER_API_KEY_FILE)."""
-    where = f"the Secret {ref.get('name')!r} (key {ref.get('key') or 'api-key'!r})"
-    path = os.environ.get(API_KEY_FILE_ENV)
-    if not path:
-        raise ValueError(f"spec.targetRef: the target requires an API key but this Job has "
-                         f"none mounted: delete the tuning and apply it again so that the "
-                         f"operator mounts {where}")
-    try:
-        key = Path(path).read_text().strip()
-    except OSError:
-        key = ""
-    if not key:
-        raise ValueError(f"spec.targetRef: the target's apiKeySecretRef names {where}, "
-                         f"which is missing or empty: create it")
-    return key
 
 
 def main(argv: list[str] | None = None) -> int:

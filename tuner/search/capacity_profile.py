@@ -44,3 +44,50 @@ def live_refit(plan, series: list, *, real: float, calibrated: float | None,
             return
     plan.sim = refit
     plan.live = True
+
+
+def pool_blocks(url: str, *, timeout: float = 10.0) -> int | None:
+    """num_gpu_blocks of vllm:cache_config_info on an engine's /metrics (None: absent)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=timeout) as resp:
+        text = resp.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "vllm:cache_config_info" and \
+                    str(sample.labels.get("num_gpu_blocks", "")).isdigit():
+                return int(sample.labels["num_gpu_blocks"])
+    return None
+
+
+def fit_pool(plan, blocks: int, settings: dict) -> None:
+    """The simulator's memory made to give the pilot's pool: `blocks` KV blocks with the
+    baseline's `settings` (the simulated engine's full settings). A profile from
+    config.json (tuner/sim/calibrate.config_profile) knows the KV bytes per token but not
+    the weights or activations; what the pilot's pool leaves of its budget is counted as
+    weights, so other fractions and block sizes scale from the measured point. On a CPU
+    the budget is cpu_memory_gib; on a GPU, whose memory is not in the spec, the device's
+    bytes are what makes the pool fit with those weights (`memory.weight_bytes`). A CPU
+    engine's settings name its cpu_memory_gib (the Job's simulator_base)."""
+    from engine.config import EngineConfig
+
+    memory = plan.sim.profile.memory
+    default = EngineConfig()
+    full = {"block_size": default.block_size, "cpu_memory_gib": default.cpu_memory_gib,
+            "gpu_memory_utilization": default.gpu_memory_utilization, **settings}
+    block, fraction = int(full["block_size"]), float(full["gpu_memory_utilization"])
+    pool = blocks * block * memory.kv_bytes_per_token
+    if "cpu_memory_gib" not in settings:
+        device = (memory.weight_bytes + pool) / fraction
+        fitted = dataclasses.replace(memory, device_bytes=device, activation_base=0.0,
+                                     activation_per_token=0.0)
+    else:
+        budget = fraction * float(full["cpu_memory_gib"]) * 2**30
+        fitted = dataclasses.replace(memory, weight_bytes=budget - pool, activation_base=0.0,
+                                     activation_per_token=0.0)
+    plan.sim = dataclasses.replace(plan.sim, profile=dataclasses.replace(
+        plan.sim.profile, memory=fitted))
+    plan.log(f"profile: the pilot's pool, {blocks} blocks of {block} tokens, sizes the "
+             "simulated engines' pools")

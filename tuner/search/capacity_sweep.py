@@ -34,8 +34,9 @@ from tuner.measure.capacity import CapacityResult, interpolated, measure_capacit
 from tuner.search.capacity_latency import latency_comparison
 from tuner.search.stats import decide, paired_gain
 from tuner.search import capacity_front
-from tuner.search.capacity_profile import live_refit
+from tuner.search.capacity_profile import fit_pool, live_refit, pool_blocks
 from tuner.sim.live_profile import read_steps
+from tuner.sim.profile import UNFITTED
 
 SIM_UNMODELLED = ("kv_offloading_size",)   # tiers are not simulated (tuner/sim/engine.py)
 SIM_REL_TOL = 0.1       # a simulated capacity is known to 10 %
@@ -58,6 +59,9 @@ class CapacityPlan:
     live: bool = False             # the profile was refitted from the pilot's steps
     profile_check: dict | None = None  # both profiles against the pilot (live_refit)
     front: bool = False            # measure the front-end time (capacity_front.py)
+    pilot_start: float = 1.0       # the pilot's first rate when the profile times nothing
+    pool_from_pilot: bool = False  # size the simulated pools from the pilot's (fit_pool)
+    phase: Callable[[str], None] = field(default=lambda s: None)   # "Confirming", when it is
 
 
 @dataclass
@@ -217,6 +221,8 @@ def _pilot(plan: CapacityPlan, config, settings: dict, sim: float) -> dict:
     light: dict = {"rate": max(LIGHT_SHARE * sim, _floor(config))}
 
     def watch(url: str) -> Callable[[], None]:
+        if plan.pool_from_pilot:
+            light["blocks"] = pool_blocks(url)
         stop_reading = read_steps(url, series, max(0.5, config.load.duration / 5))
 
         def stop() -> None:
@@ -274,19 +280,28 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
         plan.log(f"not searched: {', '.join(dropped)} (the simulator does not model KV tiers;"
                  " --objective goodput searches them on real engines)")
     pilot = None
+    timed = plan.sim.profile.fit.form != UNFITTED   # else only the pilot's steps time it
     if config.confirm_rounds >= 2:   # the baseline for real first: its steps, as served
-        first = simulate_point(plan, _sim_settings(baseline.settings), start=1.0)
+        first = simulate_point(plan, _sim_settings(baseline.settings), start=1.0) if timed \
+            else SimPoint(baseline.settings, plan.pilot_start)
         if first.capacity is None:
             raise ValueError(f"the baseline settings are refused: {first.infeasible}")
         pilot = _pilot(plan, config, baseline.settings, first.capacity)
-        live_refit(plan, pilot.pop("series"), real=pilot["capacity"], calibrated=first.capacity,
+        light = pilot.pop("light")
+        if plan.pool_from_pilot and light.get("blocks"):
+            fit_pool(plan, light["blocks"], {**plan.sim_base, **baseline.settings})
+        live_refit(plan, pilot.pop("series"), real=pilot["capacity"],
+                   calibrated=first.capacity if timed else None,
                    predict=lambda sim: simulate_point(
                        dataclasses.replace(plan, sim=sim), _sim_settings(baseline.settings),
                        start=first.capacity).capacity)
-        light = pilot.pop("light")
         if plan.front:
             capacity_front.calibrate_front(
                 plan, {**plan.sim_base, **_sim_settings(baseline.settings)}, light)
+    if plan.sim.profile.fit.form == UNFITTED:
+        raise ValueError("no step-time profile: none is cached for this model, and the "
+                         "pilot's served steps were too few to fit one; lengthen the trials' "
+                         "load (trialDuration) or give a calibrated profile")
     wall = time.perf_counter()
     base, points = simulated_search(plan, config.space, fixed=config.fixed,
                                     baseline=baseline.settings, seed=config.seed)
@@ -311,6 +326,7 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
                       reason="no candidate differs from the baseline" if len(arms) == 1
                       else "not confirmed (--confirm-rounds 0): simulated figures only")
         return record
+    plan.phase("Confirming")
     record.update(confirm_for_real(plan, config, arms, pilot))
     record["real_engines"] = 1 + sum(len(a["capacity"]) for a in arms)   # the pilot too
     record["latency"] = latency_comparison(

@@ -1,0 +1,203 @@
+"""spec.objective Capacity without a cluster: the spec's rules; the pieces the Job's
+capacity sweep adds to tuner/search/capacity_sweep.py (a profile timed by the pilot alone,
+the simulated pools sized from the pilot's, checked against the real engine's own pool);
+the simulator's base settings from the target's spec; the verification probe.
+End to end in a cluster: tests/local_cluster/test_tuning_real_engine.py."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+import tuner.search.capacity_sweep as cs
+from paged_api.contract import parse_tuning, spec_error
+from tuner.incluster import capacity_job
+from tuner.sim.calibrate import config_profile
+from tuner.sim.context import SimContext
+from tuner.sim.profile import UNFITTED, Fit
+
+from test_capacity_sweep import FakeSim, _config, _real, _steps_law  # noqa: F401
+
+BASE = {"targetRef": {"name": "svc"}}
+CPU_TARGET = {"model": {"uri": "builtin://default"}, "engine": {"maxNumSeqs": 4},
+              "resources": {"gpus": 0, "memory": "1Gi"}}
+
+
+def test_the_objective_defaults_to_goodput_and_capacity_is_parsed():
+    assert parse_tuning(BASE).objective == "Goodput"
+    assert parse_tuning({**BASE, "objective": "Capacity"}).objective == "Capacity"
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"objective": "capacity"}, "spec.objective: 'capacity' is not Goodput or Capacity"),
+    ({"objective": "Capacity", "rate": 2.0}, "spec.rate: the Capacity objective searches"),
+    ({"objective": "Capacity", "tunerPods": 2, "storage": {"secretRef": {"name": "db"}}},
+     "spec.tunerPods: the Capacity objective searches on the simulator in one pod"),
+])
+def test_a_capacity_spec_no_job_can_run_names_its_field(fields, message):
+    assert message in spec_error({**BASE, **fields})
+    # the same fields under the goodput loop are fine (one pod with storage is too)
+    goodput = {**fields, "objective": "Goodput"}
+    assert spec_error({**BASE, **goodput}) is None
+
+
+def test_the_simulators_base_is_the_targets_engine_and_its_cpu_memory():
+    base = capacity_job.simulator_base(CPU_TARGET)
+    assert base["max_num_seqs"] == 4 and base["block_size"] == 16   # the CRD's default
+    assert base["cpu_memory_gib"] == pytest.approx(0.25)   # 1 GiB less the runtime
+    gpu = capacity_job.simulator_base({**CPU_TARGET, "resources": {"gpus": 1}})
+    assert "cpu_memory_gib" not in gpu and gpu["max_num_seqs"] == 4
+
+
+POOL = """
+import json, sys
+from engine import LLMEngine
+e = LLMEngine.from_args(model="builtin://default", max_model_len=1024, cpu_memory_gib=2.0,
+                        block_size=int(sys.argv[1]), gpu_memory_utilization=float(sys.argv[2]))
+print(json.dumps([e.info.num_blocks, e.info.kv_bytes_per_block,
+                  e.runner.config.max_num_batched_tokens]))
+"""
+
+
+def _real_pool(block: int, fraction: float) -> tuple[int, int, int]:
+    """(blocks, KV bytes per block, max_num_batched_tokens) of a real engine in a fresh
+    process, as each trial service is (a process's first forward sizes its activations)."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", POOL, str(block), str(fraction)],
+                         capture_output=True, text=True, check=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return tuple(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_the_pilots_pool_sizes_the_simulated_pools_as_the_engine_does():
+    """The oracle is the engine's own pool at other block sizes and fractions (2 GiB of
+    CPU memory): a profile from config.json, in the engine's dtype (float32 on a CPU),
+    fitted to one real pool, gives the others to within 2 % (the engine measures its
+    activations from the process's resident memory, which moves a few MB between runs)."""
+    target = {**CPU_TARGET, "env": [{"name": "PAGED_CPU_MEMORY_GIB", "value": "2"}]}
+    profile = capacity_job.model_memory(config_profile("builtin://default", 1), target)
+    blocks, block_bytes, _ = _real_pool(16, 0.5)
+    assert profile.memory.kv_bytes_per_token * 16 == block_bytes
+    base = capacity_job.simulator_base(target)
+    assert base["cpu_memory_gib"] == 2.0
+    plan = cs.CapacityPlan(sim=SimContext(profile, {}), sim_base=base, log=lambda s: None)
+    cs.fit_pool(plan, blocks, {**base, "block_size": 16, "gpu_memory_utilization": 0.5})
+    memory = plan.sim.profile.memory
+    for block, fraction in ((32, 0.5), (8, 0.3)):
+        real, _, tokens = _real_pool(block, fraction)
+        predicted = memory.num_blocks(block_size=block, fraction=fraction,
+                                      max_num_batched_tokens=tokens, cpu_memory_gib=2.0)
+        assert predicted == pytest.approx(real, rel=0.02), (block, fraction)
+    # the plain config.json profile (2-byte KV, no weights) would be far off
+    plain = config_profile("builtin://default", 1).memory
+    assert plain.num_blocks(block_size=8, fraction=0.3, max_num_batched_tokens=2048,
+                            cpu_memory_gib=2.0) > 1.5 * real
+
+
+def test_on_a_gpu_the_device_is_what_holds_the_weights_and_the_pilots_pool():
+    profile = config_profile("builtin://default", 1)
+    profile = dataclasses.replace(profile, memory=dataclasses.replace(
+        profile.memory, weight_bytes=3e9))
+    plan = cs.CapacityPlan(sim=SimContext(profile, {}), sim_base={}, log=lambda s: None)
+    cs.fit_pool(plan, 1000, {"block_size": 16, "gpu_memory_utilization": 0.8})
+    memory = plan.sim.profile.memory
+    pool = 1000 * 16 * memory.kv_bytes_per_token
+    assert memory.device_bytes == pytest.approx((3e9 + pool) / 0.8)
+    assert memory.num_blocks(block_size=16, fraction=0.8, max_num_batched_tokens=2048,
+                             cpu_memory_gib=99) == 1000
+    assert memory.num_blocks(block_size=32, fraction=0.8, max_num_batched_tokens=2048,
+                             cpu_memory_gib=99) == 500
+
+
+def _unfitted() -> FakeSim:
+    sim = FakeSim()
+    sim.profile = dataclasses.replace(sim.profile, fit=Fit(UNFITTED, {}, float("inf")))
+    sim.calibration = sim.profile
+    return sim
+
+
+def test_a_profile_that_times_nothing_is_timed_by_the_pilot_alone(tmp_path, monkeypatch):
+    calls = _real(monkeypatch)
+    monkeypatch.setattr(cs, "read_steps", lambda url, series, interval: (
+        _steps_law(series), lambda: None)[1])
+    monkeypatch.setattr(cs, "pool_blocks", lambda url: 500)
+    measure = cs.measure_capacity
+    monkeypatch.setattr(cs, "measure_capacity", lambda *a, watch=None, **k: (
+        watch and watch("http://engine:8000")(), measure(*a, **k))[1])
+    sim = _unfitted()
+    plan = cs.CapacityPlan(sim=sim, sim_base={"cpu_memory_gib": 0.5}, trials=4,
+                           real_probes=4, log=lambda s: None, pilot_start=3.0,
+                           pool_from_pilot=True)
+    record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
+    # the pilot started at pilot_start, bracketing widely; nothing was simulated before it
+    assert calls[0]["start"] == 3.0 and calls[0]["growth"] == 2.0
+    assert sim.fits and all(f.form != UNFITTED for f in sim.fits)
+    assert record["profile"]["source"] == "live (the pilot's steps)"
+    assert record["profile"]["check"] is None   # nothing to compare the refit with
+    # the pool: what 500 blocks of the baseline's 16 tokens leave of 0.9 x 0.5 GiB
+    memory = plan.sim.profile.memory
+    assert memory.weight_bytes == pytest.approx(0.9 * 0.5 * 2**30 - 500 * 16 * 1000)
+    assert memory.num_blocks(block_size=16, fraction=0.9, max_num_batched_tokens=8192,
+                             cpu_memory_gib=0.5) == 500
+
+
+def test_a_pilot_too_short_to_time_fails_naming_the_trial_duration(tmp_path, monkeypatch):
+    _real(monkeypatch)
+    monkeypatch.setattr(cs, "read_steps", lambda url, series, interval: lambda: None)
+    measure = cs.measure_capacity
+    monkeypatch.setattr(cs, "measure_capacity", lambda *a, watch=None, **k: (
+        watch and watch("http://engine:8000")(), measure(*a, **k))[1])
+    plan = cs.CapacityPlan(sim=_unfitted(), sim_base={}, trials=4, log=lambda s: None)
+    with pytest.raises(ValueError, match="lengthen the trials' load .trialDuration."):
+        cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
+
+
+@pytest.mark.timeout(240)
+def test_the_verification_probe_holds_below_the_knee_and_not_above(tmp_path, monkeypatch):
+    """The live service is the fake engine taking 10.5 req/s (tests/tuner/
+    test_tuner_capacity.py's knee); the probe runs at the baseline's median real capacity
+    times the winner's lower bound."""
+    from types import SimpleNamespace
+
+    from loadtests.workloads.trace import TraceRequest, write_trace
+    from tuner.measure.loadgen import LoadSpec
+    from tuner.measure.local import EngineLaunch
+    from test_tuner_capacity import FAKE_ENGINE
+
+    monkeypatch.setenv("FAKE_ENGINE_SLOTS", "1")
+    monkeypatch.setenv("FAKE_ENGINE_ITL", json.dumps({"2": 0.02}))
+    trace = tmp_path / "even.jsonl"
+    write_trace(trace, [TraceRequest(timestamp=i / 10, prompt_tokens=8, output_tokens=10)
+                        for i in range(300)])
+    engine = EngineLaunch(engine_cmd=FAKE_ENGINE, startup_timeout=30).process(
+        {"max_num_seqs": 2}, tmp_path / "engine.log")
+    engine.start(timeout=30)
+    try:
+        run = SimpleNamespace(
+            cluster=SimpleNamespace(endpoint_url=lambda name: engine.url),
+            spec=SimpleNamespace(target="svc", capacity=None, duration=3.0,
+                                 warmup_requests=0),
+            load=LoadSpec(workload="trace", trace=str(trace), duration=3, users=1,
+                          arrival="open"),
+            slos={"trace": {"ttft": 0.25}}, source=SimpleNamespace(trace_rate=10.0),
+            prometheus=None, out_dir=tmp_path)
+        record = {"arms": [{"capacity": [4.0, 5.0, 6.0], "failed": [None, "x", None]}],
+                  "gains": {"C1": {"low": 1.2}}, "winner": "C1"}
+        held = capacity_job.verify_capacity(run, record)   # at 5 x 1.2 = 6 req/s
+        assert held["rate"] == pytest.approx(6.0) and held["baselineCapacity"] == 5.0
+        assert held["held"] is True and held["attainment"] >= 0.9, held
+        record["gains"]["C1"]["low"] = 0.5   # a lower bound under 1: the baseline's rate
+        assert capacity_job.verify_capacity(run, record)["rate"] == pytest.approx(5.0)
+        record["gains"]["C1"]["low"] = 4.0                  # at 20 req/s: past the knee
+        missed = capacity_job.verify_capacity(run, record)
+        assert missed["rate"] == pytest.approx(20.0)
+        assert missed["held"] is False and missed["attainment"] < 0.9, missed
+        # the share needed is spec.capacity.attainment's
+        run.spec.capacity = SimpleNamespace(attainment=missed["attainment"] / 4)
+        assert capacity_job.verify_capacity(run, record)["held"] is True
+    finally:
+        engine.stop()

@@ -1,0 +1,213 @@
+"""spec.objective Capacity: the Job's capacity sweep (tuner/search/capacity_sweep.py) with
+trial PagedInferenceServices for engines.
+
+1. **Pilot**: the target's settings on a trial service, its real capacity searched from
+   spec.rate's neighbourhood (1 req/s) while its /metrics step counters are read: the
+   simulator's step times are fitted from them (tuner/sim/live_profile.py) and its KV pools
+   sized from the pilot's (capacity_profile.fit_pool). The profile starts from the model's
+   config.json only (calibrate.config_profile): the Job's pod may run on other hardware
+   than the trial services, so no calibration is run or read here.
+2. **Search**: spec.trials settings of the (bounded) search space simulated, each with its
+   capacity; the engine's own scheduler in virtual time, in this pod.
+3. **Confirm**: the target's settings and the best confirm.candidates measured for real,
+   confirm.rounds interleaved rounds, each measurement a short capacity search
+   (spec.capacity.maxProbes probes of spec.trialDuration) on a fresh trial service named
+   `<tuning>-c<N>`. The gain is the paired capacity ratio with its 95 % interval.
+
+The record's decision goes to tuner.incluster.apply like the goodput loop's, with the
+capacities as the arms' figure. A restarted Job runs the whole sweep again (the simulation
+costs seconds; the real measurements are not resumed).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from paged_api import settings_k8s
+from paged_api.model_source import parse_model
+from tuner.incluster.service_runner import merge_patch, private_disk_tier
+from tuner.incluster.space_bounds import target_memory
+from paged_api.search_space import to_spec_patch
+
+GIB = 2**30
+SIM_SHOWN = 10          # distinct simulated settings in status.simulation.best
+
+
+class TrialService:
+    """One engine of the capacity sweep (tuner.measure.capacity.measure_capacity's
+    `launch.process(...)`): a trial PagedInferenceService with the target's spec and these
+    settings."""
+
+    def __init__(self, launch: "TrialServiceLaunch", name: str, settings: dict) -> None:
+        self.launch, self.name, self.settings = launch, name, settings
+        self.url = ""
+
+    def start(self, timeout: float) -> None:
+        run = self.launch.run
+        patch = to_spec_patch(self.settings)
+        engine = merge_patch(dict(run.target["spec"].get("engine") or {}), patch.pop("engine"))
+        target = {**run.target, "spec": private_disk_tier(merge_patch(run.target["spec"], patch))}
+        run.cluster.create_trial(self.name, target, engine, run.owner)
+        run.cluster.wait_ready(self.name, timeout=timeout)   # Infeasible when Degraded
+        self.url = run.cluster.endpoint_url(self.name)
+        self.launch.log(f"{self.name}: ready at {self.url}")
+
+    def stop(self) -> None:
+        self.launch.run.cluster.delete_service(self.name, wait=True)
+
+
+class TrialServiceLaunch:
+    """The capacity sweep's `config.launch` in a cluster."""
+
+    def __init__(self, run, log) -> None:
+        self.run, self.log = run, log
+        self.startup_timeout = run.spec.startup_timeout
+        self._numbers = itertools.count(1)
+
+    def process(self, settings: dict, log_path: Path) -> TrialService:
+        return TrialService(self, f"{self.run.name}-c{next(self._numbers)}", settings)
+
+
+def simulator_base(target_spec: dict) -> dict:
+    """The settings every simulated engine starts with: the target's spec.engine (as the
+    engine takes them) and, on a CPU target, the CPU memory the operator gives its pods."""
+    base = {k: v for k, v in settings_k8s.from_spec(target_spec.get("engine") or {}).items()
+            if v is not None}
+    memory = target_memory(target_spec)
+    if memory.on_cpu and memory.device_bytes:
+        base["cpu_memory_gib"] = memory.device_bytes / GIB
+    return base
+
+
+def model_memory(profile, target_spec: dict):
+    """`profile` (from config.json) with the KV bytes per token and the weights in the dtype
+    the target's engine runs in (float32 on a CPU, as engine/kv_capacity.dtype_name says);
+    unchanged when the model's facts are unknown."""
+    import dataclasses
+
+    from engine.kv_capacity import DTYPE_BYTES, dtype_name
+    from tuner.incluster.model_facts import Unknown, model_facts
+    from tuner.incluster.space_bounds import _arg
+
+    facts = model_facts((target_spec.get("model") or {}).get("uri"))
+    if isinstance(facts, Unknown):
+        return profile
+    args = [str(a) for a in (target_spec.get("engine") or {}).get("extraArgs") or []]
+    device = "cpu" if target_memory(target_spec).on_cpu else "cuda"
+    dtype = DTYPE_BYTES[dtype_name(_arg(args, "--dtype") or "auto", facts.config_dtype, device)]
+    return dataclasses.replace(profile, memory=dataclasses.replace(
+        profile.memory, kv_bytes_per_token=facts.kv_shape.bytes_per_token(dtype),
+        weight_bytes=float(facts.parameters * dtype)))
+
+
+def build(run, baseline, log):
+    """(SweepConfig, CapacityPlan) of the Job's capacity sweep; `baseline`: a
+    tuner.search.confirm.Baseline of the target's settings."""
+    from loadtests.workloads.trace import read_trace
+    from tuner.search.capacity_sweep import CapacityPlan
+    from tuner.search.sweep import SweepConfig
+    from tuner.sim.calibrate import config_profile
+    from tuner.sim.context import SimContext, engine_threads
+
+    spec, target = run.spec, run.target["spec"]
+    model = parse_model(target.get("model") or {}, default_name=run.spec.target).engine_arg
+    base = simulator_base(target)
+    params = spec.capacity
+    attainment = params.attainment if params else 0.9
+    trace = read_trace(run.source.trace) if run.source.trace else None
+    profile = model_memory(config_profile(model, engine_threads(base)), target)
+    sim = SimContext(profile, dict(run.slos),
+                     workload=None if trace else run.source.spec, trace=trace,
+                     users=run.load.users, length_scale=run.load.length_scale,
+                     seed=spec.seed, attainment=attainment, model=model, log=log)
+    plan = CapacityPlan(sim=sim, sim_base=base, trials=spec.trials,
+                        real_probes=max(2, params.max_probes if params else 4),
+                        trace_rate=run.source.trace_rate, log=log, pool_from_pilot=True,
+                        phase=lambda phase: run.publish(phase=phase))
+    config = SweepConfig(workload=run.load.workload, slos=run.slos, primary_latency="ttft",
+                         space=list(spec.space), load=run.load,
+                         launch=TrialServiceLaunch(run, log), storage="", study_name="",
+                         out_dir=run.out_dir, trials=spec.trials, objective="capacity",
+                         remeasure=spec.candidates, confirm_rounds=spec.confirm_rounds,
+                         baseline=baseline, min_gain=spec.min_gain, seed=spec.seed,
+                         warmup_requests=spec.warmup_requests)
+    return config, plan
+
+
+def run_sweep(run, baseline, log) -> dict:
+    """The capacity sweep's record (tuner.search.capacity_sweep.run_capacity_sweep) with
+    `gains` and `decision` as tuner.incluster.apply reads them."""
+    from tuner.search.capacity_sweep import run_capacity_sweep
+
+    for name in run.cluster.trial_names():   # a restarted Job's leftovers
+        run.cluster.delete_service(name, wait=True)
+    config, plan = build(run, baseline, log)
+    record = run_capacity_sweep(config, plan)
+    record["gains"] = {a["label"]: a.get("gain") for a in record["arms"][1:]}
+    record["decision"] = {"winner": record["winner"], "reason": record["reason"]}
+    return record
+
+
+def simulated_status(record: dict) -> dict[str, Any]:
+    """status fields of the simulated search: its size, the baseline's and the best
+    simulated capacities with their settings (spec.engine keys)."""
+    points = {json.dumps(p["params"], sort_keys=True): p for p in record["simulated"]
+              if p["capacity"] is not None}   # a repeated setting once
+    ranked = sorted(points.values(), key=lambda p: -p["capacity"])
+    shown = [{**to_spec_patch(p["params"], record=True), "capacity": round(p["capacity"], 4)}
+             for p in ranked[:SIM_SHOWN]]
+    return {"simulation": {"settings": len(record["simulated"]),
+                           "infeasible": sum(p["capacity"] is None for p in record["simulated"]),
+                           "wallSeconds": round(record["sim_wall_s"], 2),
+                           "baselineCapacity": round(record["sim_baseline"], 4),
+                           "profile": {k: v for k, v in record["profile"].items()
+                                       if k in ("form", "source")}
+                           | {"heldoutError": _finite(record["profile"]["heldout_error"])},
+                           "best": shown}}
+
+
+def _finite(x: float) -> float | None:
+    return round(x, 4) if math.isfinite(x) else None
+
+
+def capacity_status(record: dict, attainment: float) -> dict[str, Any]:
+    """status.capacity from the confirmation: the applied (or kept) settings' median real
+    capacity per replica over the rounds."""
+    arms = {a["label"]: a for a in record["arms"]}
+    arm = arms[record["winner"] or "baseline"]
+    rates = [c for c, failed in zip(arm["capacity"], arm["failed"]) if not failed]
+    return {"engine": to_spec_patch(arm["params"], record=True)["engine"],
+            "ratePerReplica": round(statistics.median(rates), 4) if rates else 0.0,
+            "rounds": len(rates), "attainment": attainment, "source": "confirmation"}
+
+
+def verify_capacity(run, record: dict) -> dict[str, Any]:
+    """The verification without PromQL: one open-loop probe (spec.trialDuration) on a
+    live pod at the rate the gain promises, the baseline's median real capacity times the
+    winner's lower bound (at least 1); held when its settled requests meet the SLOs at the
+    target attainment. The pod serves its own traffic beside it, as in production."""
+    from tuner.measure.capacity import probe_load, rate_load, settled_attainment
+    from tuner.measure.scoring import load_samples
+    from tuner.measure.trial import measure
+
+    base = record["arms"][0]
+    rates = [c for c, failed in zip(base["capacity"], base["failed"]) if not failed]
+    low = record["gains"][record["winner"]]["low"]
+    rate = statistics.median(rates) * max(low, 1.0)
+    attainment = run.spec.capacity.attainment if run.spec.capacity else 0.9
+    workdir = run.out_dir / "verify"
+    load = rate_load(probe_load(run.load, 999), rate, trace_rate=run.source.trace_rate)
+    measure(run.cluster.endpoint_url(run.spec.target), load, run.slos, workdir=workdir,
+            warmup_requests=run.spec.warmup_requests, prometheus=run.prometheus)
+    share, settled = settled_attainment(load_samples(workdir / "samples.jsonl"), run.slos)
+    held = settled > 0 and share >= attainment
+    return {"held": held, "rate": round(rate, 4), "attainment": round(share, 4),
+            "requests": settled, "baselineCapacity": round(statistics.median(rates), 4),
+            "message": f"verified on {run.spec.target} with a {run.spec.duration:g} s "
+                       f"open-loop load at {rate:.3f} req/s (the baseline's capacity x the "
+                       f"gain's lower bound): {share:.0%} of {settled} settled requests met "
+                       f"the SLOs, {attainment:.0%} needed"}
