@@ -37,11 +37,17 @@ def text_endpoint(answer) -> ThreadingHTTPServer:
     return httpd
 
 
+# speculation (k = 2) fed with `spec`: a draft on DRAFT_SHARE of the decode rows, its
+# first token accepted at ACCEPT[0], its second at ACCEPT[1] when the first was
+DRAFT_SHARE, ACCEPT = 0.5, (0.8, 0.5)
+
+
 @contextlib.contextmanager
-def feeding_metrics(num_gpu_blocks: int | None = None):
+def feeding_metrics(num_gpu_blocks: int | None = None, *, spec: bool = False):
     """Yields the endpoint's base URL; steps are observed every 10 ms meanwhile, their mix
     drifting (as a service's does, so that windows differ). With `num_gpu_blocks` it also
-    exports vllm:cache_config_info, as the engine does."""
+    exports vllm:cache_config_info, as the engine does; with `spec`, the speculative
+    decoding counters of two-token drafts at DRAFT_SHARE and ACCEPT (in expectation)."""
     metrics, stop = ServerMetrics(model_name="m", max_model_len=2048), threading.Event()
     if num_gpu_blocks is not None:
         metrics.set_cache_config(block_size=16, num_gpu_blocks=num_gpu_blocks,
@@ -62,6 +68,14 @@ def feeding_metrics(num_gpu_blocks: int | None = None):
                 metrics.observe_step(shape, LAW["intercept"]
                                      + LAW["prefill_tokens"] * shape.prefill_tokens
                                      + LAW["decode_seqs"] * shape.decode_seqs)
+                if spec:
+                    drafts = DRAFT_SHARE * shape.decode_seqs
+                    metrics.spec_decode_num_drafts.inc(drafts)
+                    metrics.spec_decode_num_draft_tokens.inc(2 * drafts)
+                    first = drafts * ACCEPT[0]
+                    metrics.spec_decode_num_accepted_tokens.inc(first * (1 + ACCEPT[1]))
+                    for pos, value in enumerate((first, first * ACCEPT[1])):
+                        metrics._spec_per_pos.labels("m", str(pos)).inc(value)
 
     httpd = text_endpoint(lambda: (200, generate_latest(metrics.registry)))
     feeder = threading.Thread(target=serve, daemon=True)

@@ -231,6 +231,7 @@ def test_without_a_cached_profile_the_planner_calibrates_nothing_and_waits_for_a
     profile comes from its config alone (no step timed here), predictions are refused by
     name until the service's own steps give a fit, then they are made, speculation
     included, without running the model."""
+    import dataclasses
     import json
 
     from engine.kv_capacity import KVShape
@@ -256,26 +257,40 @@ def test_without_a_cached_profile_the_planner_calibrates_nothing_and_waits_for_a
                       name="svc", namespace="team")
     predictor = run.sim_predictor(spec)
     profile = predictor.ctx.profile
+    predictor.ctx = dataclasses.replace(predictor.ctx, duration=8.0)   # short loads: faster
     config = json.loads((resolve_model_path(None) / "config.json").read_text())
     assert profile.fit.form == UNFITTED and profile.num_steps == 0
     assert profile.memory.vocab_size == config["vocab_size"]
     assert profile.memory.kv_bytes_per_token == KVShape.of(config).bytes_per_token(2)
     assert profile.identity == calibrate.identity("builtin://default", profile.identity.threads)
     edges = (1, 2, 5, 10, 20, 50, 100)
-    fitted = FittedWorkload(prompt=BucketDistribution(edges, (0, 0, 0, 0, 0, 100.0, 0)),
-                            output=BucketDistribution(edges, (0, 0, 0, 0, 100.0, 0, 0)),
+    # short prompts, long replies: decode steps decide the capacity
+    fitted = FittedWorkload(prompt=BucketDistribution(edges, (0, 0, 0, 100.0, 0, 0, 0)),
+                            output=BucketDistribution(edges, (0, 0, 0, 0, 0, 0, 100.0)),
                             rate=4.0, requests=240, window_s=60, source="test")
     with pytest.raises(ValueError, match="no step-time profile yet"):
         predictor(fitted, 2.0)
     live_fit = Profile.load(profile_file).fit
 
+    from tuner.sim.drafts import DraftModel
+
     class Live:   # LiveSteps once the service's step series holds enough busy windows
         why = "fitted"
+        model = None   # and once its speculation counters do (LiveSteps.drafts)
 
         def update(self, at, base):
-            import dataclasses
             return dataclasses.replace(base, fit=live_fit), None
+
+        def drafts(self, at, spec):
+            assert spec == predictor.settings["speculative_config"]
+            return self.model
     predictor.live = Live()
     predictor.refresh(0.0)
     assert predictor.ctx.profile.fit == live_fit
-    assert predictor(fitted, 2.0).capacity > 0
+    rejected = predictor(fitted, 2.0).capacity
+    assert rejected > 0 and predictor.ctx.acceptance == 0.0
+    # the service's own drafts, every one of both tokens accepted: three tokens a step
+    Live.model = DraftModel("ngram", 1000, 1000, (0, 1000), (1000, 1000), (1000, 1000))
+    predictor.refresh(1.0)
+    assert predictor.ctx.drafts_given is Live.model and predictor.ctx.acceptance is None
+    assert predictor(fitted, 2.0).capacity > 1.2 * rejected

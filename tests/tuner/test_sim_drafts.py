@@ -171,3 +171,51 @@ def test_model_replies_are_the_engines_seeded_samples(tiny_checkpoints):
                           SamplingParams(max_tokens=4, seed=1 * 1_000_003 + 1, ignore_eos=True),
                           use_tqdm=False)[0]
     assert first[1].output_ids == list(direct.outputs[0].token_ids)
+
+
+def test_a_services_counters_give_the_replays_model(tiny_checkpoints):
+    """tuner/sim/drafts.from_counters, which the SLO planner builds from a service's
+    Prometheus series: on the real engine's counters (n-gram, greedy) it draws and
+    accepts what the replay of the same replies does, and its tokens per decode step are
+    the engine's own (decode rows + accepted drafts) / decode rows."""
+    from tuner.sim.drafts import from_counters
+
+    llm = LLM(tiny_checkpoints["llama"], speculative_config=dict(NGRAM), block_size=16)
+    replies = []
+    for prompt in _prompts():
+        params = SamplingParams(max_tokens=40, temperature=0.0)
+        out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+        replies.append(Reply(prompt, list(out.outputs[0].token_ids), 40))
+    stats = llm.llm_engine.get_stats()
+    steps = sum(len(r.output_ids) for r in replies) - len(replies) \
+        - stats.spec_num_accepted_tokens
+    model = from_counters("ngram", 3, steps=steps, drafts=stats.spec_num_drafts,
+                          draft_tokens=stats.spec_num_draft_tokens,
+                          accepted_per_pos=list(stats.spec_num_accepted_tokens_per_pos))
+    replayed = replay(_checked(NGRAM), replies)
+    assert (model.steps, model.drafting, model.accepted) == \
+        (replayed.steps, replayed.drafting, replayed.accepted)
+    real = (steps + stats.spec_num_accepted_tokens) / steps
+    assert model.tokens_per_step == pytest.approx(real, rel=0.03)
+
+
+def test_counters_of_one_draft_length_are_the_replay_exactly():
+    """The hand-traced n-gram case above (every draft 3 tokens), from its counters alone;
+    then drafts of two lengths: offered in proportion to the lengths left."""
+    from tuner.sim.drafts import from_counters
+
+    spec = _checked({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                     "prompt_lookup_max": 1})
+    cycle = [10, 11, 12, 13]
+    replies = [Reply(cycle, cycle * 2, 64), Reply(cycle, [10, 11, 12, 99, 5, 6], 64),
+               Reply(cycle, [10, 77], 64)]
+    assert from_counters("ngram", 3, steps=6, drafts=4, draft_tokens=12,
+                         accepted_per_pos=[3, 3, 2]) == replay(spec, replies)
+    mixed = from_counters("suffix", 3, steps=40, drafts=10, draft_tokens=25,
+                          accepted_per_pos=[8, 6, 2])
+    assert mixed.length_counts == (0, 5, 5)          # 25 tokens: five of 2, five of 3
+    assert mixed.offered == (10, 8, 3)               # 6 accepted at 2 x 5/10 go on to 3
+    assert mixed.accepted == (8, 6, 2) and mixed.draft_share == 0.25
+    none = from_counters("ngram", 3, steps=50, drafts=0, draft_tokens=0,
+                         accepted_per_pos=[])
+    assert none.tokens_per_step == 1.0 and none.offered == (0, 0, 0)

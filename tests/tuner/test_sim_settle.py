@@ -104,7 +104,8 @@ def test_arrivals_until_counts_what_the_stream_will_deliver():
     workload = WorkloadStream(get_workload("chat"), rate=7.0, users=3,
                               render=lambda request: [1, 2, 3], max_model_len=2048)
     trace = TraceStream(TRACE, max_model_len=2048)   # its own pace: one a second, on 10.0
-    for stream in (workload, trace):
+    looped = TraceStream(TRACE, max_model_len=2048, loop=True, rate=3.0)
+    for stream in (workload, trace, looped):
         expected = {t: stream.arrivals_until(t) for t in (0.5, 10.0, 33.3)}
         popped = 0
         for t in sorted(expected):
@@ -112,3 +113,23 @@ def test_arrivals_until_counts_what_the_stream_will_deliver():
                 stream.pop()
                 popped += 1
             assert popped == expected[t] > 0
+
+
+def test_a_looped_trace_restarts_one_mean_gap_after_its_end_with_new_prompts():
+    """The SLO planner's trace of a mix is a sample: replayed faster than it lasts, it
+    starts again, so a probe's window stays loaded (without the loop, 400 requests sent at
+    once met a 3 s TTFT and every rate up to the search's cap passed)."""
+    short = [TraceRequest(timestamp=10.0 + t, prompt_tokens=8, output_tokens=4)
+             for t in (0.0, 1.0, 3.0)]   # a span of 3 s, a mean gap of 1.5 s
+    once = TraceStream(short, max_model_len=2048)
+    stream = TraceStream(short, max_model_len=2048, loop=True)
+    times, prompts = [], []
+    for _ in range(7):
+        times.append(stream.next_time())
+        prompts.append(tuple(stream.pop().prompt_ids))
+    assert times == pytest.approx([0, 1, 3, 4.5, 5.5, 7.5, 9.0])
+    assert len(set(prompts)) == 7                   # each round with its own prompts
+    assert [once.pop() and once.next_time() for _ in range(3)][-1] == float("inf")
+    fast = TraceStream(short, max_model_len=2048, loop=True, rate=6.0)   # x 9 its pace
+    assert fast.arrivals_until(60.0) == 3 * 120 + 1   # 120 rounds of 0.5 s, then one
+

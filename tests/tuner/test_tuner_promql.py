@@ -156,6 +156,34 @@ def test_the_planners_live_steps_accumulate_and_refit_the_profile(prometheus):
     assert live.update(last, base) == (None, 321)   # nothing new: no refit
 
 
+def test_the_planners_live_drafts_are_the_services_own(prometheus):
+    """LiveSteps.drafts: the service's speculation as Prometheus scraped it (its
+    vllm:spec_decode_* counters and decode rows over the window) is a DraftModel at the
+    rates the engine drafted and accepted; no decode steps, no model."""
+    from step_feeder import ACCEPT, DRAFT_SHARE, feeding_metrics
+    from tuner.planner.predict import LiveSteps
+
+    proc, targets = prometheus
+    reader, sel = PrometheusReader(proc.url, timeout=30), 'job="live-drafts"'
+    spec = {"method": "suffix", "num_speculative_tokens": 2}
+    live = LiveSteps(reader, sel, every=1.0, history=10.0)
+    with feeding_metrics(spec=True) as url:
+        write_target(targets, "live-drafts", url, {"job": "live-drafts"})
+        try:
+            first = reader.wait_for_scrape("{" + sel + "}", after=0)
+            last = first
+            while last - first < 4:
+                last = reader.wait_for_scrape("{" + sel + "}", after=time.time() - 0.5)
+        finally:
+            write_target(targets, "live-drafts", None)
+    model = live.drafts(last, spec)
+    assert model is not None and model.method == "suffix", live.why
+    assert model.steps > 1000 and model.length_counts[0] == 0   # every draft of 2
+    assert model.draft_share == pytest.approx(DRAFT_SHARE, rel=0.02)
+    assert model.accept == pytest.approx(ACCEPT, rel=0.02)
+    assert LiveSteps(reader, 'job="none"').drafts(last, spec) is None
+
+
 def test_the_planner_observes_the_service_through_prometheus(prometheus, tmp_path):
     """tuner/planner/observe.py: the window's rate, mix and latency as Prometheus scraped
     them from a served load; a planning step from them; no Prometheus: replicas held."""

@@ -73,6 +73,8 @@ class SimContext:
     model: str | None = None
     front_seconds: float = 0.0            # time outside the engine's steps (simulate.py)
     replies: list | None = None           # tuner/sim/drafts.Reply, made on first use
+    drafts_given: object | None = None    # a DraftModel for every method (a service's own)
+    loop_trace: bool = False              # the trace restarts once replayed (TraceStream)
     log: object = field(default=lambda s: print(s, file=sys.stderr), repr=False)
     _loaded: dict = field(default_factory=dict, repr=False)
     _drafts: dict = field(default_factory=dict, repr=False)
@@ -91,7 +93,7 @@ class SimContext:
         render, _ = self._model_parts()
         max_len = self.profile.memory.max_model_len
         if self.trace is not None:
-            return TraceStream(self.trace, rate=rate, seed=self.seed,
+            return TraceStream(self.trace, rate=rate, seed=self.seed, loop=self.loop_trace,
                                length_scale=self.length_scale, max_model_len=max_len)
         return WorkloadStream(self.workload, rate=rate or 1.0, users=self.users, render=render,
                               seed=self.seed, length_scale=self.length_scale,
@@ -101,6 +103,8 @@ class SimContext:
         """The DraftModel of a speculative_config on this workload (tuner/sim/drafts.py)."""
         from tuner.sim.drafts import drafting_key, model_replies, replay
 
+        if self.drafts_given is not None:   # measured on the service (tuner/planner)
+            return self.drafts_given
         if self.replies is None:
             stream = self.stream(1.0)
             requests = []

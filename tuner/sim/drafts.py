@@ -128,6 +128,41 @@ def replay(spec: dict, replies: list[Reply]) -> DraftModel:
                       tuple(offered), tuple(accepted))
 
 
+def from_counters(method: str, k: int, *, steps: float, drafts: float, draft_tokens: float,
+                  accepted_per_pos: list[float]) -> DraftModel:
+    """A DraftModel from a running service's counters over a window: decode steps (rows of
+    paged:engine_step_shape's decode_seqs), vllm:spec_decode_num_drafts and
+    num_draft_tokens, and num_accepted_tokens_per_pos by position (0-based). The counters
+    give the mean draft length only: the drafts are taken as of the two whole lengths
+    around it; position j + 1 is offered to the drafts that accepted j and are longer than
+    j, as many as the length shares say but never fewer than it accepted (exact when
+    every draft has one length). The
+    counters are the gated engine's: the share drafting counts the steps the back-off gate
+    kept from drafting too, and the simulated gate acts again on top."""
+    n = max(0, round(drafts))
+    tokens = min(max(round(draft_tokens), n), n * k)
+    lengths = [0] * k
+    if n:
+        short = tokens // n
+        long = tokens - short * n   # drafts one token longer
+        if short:
+            lengths[short - 1] += n - long
+        if long:
+            lengths[short] += long
+    at_least = [sum(lengths[j:]) for j in range(k)]   # drafts of length > j
+    accepted, offered = [0] * k, [0] * k
+    for j in range(k):
+        got = round(accepted_per_pos[j]) if j < len(accepted_per_pos) else 0
+        if j == 0:
+            offered[0] = n
+        elif at_least[j - 1]:   # never fewer than were accepted there
+            offered[j] = min(accepted[j - 1], max(
+                got, round(accepted[j - 1] * at_least[j] / at_least[j - 1])))
+        accepted[j] = min(got, offered[j])
+    return DraftModel(method, max(round(steps), n), n, tuple(lengths), tuple(offered),
+                      tuple(accepted))
+
+
 class ModelledProposer:
     """Drafts `model` says a method would make, of made-up tokens below `vocab`; the
     engine's DraftGate from `spec` decides whether and how long first."""

@@ -12,6 +12,7 @@ model's chat template and tokenized by the model's tokenizer, as the server does
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -116,10 +117,13 @@ class WorkloadStream:
 
 
 class TraceStream:
-    """A trace replayed at `speed` x its own pace (speed = rate / the trace's rate)."""
+    """A trace replayed at `speed` x its own pace (speed = rate / the trace's rate).
+    `loop`: once it ends it starts again, one mean gap after its last request (each
+    request of a later round with its own prompt), so that a fast replay still fills a
+    load window: the SLO planner's trace of a mix is a sample, not a recording."""
 
     def __init__(self, trace: list[TraceRequest], *, rate: float | None = None, seed: int = 0,
-                 length_scale: float = 1.0, max_model_len: int) -> None:
+                 length_scale: float = 1.0, max_model_len: int, loop: bool = False) -> None:
         if not trace:
             raise ValueError("the trace holds no requests")
         if rate is not None and not rate > 0:
@@ -127,22 +131,35 @@ class TraceStream:
         self.trace, self.seed, self.scale = trace, seed, length_scale
         self.max_model_len = max_model_len
         self.speed = rate / trace_rate(trace) if rate else 1.0
+        self.loop = loop
         self._i = 0
         self._t0 = trace[0].timestamp
+        span = trace[-1].timestamp - self._t0
+        self._period = span + (span / (len(trace) - 1) if len(trace) > 1 and span > 0
+                               else 1.0 / trace_rate(trace))
+
+    def _time(self, i: int) -> float:
+        rounds, j = divmod(i, len(self.trace))
+        return (rounds * self._period + self.trace[j].timestamp - self._t0) / self.speed
 
     def next_time(self) -> float:
-        if self._i >= len(self.trace):
+        if self._i >= len(self.trace) and not self.loop:
             return float("inf")
-        return (self.trace[self._i].timestamp - self._t0) / self.speed
+        return self._time(self._i)
 
     def arrivals_until(self, t: float) -> int:
-        return sum((r.timestamp - self._t0) / self.speed <= t for r in self.trace)
+        offsets = [(r.timestamp - self._t0) / self.speed for r in self.trace]
+        if not self.loop:
+            return sum(o <= t for o in offsets)
+        period = self._period / self.speed
+        rounds = max(0, math.floor(t / period))
+        return rounds * len(self.trace) + sum(o <= t - rounds * period for o in offsets)
 
     def pop(self) -> SimRequest:
         t, i = self.next_time(), self._i
         self._i += 1
-        r = build_request(self.trace[i], i, seed=self.seed, scale=self.scale,
-                          max_model_len=self.max_model_len)
+        r = build_request(self.trace[i % len(self.trace)], i, seed=self.seed,
+                          scale=self.scale, max_model_len=self.max_model_len)
         return SimRequest(t, r.kind, list(r.body["prompt"]), r.body["max_tokens"])
 
     def finished(self, request: SimRequest, output_tokens: int) -> None:
