@@ -91,14 +91,14 @@ def model_memory(profile, target_spec: dict):
 
     from engine.kv_capacity import DTYPE_BYTES, dtype_name
     from tuner.incluster.model_facts import Unknown, model_facts
-    from tuner.incluster.space_bounds import _arg
+    from tuner.incluster.space_bounds import extra_arg
 
     facts = model_facts((target_spec.get("model") or {}).get("uri"))
     if isinstance(facts, Unknown):
         return profile
     args = [str(a) for a in (target_spec.get("engine") or {}).get("extraArgs") or []]
     device = "cpu" if target_memory(target_spec).on_cpu else "cuda"
-    dtype = DTYPE_BYTES[dtype_name(_arg(args, "--dtype") or "auto", facts.config_dtype, device)]
+    dtype = DTYPE_BYTES[dtype_name(extra_arg(args, "--dtype") or "auto", facts.config_dtype, device)]
     return dataclasses.replace(profile, memory=dataclasses.replace(
         profile.memory, kv_bytes_per_token=facts.kv_shape.bytes_per_token(dtype),
         weight_bytes=float(facts.parameters * dtype)))

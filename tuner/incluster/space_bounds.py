@@ -58,7 +58,7 @@ class TargetMemory:
     from_limit: bool = False      # device_bytes derived from limit_bytes, as the operator does
 
 
-def _arg(args: list[str], flag: str) -> str | None:
+def extra_arg(args: list[str], flag: str) -> str | None:
     """The value of `flag` in extraArgs (`--flag V` or `--flag=V`), the last one winning."""
     value = None
     for i, arg in enumerate(args):
@@ -76,7 +76,7 @@ def target_memory(spec: dict[str, Any]) -> TargetMemory:
         return TargetMemory(False, None, "the GPU's memory", limit)
     args = [str(a) for a in (spec.get("engine") or {}).get("extraArgs") or []]
     env = {e.get("name"): e.get("value") for e in spec.get("env") or []}
-    given, where = _arg(args, CPU_MEMORY.flag), f"spec.engine.extraArgs {CPU_MEMORY.flag}"
+    given, where = extra_arg(args, CPU_MEMORY.flag), f"spec.engine.extraArgs {CPU_MEMORY.flag}"
     if given is None and env.get(CPU_MEMORY.env):
         given, where = env[CPU_MEMORY.env], f"spec.env {CPU_MEMORY.env}"
     derived = cpu_device_gib(resources.get("memory"))   # what the operator gives the pod
@@ -247,7 +247,7 @@ def bounded_space(space: tuple[Param, ...], *, given: bool, target: str,
                        f"{gpus} GPU(s), whose memory its spec does not say"]
     engine = target_spec.get("engine") or {}
     args = [str(a) for a in engine.get("extraArgs") or []]
-    dtype = DTYPE_BYTES[dtype_name(_arg(args, "--dtype") or "auto", facts.config_dtype, "cpu")]
+    dtype = DTYPE_BYTES[dtype_name(extra_arg(args, "--dtype") or "auto", facts.config_dtype, "cpu")]
     pool = Pool(memory.device_bytes, facts.parameters * dtype,
                 facts.kv_shape.bytes_per_token(dtype),
                 int(engine.get("maxModelLen") or facts.max_position_embeddings
