@@ -184,6 +184,47 @@ def test_the_planners_live_drafts_are_the_services_own(prometheus):
     assert LiveSteps(reader, 'job="none"').drafts(last, spec) is None
 
 
+def test_a_capacity_tuning_times_its_simulator_by_the_targets_own_steps(prometheus,
+                                                                          monkeypatch):
+    """tuner/incluster/capacity_job.service_profile: with spec.prometheus.url the target's
+    own pods' step series (not a trial's) give the profile the feeder's law; without
+    Prometheus, or without the target's series, the profile stays as it was."""
+    from types import SimpleNamespace
+
+    from step_feeder import assert_recovers_the_law, feeding_metrics
+    from tuner.incluster import capacity_job
+    from tuner.sim.profile import Fit, Identity, Memory, Profile
+
+    monkeypatch.setattr(capacity_job, "SERVICE_WINDOW", 20.0)
+    monkeypatch.setattr(capacity_job, "SERVICE_EVERY", 1.0)
+    base = Profile(Identity("m", "f", "cpu", "2", 1), Fit("unfitted", {}, float("inf")),
+                   Memory(0, 1, 2, 3, 4, 512, 100), 0)
+    proc, targets = prometheus
+    reader, logs = PrometheusReader(proc.url, timeout=30), []
+
+    def run(target: str, prometheus=reader):
+        return SimpleNamespace(prometheus=prometheus, cluster=SimpleNamespace(ns="team"),
+                               spec=SimpleNamespace(target=target))
+    labels = {"namespace": "team", "pod": "svc-5d8f9-x7k2q", "job": "own-steps"}
+    with feeding_metrics() as url:
+        write_target(targets, "own-steps", url, labels)
+        try:
+            first = reader.wait_for_scrape('{job="own-steps"}', after=0)
+            last = first
+            while last - first < 15:
+                last = reader.wait_for_scrape('{job="own-steps"}', after=time.time() - 0.5)
+        finally:
+            write_target(targets, "own-steps", None)
+    fitted = capacity_job.service_profile(run("svc"), base, logs.append, at=last)
+    assert fitted.memory == base.memory and fitted.num_steps > 300
+    assert_recovers_the_law(fitted.fit.coefficients)
+    assert "svc's own" in logs[-1]
+    # another service's pods are not this target's; no Prometheus reads nothing
+    assert capacity_job.service_profile(run("svc-t1"), base, logs.append, at=last) is base
+    assert "the pilot's time it" in logs[-1]
+    assert capacity_job.service_profile(run("svc", None), base, logs.append, at=last) is base
+
+
 def test_the_planner_observes_the_service_through_prometheus(prometheus, tmp_path):
     """tuner/planner/observe.py: the window's rate, mix and latency as Prometheus scraped
     them from a served load; a planning step from them; no Prometheus: replicas held."""

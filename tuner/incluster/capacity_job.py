@@ -1,12 +1,15 @@
 """spec.objective Capacity: the Job's capacity sweep (tuner/search/capacity_sweep.py) with
 trial PagedInferenceServices for engines.
 
-1. **Pilot**: the target's settings on a trial service, its real capacity searched from
-   spec.rate's neighbourhood (1 req/s) while its /metrics step counters are read: the
-   simulator's step times are fitted from them (tuner/sim/live_profile.py) and its KV pools
-   sized from the pilot's (capacity_profile.fit_pool). The profile starts from the model's
-   config.json only (calibrate.config_profile): the Job's pod may run on other hardware
-   than the trial services, so no calibration is run or read here.
+1. **Pilot**: the target's settings on a trial service, its real capacity searched while
+   its /metrics step counters are read: the simulator's step times are fitted from them
+   (tuner/sim/live_profile.py) and its KV pools sized from the pilot's
+   (capacity_profile.fit_pool). The profile starts from the model's config.json only
+   (calibrate.config_profile): the Job's pod may run on other hardware than the trial
+   services, so no calibration is run or read here. With spec.prometheus.url the target's
+   own served steps (its pods' series over the last 30 min) time it first
+   (service_profile); the pilot then starts at that profile's capacity, and whichever of
+   the two fits predicts the pilot's real capacity better is kept (live_refit).
 2. **Search**: spec.trials settings of the (bounded) search space simulated, each with its
    capacity; the engine's own scheduler in virtual time, in this pod.
 3. **Confirm**: the target's settings and the best confirm.candidates measured for real,
@@ -34,6 +37,8 @@ from tuner.incluster.space_bounds import target_memory
 from paged_api.search_space import to_spec_patch
 
 GIB = 2**30
+SERVICE_WINDOW = 1800.0  # s of the target's own steps read from Prometheus (the planner's)
+SERVICE_EVERY = 15.0     # s between two readings of them
 SIM_SHOWN = 10          # distinct simulated settings in status.simulation.best
 
 
@@ -104,6 +109,34 @@ def model_memory(profile, target_spec: dict):
         weight_bytes=float(facts.parameters * dtype)))
 
 
+def service_profile(run, profile, log, *, at: float | None = None):
+    """`profile` timed by the target's own served steps, with spec.prometheus.url: its
+    pods' paged:engine_step_* counters over the last SERVICE_WINDOW s (the SLO planner's
+    LiveSteps reading); `profile` unchanged without Prometheus or when the series holds
+    too few busy windows (the pilot's steps time it then)."""
+    import time
+
+    from tuner.incluster.live_verify import target_selector
+    from tuner.measure.promql import PrometheusError
+    from tuner.sim.live_profile import live_profile, prometheus_series
+
+    if run.prometheus is None:
+        return profile
+    end = time.time() if at is None else at
+    sel = "{" + target_selector(run.cluster.ns, run.spec.target) + "}"
+    try:
+        series = prometheus_series(run.prometheus, sel, start=end - SERVICE_WINDOW, end=end,
+                                   interval=SERVICE_EVERY)
+        fitted = live_profile(profile, series)
+    except (ValueError, PrometheusError) as exc:
+        log(f"profile: none from {run.spec.target}'s own steps ({exc}); the pilot's time it")
+        return profile
+    log(f"profile: fitted from {run.spec.target}'s own {fitted.num_steps} served steps "
+        f"(Prometheus), form {fitted.fit.form}, held-out error "
+        f"{fitted.fit.heldout_error:.1%}")
+    return fitted
+
+
 def build(run, baseline, log):
     """(SweepConfig, CapacityPlan) of the Job's capacity sweep; `baseline`: a
     tuner.search.confirm.Baseline of the target's settings."""
@@ -119,7 +152,8 @@ def build(run, baseline, log):
     params = spec.capacity
     attainment = params.attainment if params else 0.9
     trace = read_trace(run.source.trace) if run.source.trace else None
-    profile = model_memory(config_profile(model, engine_threads(base)), target)
+    profile = service_profile(run, model_memory(config_profile(model, engine_threads(base)),
+                                                target), log)
     sim = SimContext(profile, dict(run.slos),
                      workload=None if trace else run.source.spec, trace=trace,
                      users=run.load.users, length_scale=run.load.length_scale,
