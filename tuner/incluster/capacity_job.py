@@ -158,7 +158,8 @@ def build(run, baseline, log):
                      workload=None if trace else run.source.spec, trace=trace,
                      users=run.load.users, length_scale=run.load.length_scale,
                      seed=spec.seed, attainment=attainment, model=model, log=log)
-    plan = CapacityPlan(sim=sim, sim_base=base, trials=spec.trials,
+    source = "the target's served steps (Prometheus)" if profile.num_steps else "config.json"
+    plan = CapacityPlan(sim=sim, sim_base=base, trials=spec.trials, source=source,
                         real_probes=max(2, params.max_probes if params else 4),
                         trace_rate=run.source.trace_rate, log=log, pool_from_pilot=True,
                         phase=lambda phase: run.publish(phase=phase))

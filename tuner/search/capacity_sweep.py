@@ -62,6 +62,7 @@ class CapacityPlan:
     pilot_start: float = 1.0       # the pilot's first rate when the profile times nothing
     pool_from_pilot: bool = False  # size the simulated pools from the pilot's (fit_pool)
     phase: Callable[[str], None] = field(default=lambda s: None)   # "Confirming", when it is
+    source: str = "calibration"    # where plan.sim's profile came from, until a live refit
 
 
 @dataclass
@@ -320,7 +321,7 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
                           "heldout_error": plan.sim.profile.fit.heldout_error,
                           "front_s": plan.sim.front_seconds,
                           "source": "live (the pilot's steps)" if plan.live
-                          else "calibration", "check": plan.profile_check}}
+                          else plan.source, "check": plan.profile_check}}
     if len(arms) == 1 or config.confirm_rounds < 2:
         record.update(arms=arms, rounds=0, winner=None,
                       reason="no candidate differs from the baseline" if len(arms) == 1
