@@ -4,7 +4,8 @@ Request stream (lengths in words at --length-scale 1):
 - a few-shot header of 8 small code examples (~250 words), identical for every request
   (prefix reuse across all requests);
 - a task description of 50-150 words (uniform) and a function signature;
-- the completion asks for 32-128 tokens (uniform, EOS ignored).
+- the completion asks for 32-128 tokens (uniform, EOS ignored), greedy (temperature 0:
+  an editor's completion is the model's most likely code, and one that repeats).
 Endpoint: /v1/completions, streamed.
 Default SLOs: TTFT <= 0.5 s (tight: an editor waits on it) and TPOT <= 0.1 s.
 Default load: 6 closed-loop users.
@@ -43,7 +44,8 @@ def new_session(rng: random.Random, scale: float = 1.0) -> SingleShot:
     task = words(rng, uniform(rng, *TASK_WORDS, scale=scale))
     prompt = f"{header(scale)}\n# Task: {task}\ndef {_identifier(rng)}(data):\n"
     return SingleShot(Request("code", "/v1/completions", {
-        "prompt": prompt, "max_tokens": uniform(rng, *COMPLETION_TOKENS, scale=scale)}))
+        "prompt": prompt, "max_tokens": uniform(rng, *COMPLETION_TOKENS, scale=scale),
+        "temperature": 0.0}))
 
 
 WORKLOAD = WorkloadSpec(

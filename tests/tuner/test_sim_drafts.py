@@ -171,6 +171,15 @@ def test_model_replies_are_the_engines_seeded_samples(tiny_checkpoints):
                           SamplingParams(max_tokens=4, seed=1 * 1_000_003 + 1, ignore_eos=True),
                           use_tqdm=False)[0]
     assert first[1].output_ids == list(direct.outputs[0].token_ids)
+    # a request's own temperature (the code workload's 0): the greedy reply, any seed
+    greedy = [SimRequest(0.0, "code", [5, 6, 7, 8, 9], 6, temperature=0.0)]
+    reference = llm.generate([{"prompt_token_ids": greedy[0].prompt_ids}],
+                             SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
+                             use_tqdm=False)[0]
+    for seed in (1, 2):
+        assert model_replies(tiny_checkpoints["llama"], greedy, seed=seed)[0].output_ids == \
+            list(reference.outputs[0].token_ids)
+    assert first[0].output_ids != reference.outputs[0].token_ids   # sampled at 1.0
 
 
 def test_a_services_counters_give_the_replays_model(tiny_checkpoints):

@@ -194,15 +194,17 @@ class ModelledProposer:
 def model_replies(model: str | None, requests: list, *, seed: int = 0,
                   ignore_eos: bool = True, **engine_kwargs) -> list[Reply]:
     """The model's own replies to `requests` (tuner/sim/stream.SimRequest: their prompt
-    ids and max_tokens) from the real engine, sampled as a workload's requests are (the
-    server's default sampling), seeded per request; `ignore_eos`: to max_tokens, as the
-    simulated requests run."""
+    ids, max_tokens and temperature) from the real engine, sampled as a workload's requests
+    are (their temperature, else the server's default sampling), seeded per request;
+    `ignore_eos`: to max_tokens, as the simulated requests run."""
     from engine import LLM
 
     llm = LLM(model, **engine_kwargs)
     prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
     params = [SamplingParams(max_tokens=r.max_tokens, seed=seed * 1_000_003 + i,
-                             ignore_eos=ignore_eos)
+                             ignore_eos=ignore_eos,
+                             **({} if r.temperature is None
+                                else {"temperature": r.temperature}))
               for i, r in enumerate(requests)]
     outputs = llm.generate(prompts, params, use_tqdm=False)
     return [Reply(list(r.prompt_ids), list(o.outputs[0].token_ids), r.max_tokens)

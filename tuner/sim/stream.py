@@ -29,6 +29,7 @@ class SimRequest:
     user: int = 0
     session: object | None = field(default=None, repr=False)
     number: int = 0
+    temperature: float | None = None   # the request's own; None: the server's default
 
 
 class Renderer:
@@ -106,7 +107,8 @@ class WorkloadStream:
         if len(ids) + max_tokens >= self.max_model_len:  # the server would refuse it
             ids = ids[-max(1, self.max_model_len - max_tokens - 1):]
         self.count += 1
-        return SimRequest(t, request.kind, ids, max_tokens, u, session, self.count)
+        return SimRequest(t, request.kind, ids, max_tokens, u, session, self.count,
+                          request.body.get("temperature"))
 
     def finished(self, request: SimRequest, output_tokens: int) -> None:
         if request.session is not None:
