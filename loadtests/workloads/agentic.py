@@ -13,6 +13,8 @@ Request stream (lengths in words at --length-scale 1; every length scales with i
   as the next user turn inside <tool_response></tool_response>, as the Hermes chat
   template (examples/tool_chat_template_smollm2_hermes.jinja) renders a "tool" message,
   so every chat template takes it and no server flag is needed;
+- every request is greedy (temperature 0, as agent loops call tools: the same state gives
+  the same call);
 - the final answer asks for 48-128 tokens; every request resends the whole history; a
   session answers early once its turns after the system prompt pass 1200 words (chat
   ends at 1500 words with its system prompt).
@@ -144,7 +146,8 @@ class AgentSession:
         tokens = ANSWER_TOKENS if final else CALL_TOKENS
         return Request(self.kind, "/v1/chat/completions", {
             "messages": [dict(m) for m in self.messages],
-            "max_tokens": uniform(self._rng, *tokens, scale=self._scale)})
+            "max_tokens": uniform(self._rng, *tokens, scale=self._scale),
+            "temperature": 0.0})
 
     def record_response(self, text: str) -> None:
         if self._done:  # the final answer: the session is over

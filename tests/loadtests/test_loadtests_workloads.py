@@ -32,6 +32,18 @@ def test_same_seed_same_requests_and_another_seed_differs(name):
         assert request.kind in get_workload(name).slos
 
 
+GREEDY = ("code", "agentic")   # an editor's completions and an agent's tool calls
+
+
+@pytest.mark.parametrize("name", WORKLOAD_NAMES)
+def test_code_and_agent_requests_are_greedy_the_others_sample_at_the_servers_default(name):
+    for request in _stream(name, 5, n=40):
+        if request.kind in GREEDY:
+            assert request.body["temperature"] == 0.0, request
+        else:
+            assert "temperature" not in request.body, request
+
+
 def test_chat_history_grows_and_the_system_prompt_is_shared_across_users():
     a = chat.Conversation(random.Random(1))
     first = a.next_request()
