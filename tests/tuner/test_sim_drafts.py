@@ -155,12 +155,13 @@ def test_a_context_replays_each_method_once_and_a_fixed_rate_keeps_the_old_model
     assert fixed.figures.get("spec_acceptance_rate", 0.0) == 0.0
 
 
-def test_model_replies_are_the_engines_seeded_samples(tiny_checkpoints):
+def test_model_replies_are_the_engines_seeded_samples(tiny_checkpoints, capfd):
     from tuner.sim.stream import SimRequest
 
     requests = [SimRequest(0.0, "chat", [5, 6, 7, 8, 9], 6),
                 SimRequest(1.0, "chat", [9, 8, 7], 4)]
     first = model_replies(tiny_checkpoints["llama"], requests, seed=1)
+    assert "Loading weights" not in capfd.readouterr().err   # the sweep's log stays clean
     again = model_replies(tiny_checkpoints["llama"], requests, seed=1)
     assert first == again
     assert [r.prompt_ids for r in first] == [q.prompt_ids for q in requests]

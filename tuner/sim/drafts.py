@@ -197,8 +197,11 @@ def model_replies(model: str | None, requests: list, *, seed: int = 0,
     ids, max_tokens and temperature) from the real engine, sampled as a workload's requests
     are (their temperature, else the server's default sampling), seeded per request;
     `ignore_eos`: to max_tokens, as the simulated requests run."""
+    from transformers.utils import logging as hf_logging
+
     from engine import LLM
 
+    hf_logging.disable_progress_bar()   # no weight-loading bar in the sweep's log
     llm = LLM(model, **engine_kwargs)
     prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
     params = [SamplingParams(max_tokens=r.max_tokens, seed=seed * 1_000_003 + i,
