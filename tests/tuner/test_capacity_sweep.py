@@ -182,6 +182,41 @@ def test_a_failed_pilot_leaves_the_first_round_to_bracket_widely(tmp_path, monke
     assert all(record["arms"][0]["capacity"])   # the rounds still measured
 
 
+def test_a_candidate_that_cannot_start_is_replaced_by_the_next_simulated_one(
+        tmp_path, monkeypatch):
+    """The simulator let through settings whose real engine refuses its pool (SmolLM2's
+    agentic sweep: 8-token blocks at 0.65 of the memory, "the KV pool has 829 blocks ...
+    one max_model_len sequence needs 1024"): in the first round the next simulated
+    setting replaces such a candidate, so the rounds still compare two engines."""
+    from tuner.measure.runner import Infeasible
+
+    calls = _real(monkeypatch)
+    measured = cs.measure_capacity
+
+    def refuse_the_top(settings, launch, load, slos, **kwargs):
+        if settings.get("block_size") == 32 and settings.get("max_num_seqs", 0) >= 16:
+            calls.append({"refused": settings})
+            raise Infeasible("the KV pool is too small")
+        return measured(settings, launch, load, slos, **kwargs)
+    monkeypatch.setattr(cs, "measure_capacity", refuse_the_top)
+    logs = []
+    plan = cs.CapacityPlan(sim=FakeSim(), sim_base={}, trials=16, real_probes=4,
+                           log=logs.append)
+    record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=3), plan)
+    c1 = record["arms"][1]
+    refused = [c["refused"] for c in calls if "refused" in c]
+    assert refused and [r["params"] for r in c1["refused"]] == refused
+    assert len({repr(r) for r in refused}) == len(refused)   # each tried once
+    assert not (c1["params"].get("block_size") == 32 and c1["params"]["max_num_seqs"] >= 16)
+    assert c1["failed"] == [None] * 3 and all(c > 0 for c in c1["capacity"])
+    ranked = cs.candidates(
+        [cs.SimPoint(p["params"], p["capacity"]) for p in record["simulated"]], 99,
+        {"max_num_seqs": 8})
+    assert c1["params"] == ranked[len(refused)].params   # the next one, in simulated order
+    assert c1["sim"] == ranked[len(refused)].capacity
+    assert record["winner"] == "C1" and any("replaces it" in line for line in logs)
+
+
 def test_no_gain_keeps_the_baseline_and_the_result_says_so(tmp_path, monkeypatch):
     calls = _real(monkeypatch, noise=0.3)
     config = _config(tmp_path, remeasure=1, rounds=2)

@@ -125,6 +125,10 @@ def test_the_capacity_sweep_end_to_end_on_the_embedded_model(profile_file, tmp_p
     live_closer = check["errors"]["live"] <= check["errors"]["calibration"]
     assert record["profile"]["source"] == ("live (the pilot's steps)" if live_closer
                                            else "calibration")
+    # the pilot's own KV pool (its /metrics) sized the simulated engines' pools
+    pool = record["profile"]["pool"]
+    assert pool["pilot_blocks"] > 0 and pool["block_size"] == 16
+    assert f"the pilot's pool, {pool['pilot_blocks']} blocks of 16 tokens" in done.stderr
     base = record["arms"][0]
     assert len(base["capacity"]) == 2 and all(c >= 0 for c in base["capacity"])
     assert re.search(r"baseline: [\d.]+ req/s per replica \(real", done.stdout)

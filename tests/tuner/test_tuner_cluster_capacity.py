@@ -53,7 +53,7 @@ def test_the_simulators_base_is_the_targets_engine_and_its_cpu_memory():
 POOL = """
 import json, sys
 from engine import LLMEngine
-e = LLMEngine.from_args(model="builtin://default", max_model_len=1024, cpu_memory_gib=2.0,
+e = LLMEngine.from_args(model="builtin://default", max_model_len=1024, cpu_memory_gib=4.0,
                         block_size=int(sys.argv[1]), gpu_memory_utilization=float(sys.argv[2]))
 print(json.dumps([e.info.num_blocks, e.info.kv_bytes_per_block,
                   e.runner.config.max_num_batched_tokens]))
@@ -74,28 +74,29 @@ def _real_pool(block: int, fraction: float) -> tuple[int, int, int]:
 
 
 def test_the_pilots_pool_sizes_the_simulated_pools_as_the_engine_does():
-    """The oracle is the engine's own pool at other block sizes and fractions (2 GiB of
+    """The oracle is the engine's own pool at other block sizes and fractions (4 GiB of
     CPU memory): a profile from config.json, in the engine's dtype (float32 on a CPU),
-    fitted to one real pool, gives the others to within 2 % (the engine measures its
-    activations from the process's resident memory, which moves a few MB between runs)."""
-    target = {**CPU_TARGET, "env": [{"name": "PAGED_CPU_MEMORY_GIB", "value": "2"}]}
+    fitted to one real pool, gives the others to within 5 % (the engine measures its
+    activations from the process's resident memory, which moved by up to 40 MB between
+    two runs of the same settings here)."""
+    target = {**CPU_TARGET, "env": [{"name": "PAGED_CPU_MEMORY_GIB", "value": "4"}]}
     profile = capacity_job.model_memory(config_profile("builtin://default", 1), target)
     blocks, block_bytes, _ = _real_pool(16, 0.5)
     assert profile.memory.kv_bytes_per_token * 16 == block_bytes
     base = capacity_job.simulator_base(target)
-    assert base["cpu_memory_gib"] == 2.0
+    assert base["cpu_memory_gib"] == 4.0
     plan = cs.CapacityPlan(sim=SimContext(profile, {}), sim_base=base, log=lambda s: None)
     cs.fit_pool(plan, blocks, {**base, "block_size": 16, "gpu_memory_utilization": 0.5})
     memory = plan.sim.profile.memory
     for block, fraction in ((32, 0.5), (8, 0.3)):
         real, _, tokens = _real_pool(block, fraction)
         predicted = memory.num_blocks(block_size=block, fraction=fraction,
-                                      max_num_batched_tokens=tokens, cpu_memory_gib=2.0)
-        assert predicted == pytest.approx(real, rel=0.02), (block, fraction)
+                                      max_num_batched_tokens=tokens, cpu_memory_gib=4.0)
+        assert predicted == pytest.approx(real, rel=0.05), (block, fraction)
     # the plain config.json profile (2-byte KV, no weights) would be far off
     plain = config_profile("builtin://default", 1).memory
     assert plain.num_blocks(block_size=8, fraction=0.3, max_num_batched_tokens=2048,
-                            cpu_memory_gib=2.0) > 1.5 * real
+                            cpu_memory_gib=4.0) > 1.5 * real
 
 
 def test_on_a_gpu_the_device_is_what_holds_the_weights_and_the_pilots_pool():
@@ -111,6 +112,26 @@ def test_on_a_gpu_the_device_is_what_holds_the_weights_and_the_pilots_pool():
                              cpu_memory_gib=99) == 1000
     assert memory.num_blocks(block_size=32, fraction=0.8, max_num_batched_tokens=2048,
                              cpu_memory_gib=99) == 500
+
+
+def test_a_calibrated_activation_slope_is_kept_and_its_constant_re_anchored():
+    """A calibration's memory (weights 100 MB, activations 50 MB + 20 kB per batched
+    token) whose pool is not the pilot's: the pilot's 1000 blocks at the defaults (2048
+    batched tokens) are reproduced, and a smaller token budget frees the slope's bytes."""
+    from tuner.sim.profile import Identity, Memory, Profile
+
+    memory = Memory(0, 100e6, 4096, 50e6, 20e3, 2048, 100)
+    profile = Profile(Identity("m", "f", "cpu", "2", 1), Fit("tokens", {}, 0.1), memory, 10)
+    plan = cs.CapacityPlan(sim=SimContext(profile, {}), sim_base={}, log=lambda s: None)
+    settings = {"block_size": 16, "gpu_memory_utilization": 0.5, "cpu_memory_gib": 1.0}
+    cs.fit_pool(plan, 1000, settings)
+    fitted = plan.sim.profile.memory
+    at = dict(block_size=16, fraction=0.5, cpu_memory_gib=1.0)
+    assert fitted.num_blocks(max_num_batched_tokens=2048, **at) == 1000
+    assert fitted.activation_per_token == 20e3 and fitted.weight_bytes == 100e6
+    freed = 20e3 * (2048 - 512) // (16 * 4096)
+    assert fitted.num_blocks(max_num_batched_tokens=512, **at) in (1000 + freed,
+                                                                   1000 + freed + 1)
 
 
 def _unfitted() -> FakeSim:
@@ -138,9 +159,11 @@ def test_a_profile_that_times_nothing_is_timed_by_the_pilot_alone(tmp_path, monk
     assert sim.fits and all(f.form != UNFITTED for f in sim.fits)
     assert record["profile"]["source"] == "live (the pilot's steps)"
     assert record["profile"]["check"] is None   # nothing to compare the refit with
-    # the pool: what 500 blocks of the baseline's 16 tokens leave of 0.9 x 0.5 GiB
+    # the pool: the activations are what 500 blocks of the baseline's 16 tokens and the
+    # 1 MB of weights leave of 0.9 x 0.5 GiB
     memory = plan.sim.profile.memory
-    assert memory.weight_bytes == pytest.approx(0.9 * 0.5 * 2**30 - 500 * 16 * 1000)
+    assert memory.activation_base == pytest.approx(0.9 * 0.5 * 2**30 - 1e6 - 500 * 16 * 1000)
+    assert memory.weight_bytes == 1e6
     assert memory.num_blocks(block_size=16, fraction=0.9, max_num_batched_tokens=8192,
                              cpu_memory_gib=0.5) == 500
 

@@ -58,7 +58,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, config, sourc
     plan = CapacityPlan(sim=sim, sim_base={"cpu_memory_gib": cpu_gib} if cpu_gib else {},
                         trials=args.trials or DEFAULT_SIM_TRIALS,
                         real_probes=args.real_probes, target_rate=args.target_rate,
-                        trace_rate=source.trace_rate, front=args.front_end_time)
+                        trace_rate=source.trace_rate, front=args.front_end_time,
+                        pool_from_pilot=True)
     try:
         record = run_capacity_sweep(config, plan)
     except ValueError as exc:

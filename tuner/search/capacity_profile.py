@@ -47,13 +47,17 @@ def live_refit(plan, series: list, *, real: float, calibrated: float | None,
 
 
 def pool_blocks(url: str, *, timeout: float = 10.0) -> int | None:
-    """num_gpu_blocks of vllm:cache_config_info on an engine's /metrics (None: absent)."""
+    """num_gpu_blocks of vllm:cache_config_info on an engine's /metrics (None: absent, or
+    the engine did not answer: the simulated pools then stay the profile's)."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen(f"{url}/metrics", timeout=timeout) as resp:
-        text = resp.read().decode()
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=timeout) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "vllm:cache_config_info" and \
@@ -63,31 +67,42 @@ def pool_blocks(url: str, *, timeout: float = 10.0) -> int | None:
 
 
 def fit_pool(plan, blocks: int, settings: dict) -> None:
-    """The simulator's memory made to give the pilot's pool: `blocks` KV blocks with the
-    baseline's `settings` (the simulated engine's full settings). A profile from
-    config.json (tuner/sim/calibrate.config_profile) knows the KV bytes per token but not
-    the weights or activations; what the pilot's pool leaves of its budget is counted as
-    weights, so other fractions and block sizes scale from the measured point. On a CPU
-    the budget is cpu_memory_gib; on a GPU, whose memory is not in the spec, the device's
-    bytes are what makes the pool fit with those weights (`memory.weight_bytes`). A CPU
-    engine's settings name its cpu_memory_gib (the Job's simulator_base)."""
+    """The simulator's memory re-anchored on the pilot's pool: `blocks` KV blocks with the
+    baseline's `settings` (the simulated engine's full settings). The engine sizes its pool
+    as fraction x device - weights - activations, and measures its activations at start
+    (on a CPU from the process's resident memory: the calibration's figure can be far from
+    a served engine's). So the activations' constant term becomes what makes the
+    baseline's pool the pilot's, the weights and the activations' slope in
+    max_num_batched_tokens kept (a profile from config.json, calibrate.config_profile,
+    has no slope, and its weights are the model's facts). The device is the profile's
+    (a GPU calibration), else cpu_memory_gib when the settings name it (a CPU target in a
+    cluster: the Job's simulator_base); else it is unknown and becomes what holds the
+    weights, the activations and the pilot's pool at the baseline's fraction."""
     from engine.config import EngineConfig
 
     memory = plan.sim.profile.memory
     default = EngineConfig()
     full = {"block_size": default.block_size, "cpu_memory_gib": default.cpu_memory_gib,
-            "gpu_memory_utilization": default.gpu_memory_utilization, **settings}
+            "gpu_memory_utilization": default.gpu_memory_utilization,
+            "max_num_batched_tokens": default.max_num_batched_tokens,
+            **{k: v for k, v in settings.items() if v is not None}}
     block, fraction = int(full["block_size"]), float(full["gpu_memory_utilization"])
+    tokens = int(full["max_num_batched_tokens"])
     pool = blocks * block * memory.kv_bytes_per_token
-    if "cpu_memory_gib" not in settings:
-        device = (memory.weight_bytes + pool) / fraction
-        fitted = dataclasses.replace(memory, device_bytes=device, activation_base=0.0,
-                                     activation_per_token=0.0)
+    slope = memory.activation_per_token * tokens
+    before = memory.num_blocks(block_size=block, fraction=fraction,
+                               max_num_batched_tokens=tokens,
+                               cpu_memory_gib=float(full["cpu_memory_gib"]))
+    device = memory.device_bytes or (float(settings["cpu_memory_gib"]) * 2**30
+                                     if settings.get("cpu_memory_gib") else None)
+    if device:
+        fitted = dataclasses.replace(memory, activation_base=fraction * device
+                                     - memory.weight_bytes - slope - pool)
     else:
-        budget = fraction * float(full["cpu_memory_gib"]) * 2**30
-        fitted = dataclasses.replace(memory, weight_bytes=budget - pool, activation_base=0.0,
-                                     activation_per_token=0.0)
+        fitted = dataclasses.replace(memory, device_bytes=(
+            memory.weight_bytes + memory.activation_base + slope + pool) / fraction)
     plan.sim = dataclasses.replace(plan.sim, profile=dataclasses.replace(
         plan.sim.profile, memory=fitted))
-    plan.log(f"profile: the pilot's pool, {blocks} blocks of {block} tokens, sizes the "
-             "simulated engines' pools")
+    plan.pool = {"pilot_blocks": blocks, "block_size": block, "profile_blocks": before}
+    plan.log(f"profile: the pilot's pool, {blocks} blocks of {block} tokens (the profile "
+             f"said {before}), sizes the simulated engines' pools")

@@ -1,7 +1,7 @@
 """`python -m tuner sweep --objective capacity` (the default for this engine): maximise a
 replica's SLO capacity, searched on the simulator, confirmed for real.
 
-1. **Search in simulation** (tuner/sim/): Optuna's TPE proposes settings; each one's
+1. **Search in simulation** (tuner/sim/, tuner/search/capacity_search.py): Optuna's TPE proposes settings; each one's
    capacity is the capacity search (tuner/measure/capacity.py) over simulated loads of the
    workload's own arrival process, warm-started at the best capacity found so far. Every
    simulated load replays the same seeded stream, so settings differ by what they do.
@@ -26,21 +26,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import optuna
-
-from paged_api import settings as engine_settings
-from paged_api.search_space import Param, default_value
 from tuner.measure.capacity import CapacityResult, interpolated, measure_capacity, rate_load
 from tuner.search.capacity_latency import latency_comparison
 from tuner.search.stats import decide, paired_gain
 from tuner.search import capacity_front
+from tuner.search.capacity_search import (SIM_UNMODELLED, SimPoint, _describe, _sim_settings,
+                                          candidates, simulate_point, simulated_search)
 from tuner.search.capacity_profile import fit_pool, live_refit, pool_blocks
 from tuner.sim.live_profile import read_steps
 from tuner.sim.profile import UNFITTED
 
-SIM_UNMODELLED = ("kv_offloading_size",)   # tiers are not simulated (tuner/sim/engine.py)
-SIM_REL_TOL = 0.1       # a simulated capacity is known to 10 %
-SIM_GROWTH = 1.5        # bracketing step from the warm start
 REAL_REL_TOL = 0.1
 REAL_GROWTH = 1.25      # a real search starts near the answer: small steps
 LIGHT_SHARE = 0.1       # the pilot's light load, of its simulated capacity: no queueing
@@ -63,118 +58,44 @@ class CapacityPlan:
     pool_from_pilot: bool = False  # size the simulated pools from the pilot's (fit_pool)
     phase: Callable[[str], None] = field(default=lambda s: None)   # "Confirming", when it is
     source: str = "calibration"    # where plan.sim's profile came from, until a live refit
+    pool: dict | None = None       # the pilot's KV pool against the profile's (fit_pool)
 
 
-@dataclass
-class SimPoint:
-    params: dict
-    capacity: float | None         # interpolated req/s; None: infeasible
-    result: CapacityResult | None = None
-    infeasible: str | None = None
-    wall_s: float = 0.0
-
-
-def _key(params: dict) -> tuple:
-    return tuple(sorted(params.items()))
-
-
-def simulate_point(plan: CapacityPlan, settings: dict, *, start: float) -> SimPoint:
-    wall = time.perf_counter()
-    try:
-        engine_settings.check_rules(settings)
-        result = plan.sim.capacity({**plan.sim_base, **settings}, start=start,
-                                   rel_tol=SIM_REL_TOL, growth=SIM_GROWTH, max_probes=10)
-    except ValueError as exc:   # the engine would refuse these settings
-        return SimPoint(settings, None, infeasible=str(exc),
-                        wall_s=time.perf_counter() - wall)
-    return SimPoint(settings, interpolated(result), result, wall_s=time.perf_counter() - wall)
-
-
-def simulated_search(plan: CapacityPlan, space: list[Param], *, fixed: dict,
-                     baseline: dict, seed: int) -> tuple[SimPoint, list[SimPoint]]:
-    """(the baseline's simulated point, every searched point in order)."""
-    space = [p for p in space if p.name not in SIM_UNMODELLED]
-    base = simulate_point(plan, _sim_settings(baseline), start=1.0)
-    if base.capacity is None:
-        raise ValueError(f"the baseline settings are refused: {base.infeasible}")
-    plan.log(f"simulated baseline {_describe(base.params)}: {base.capacity:.2f} req/s "
-             f"({len(base.result.probes)} probes, {base.wall_s:.1f} s)")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(
-        seed=seed, n_startup_trials=min(10, max(3, plan.trials // 3))))
-    seen: dict[tuple, SimPoint] = {}
-    points = []
-    best = base.capacity
-    for number in range(plan.trials):
-        trial = study.ask()
-        params = {p.name: p.suggest(trial) for p in space}
-        point = seen.get(_key(params))
-        if point is None:   # the simulator is deterministic: a repeat costs nothing
-            settings = _sim_settings({**fixed, **params})
-            point = simulate_point(plan, settings, start=max(best, 0.5))
-            point.params = params
-            seen[_key(params)] = point
-        points.append(point)
-        if point.capacity is None:
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            plan.log(f"sim {number:>3} {_describe(params)} -> infeasible: {point.infeasible}")
-            continue
-        study.tell(trial, point.capacity)
-        best = max(best, point.capacity)
-        plan.log(f"sim {number:>3} {_describe(params)} -> {point.capacity:.2f} req/s "
-                 f"(best {best:.2f}; {point.wall_s:.1f} s)")
-    return base, points
-
-
-def _sim_settings(settings: dict) -> dict:
-    return {k: v for k, v in settings.items() if k not in SIM_UNMODELLED}
-
-
-def _describe(params: dict) -> str:
-    return " ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
-                    for k, v in params.items()) or "(engine defaults)"
-
-
-def candidates(points: list[SimPoint], k: int, baseline: dict) -> list[SimPoint]:
-    """The k best distinct simulated settings, minus any that equal the baseline."""
-    ranked, keys = [], set()
-    for p in sorted((p for p in points if p.capacity is not None),
-                    key=lambda p: p.capacity, reverse=True):
-        same = {n: baseline.get(n, default_value(n)) for n in p.params}
-        if _key(p.params) in keys or p.params == same:
-            continue
-        keys.add(_key(p.params))
-        ranked.append(p)
-    return ranked[:k]
-
-
-def confirm_for_real(plan: CapacityPlan, config, arms: list[dict], pilot: dict) -> dict:
+def confirm_for_real(plan: CapacityPlan, config, arms: list[dict], pilot: dict,
+                     spares: list | None = None) -> dict:
     """Measure every arm's real capacity `config.confirm_rounds` times, interleaved;
     arms: [{"label", "settings", "sim"}] with the baseline first; `pilot`: the baseline's
-    unscored measurement (_pilot). Returns the record: arms with their per-round
-    capacities and probes, gains, the decision."""
+    unscored measurement (_pilot); `spares`: the next simulated settings (SimPoints, best
+    first). A candidate whose engine cannot start in the first round (the simulator's
+    memory model let through a pool the engine refuses) is replaced by the next spare
+    there and then, and listed in its arm's `refused`. Returns the record: arms with their
+    per-round capacities and probes, gains, the decision."""
     floor = _floor(config)
     ratios: list[float] = []
+    spares = list(spares or [])
     for arm in arms:
-        arm.update(capacity=[], failed=[], probes=[])
+        arm.update(capacity=[], failed=[], probes=[], refused=[])
     if pilot["capacity"] > 0 and arms[0]["sim"] > 0:
         ratios.append(pilot["capacity"] / arms[0]["sim"])
     for r in range(config.confirm_rounds):
         load = dataclasses.replace(config.load, seed=config.seed + 1 + r)
         for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
-            scale = statistics.median(ratios) if ratios else 1.0
-            guess = max(arm["sim"] * scale, floor)
-            # until one real capacity is known the simulated one may be far off (the
-            # profile times steps, not the HTTP serving around them): bracket widely
-            wide = not ratios
             workdir = config.out_dir / "confirm" / f"round-{r}" / arm["label"]
             try:
-                result = measure_capacity(
-                    {**config.fixed, **arm["settings"]}, config.launch, load, config.slos,
-                    workdir=workdir, start=guess, trace_rate=plan.trace_rate,
-                    warmup_requests=config.warmup_requests, attainment=plan.sim.attainment,
-                    rel_tol=REAL_REL_TOL, growth=2.0 if wide else REAL_GROWTH,
-                    max_probes=plan.real_probes + (3 if wide else 0))
+                while True:
+                    try:
+                        result = _measure_arm(plan, config, arm, load, ratios, workdir)
+                        break
+                    except _infeasible() as exc:
+                        if r > 0 or arm is arms[0] or not spares:
+                            raise
+                        spare = spares.pop(0)
+                        plan.log(f"round 1 {arm['label']}: {_describe(arm['params'])} cannot "
+                                 f"start ({exc.reason}); the next simulated setting, "
+                                 f"{_describe(spare.params)}, replaces it")
+                        arm["refused"].append({"params": arm["params"], "reason": exc.reason})
+                        arm.update(params=spare.params, sim=spare.capacity,
+                                   settings={**config.fixed, **spare.params})
             except _infeasible() as exc:
                 arm["capacity"].append(0.0)
                 arm["failed"].append(exc.reason)
@@ -201,6 +122,23 @@ def confirm_for_real(plan: CapacityPlan, config, arms: list[dict], pilot: dict) 
     decision = decide(gains, min_gain=config.min_gain)
     return {"arms": arms, "rounds": config.confirm_rounds, "floor": floor, "pilot": pilot,
             "winner": decision.winner, "reason": decision.reason}
+
+
+def _measure_arm(plan: CapacityPlan, config, arm: dict, load, ratios: list[float],
+                 workdir) -> CapacityResult:
+    """One real capacity search of `arm`, started at its simulated capacity times the
+    real/simulated ratio so far."""
+    scale = statistics.median(ratios) if ratios else 1.0
+    guess = max(arm["sim"] * scale, _floor(config))
+    # until one real capacity is known the simulated one may be far off (the profile
+    # times steps, not the HTTP serving around them): bracket widely
+    wide = not ratios
+    return measure_capacity(
+        {**config.fixed, **arm["settings"]}, config.launch, load, config.slos,
+        workdir=workdir, start=guess, trace_rate=plan.trace_rate,
+        warmup_requests=config.warmup_requests, attainment=plan.sim.attainment,
+        rel_tol=REAL_REL_TOL, growth=2.0 if wide else REAL_GROWTH,
+        max_probes=plan.real_probes + (3 if wide else 0))
 
 
 def _floor(config) -> float:
@@ -307,7 +245,8 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
     base, points = simulated_search(plan, config.space, fixed=config.fixed,
                                     baseline=baseline.settings, seed=config.seed)
     sim_wall = time.perf_counter() - wall
-    chosen = candidates(points, config.remeasure, baseline.params)
+    ranked = candidates(points, len(points), baseline.params)
+    chosen, spares = ranked[:config.remeasure], ranked[config.remeasure:]
     arms = [{"label": "baseline", "params": baseline.params, "settings": baseline.settings,
              "sim": base.capacity}]
     arms += [{"label": f"C{i}", "params": p.params, "settings": {**config.fixed, **p.params},
@@ -321,14 +260,15 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
                           "heldout_error": plan.sim.profile.fit.heldout_error,
                           "front_s": plan.sim.front_seconds,
                           "source": "live (the pilot's steps)" if plan.live
-                          else plan.source, "check": plan.profile_check}}
+                          else plan.source, "check": plan.profile_check,
+                          "pool": plan.pool}}
     if len(arms) == 1 or config.confirm_rounds < 2:
         record.update(arms=arms, rounds=0, winner=None,
                       reason="no candidate differs from the baseline" if len(arms) == 1
                       else "not confirmed (--confirm-rounds 0): simulated figures only")
         return record
     plan.phase("Confirming")
-    record.update(confirm_for_real(plan, config, arms, pilot))
+    record.update(confirm_for_real(plan, config, arms, pilot, spares))
     record["real_engines"] = 1 + sum(len(a["capacity"]) for a in arms)   # the pilot too
     record["latency"] = latency_comparison(
         lambda settings, rate: plan.sim.run({**plan.sim_base, **_sim_settings(settings)}, rate),

@@ -1,0 +1,102 @@
+"""The capacity sweep's search on the simulator (tuner/search/capacity_sweep.py, step 1):
+Optuna's TPE proposes settings, each one's simulated capacity is the capacity search over
+simulated loads warm-started at the best found so far; the best distinct ones become the
+candidates measured for real."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import optuna
+
+from paged_api import settings as engine_settings
+from paged_api.search_space import Param, default_value
+from tuner.measure.capacity import CapacityResult, interpolated
+
+SIM_UNMODELLED = ("kv_offloading_size",)   # tiers are not simulated (tuner/sim/engine.py)
+SIM_REL_TOL = 0.1       # a simulated capacity is known to 10 %
+SIM_GROWTH = 1.5        # bracketing step from the warm start
+
+
+@dataclass
+class SimPoint:
+    params: dict
+    capacity: float | None         # interpolated req/s; None: infeasible
+    result: CapacityResult | None = None
+    infeasible: str | None = None
+    wall_s: float = 0.0
+
+
+def _key(params: dict) -> tuple:
+    return tuple(sorted(params.items()))
+
+
+def simulate_point(plan, settings: dict, *, start: float) -> SimPoint:
+    """`plan`: a capacity_sweep.CapacityPlan (its simulator and base settings)."""
+    wall = time.perf_counter()
+    try:
+        engine_settings.check_rules(settings)
+        result = plan.sim.capacity({**plan.sim_base, **settings}, start=start,
+                                   rel_tol=SIM_REL_TOL, growth=SIM_GROWTH, max_probes=10)
+    except ValueError as exc:   # the engine would refuse these settings
+        return SimPoint(settings, None, infeasible=str(exc),
+                        wall_s=time.perf_counter() - wall)
+    return SimPoint(settings, interpolated(result), result, wall_s=time.perf_counter() - wall)
+
+
+def simulated_search(plan, space: list[Param], *, fixed: dict,
+                     baseline: dict, seed: int) -> tuple[SimPoint, list[SimPoint]]:
+    """(the baseline's simulated point, every searched point in order)."""
+    space = [p for p in space if p.name not in SIM_UNMODELLED]
+    base = simulate_point(plan, _sim_settings(baseline), start=1.0)
+    if base.capacity is None:
+        raise ValueError(f"the baseline settings are refused: {base.infeasible}")
+    plan.log(f"simulated baseline {_describe(base.params)}: {base.capacity:.2f} req/s "
+             f"({len(base.result.probes)} probes, {base.wall_s:.1f} s)")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(
+        seed=seed, n_startup_trials=min(10, max(3, plan.trials // 3))))
+    seen: dict[tuple, SimPoint] = {}
+    points = []
+    best = base.capacity
+    for number in range(plan.trials):
+        trial = study.ask()
+        params = {p.name: p.suggest(trial) for p in space}
+        point = seen.get(_key(params))
+        if point is None:   # the simulator is deterministic: a repeat costs nothing
+            settings = _sim_settings({**fixed, **params})
+            point = simulate_point(plan, settings, start=max(best, 0.5))
+            point.params = params
+            seen[_key(params)] = point
+        points.append(point)
+        if point.capacity is None:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            plan.log(f"sim {number:>3} {_describe(params)} -> infeasible: {point.infeasible}")
+            continue
+        study.tell(trial, point.capacity)
+        best = max(best, point.capacity)
+        plan.log(f"sim {number:>3} {_describe(params)} -> {point.capacity:.2f} req/s "
+                 f"(best {best:.2f}; {point.wall_s:.1f} s)")
+    return base, points
+
+
+def _sim_settings(settings: dict) -> dict:
+    return {k: v for k, v in settings.items() if k not in SIM_UNMODELLED}
+
+
+def _describe(params: dict) -> str:
+    return " ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in params.items()) or "(engine defaults)"
+
+
+def candidates(points: list[SimPoint], k: int, baseline: dict) -> list[SimPoint]:
+    """The k best distinct simulated settings, minus any that equal the baseline."""
+    ranked, keys = [], set()
+    for p in sorted((p for p in points if p.capacity is not None),
+                    key=lambda p: p.capacity, reverse=True):
+        same = {n: baseline.get(n, default_value(n)) for n in p.params}
+        if _key(p.params) in keys or p.params == same:
+            continue
+        keys.add(_key(p.params))
+        ranked.append(p)
+    return ranked[:k]
