@@ -1,11 +1,12 @@
 """`python -m tuner sweep --objective capacity` (the default for this engine): maximise a
 replica's SLO capacity, searched on the simulator, confirmed for real.
 
-1. **Search in simulation** (tuner/sim/, tuner/search/capacity_search.py): Optuna's TPE proposes settings; each one's
-   capacity is the capacity search (tuner/measure/capacity.py) over simulated loads of the
-   workload's own arrival process, warm-started at the best capacity found so far. Every
-   simulated load replays the same seeded stream, so settings differ by what they do.
-   Settings the simulator does not model (the KV host tier) stay at the baseline's value.
+1. **Search in simulation** (tuner/sim/, tuner/search/capacity_search.py): Optuna's TPE
+   proposes settings; each one's capacity is the capacity search (tuner/measure/
+   capacity.py) over simulated loads of the workload's own arrival process, warm-started
+   at the best capacity found so far. Every simulated load replays the same seeded
+   stream, so settings differ by what they do. Settings the simulator does not model (the
+   KV host tier) stay at the baseline's value.
 2. **Confirm for real**: the baseline (the engine defaults, or --baseline) and the best K
    distinct simulated settings are measured on real engines, R rounds interleaved
    (rotated order, one fresh engine per arm and round, the same request stream within a
@@ -14,7 +15,8 @@ replica's SLO capacity, searched on the simulator, confirmed for real.
    where attainment crosses the target (interpolated between the bracketing probes).
    The gain is the paired per-round capacity ratio with its 95 % t-interval
    (tuner/search/stats.py); a candidate replaces the baseline only when the lower bound
-   exceeds --min-gain. Only these K+1 arms ever start a real engine.
+   exceeds --min-gain. Only these K+1 arms ever start a real engine; a candidate whose
+   engine cannot start in the first round gives its place to the next simulated setting.
 """
 from __future__ import annotations
 
