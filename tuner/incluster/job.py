@@ -18,6 +18,9 @@ Reads the tuning resource and its target PagedInferenceService, then
    needed (Auto on an autoscaled target); Manual writes the recommendation; Auto patches
    the target (and its autoscaler's target), verifies and rolls back if the gain did not
    hold.
+With spec.objective Capacity the three steps are tuner/incluster/capacity_job.py's instead:
+a pilot of the target's settings that times the simulator, the search on the simulator,
+the confirmation of capacities on trial services; then the same apply.
 Status is written after every step. Search results are kept in status.history, so a
 restarted Job (the operator restarts failed ones) resumes the study where it stopped.
 """
@@ -255,7 +258,8 @@ class Tuning:
                      trialsDone=len(record["simulated"]),
                      trialsText=f"{len(record['simulated'])}/{trials}",
                      baseline={"engine": self.target_engine,
-                               **arm_goodput(base, "capacity"), "simulated": base["sim"]},
+                               **arm_goodput(base, "capacity"),
+                               "simulated": round(base["sim"], 4)},
                      pilot={"capacity": round(record["pilot"]["capacity"], 4),
                             **({"failed": record["pilot"]["failed"]}
                                if record["pilot"]["failed"] else {})},
@@ -263,7 +267,11 @@ class Tuning:
                                     **to_spec_patch(a["params"], record=True),
                                     "simulated": round(a["sim"], 4),
                                     "capacities": [round(c, 4) for c in a["capacity"]],
-                                    "failed": [f for f in a["failed"] if f]}
+                                    "failed": [f for f in a["failed"] if f],
+                                    **({"refused": [{**to_spec_patch(r["params"], record=True),
+                                                     "reason": r["reason"]}
+                                                    for r in a["refused"]]}
+                                       if a.get("refused") else {})}
                                    for a in record["arms"]])
         attainment = self.spec.capacity.attainment if self.spec.capacity else 0.9
         self.publish(capacity=capacity_job.capacity_status(record, attainment))
