@@ -2,6 +2,7 @@
 held-out error, and a profile from another identity or no profile at all is refused."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -55,6 +56,24 @@ def test_fit_picks_the_simpler_form_when_time_depends_on_tokens_only():
     result = fit(shapes, seconds)
     assert result.form == "tokens"
     assert result.coefficients["num_tokens"] == pytest.approx(2e-4, rel=1e-6)
+
+
+def test_steps_without_drafts_charge_a_draft_token_as_a_prefill_token():
+    """A live fit of a service that never speculated (the capacity sweep's pilot of the
+    defaults) cannot time a draft token; it is charged as a prefill token, never nothing
+    (SmolLM2's agentic sweep: a free verification made suffix:16 with 16 sequences the
+    simulator's best at 2.05 req/s, which measured below 0.92 against the defaults' 1.56).
+    Steps that did verify drafts time them as they are."""
+    rng = random.Random(2)
+    plain = [dataclasses.replace(s, draft_tokens=0) for s in _shapes(300, seed=4)]
+    result = fit(plain, [_time(s) * rng.uniform(0.98, 1.02) for s in plain])
+    assert "draft_tokens" in result.coefficients and result.form != "tokens"
+    assert result.coefficients["draft_tokens"] == result.coefficients["prefill_tokens"] > 0
+    spec = StepShape(decode_seqs=16, decode_context=16 * 500, draft_tokens=16 * 16,
+                     blocks_read=200)
+    assert result.predict(spec) > result.predict(dataclasses.replace(spec, draft_tokens=0))
+    timed = fit(_shapes(400), [_time(s) * rng.uniform(0.97, 1.03) for s in _shapes(400)])
+    assert timed.coefficients["draft_tokens"] == pytest.approx(TRUE["draft_tokens"], rel=0.1)
 
 
 def test_fit_keeps_coefficients_non_negative():

@@ -4,7 +4,8 @@ Several forms compete; each is a non-negative linear model with an intercept ove
 the shape's figures. The form with the smallest median relative error on held-out steps
 (every 4th step, never fitted) is chosen (the simplest one unless more terms cut that
 error by more than SIMPLER_SLACK), then refitted on all steps; that held-out error
-is reported with the profile. A profile also carries what sizes the KV pool (weights, KV
+is reported with the profile. Steps without a speculative draft cannot time one: a draft
+token is then charged as a prefill token (both are query rows of the forward). A profile also carries what sizes the KV pool (weights, KV
 bytes per token, activations per batched token), so the simulator gives each setting the
 pool the engine would have, and the identity it was measured under (model, hardware,
 torch, threads): a profile from another identity is refused by name.
@@ -104,9 +105,14 @@ def fit(shapes: list, seconds: list[float], forms: dict[str, tuple[str, ...]] = 
     # the simplest form within a hair of the best (more terms only for a real gain)
     floor = min(errors.values()) * (1 + SIMPLER_SLACK) + 1e-3
     best = min((n for n in errors if errors[n] <= floor), key=lambda n: (len(forms[n]), errors[n]))
-    coef = nonnegative_lstsq(design(shapes, forms[best]), y)
-    return Fit(best, dict(zip(("intercept",) + forms[best], map(float, coef))),
-               errors[best], errors)
+    x = design(shapes, forms[best])
+    coefficients = dict(zip(("intercept",) + forms[best], map(float, nonnegative_lstsq(x, y))))
+    if "draft_tokens" in coefficients and not x[:, 1 + forms[best].index("draft_tokens")].any():
+        # steps that never verified a draft (a live fit of a service without speculation)
+        # cannot time one: a draft token is one more query row of the forward, as a prompt
+        # token is, so it costs what a prefill token does (never nothing)
+        coefficients["draft_tokens"] = coefficients.get("prefill_tokens", 0.0)
+    return Fit(best, coefficients, errors[best], errors)
 
 
 @dataclass(frozen=True)
