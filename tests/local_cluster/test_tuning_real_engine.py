@@ -107,11 +107,11 @@ def capacity_tuning() -> dict:
     return {"apiVersion": "serving.pagedinference.dev/v1alpha1",
             "kind": "PagedInferenceTuning", "metadata": {"name": "tiny-cap"},
             "spec": {"targetRef": {"name": "cap"}, "objective": "Capacity",
-                     "workload": "chat", "trials": 6, "trialDuration": "6s",
+                     "workload": "chat", "trials": 6, "trialDuration": "5s",
                      "lengthScale": 0.25, "warmupRequests": 1,
                      "slo": {"ttftSeconds": 1.5, "itlSeconds": 0.5},
                      "searchSpace": {"maxNumSeqs": [1, 2, 4, 8]},
-                     "capacity": {"maxProbes": 2}, "confirm": {"rounds": 2},
+                     "capacity": {"maxProbes": 3}, "confirm": {"rounds": 2},
                      "startupTimeout": "180s", "apply": {"mode": "Auto", "minGain": 0}}}
 
 
