@@ -139,6 +139,13 @@ def loaded(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
             tuner.kill()
             tuner.wait()
         log.close()
+    # until Prometheus holds a scrape taken after the load (on a loaded machine scrapes
+    # time out: a range ending before the first one after the load shows no rate)
+    for series in ("vllm:prompt_tokens_total", "vllm:time_to_first_token_seconds_count",
+                   "vllm:prefix_cache_hits_total"):
+        local_cluster.wait_for(
+            lambda series=series: _instant(prometheus, f'{series}{{pod="{_name(pod)}"}} > 0'),
+            60, f"Prometheus to scrape {series} after the load")
     time.sleep(3)   # a few 1 s scrapes after the load
     return Loaded(local_cluster, prometheus, _name(pod), start, time.time())
 
