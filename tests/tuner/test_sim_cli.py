@@ -297,4 +297,4 @@ def test_without_a_cached_profile_the_planner_calibrates_nothing_and_waits_for_a
     Live.model = DraftModel("ngram", 1000, 1000, (0, 1000), (1000, 1000), (1000, 1000))
     predictor.refresh(1.0)
     assert predictor.ctx.drafts_given is Live.model and predictor.ctx.acceptance is None
-    assert predictor(fitted, 2.0).capacity > 1.2 * rejected
+    assert predictor(fitted, 2.0).capacity > rejected   # by how much: the profile's draft cost
