@@ -149,7 +149,11 @@ def test_capacity_tuning_on_the_real_engine(local_cluster) -> None:
     for arm in (base, c1):
         assert len(arm["capacities"]) == 2 and all(c > 0 for c in arm["capacities"]), arm
         assert arm["failed"] == []
-    # the simulator, fitted on the pilot alone, is near the baseline's real capacity
+    # its step times scaled so that the baseline simulates at its pilot's real capacity
+    anchor = simulation["profile"]["anchor"]
+    assert anchor["pilotCapacity"] == pytest.approx(status["pilot"]["capacity"], rel=1e-3)
+    assert 0.75 < simulation["baselineCapacity"] / anchor["pilotCapacity"] < 1.33, simulation
+    # the simulator, fitted and anchored on the pilot alone, is near the baseline's rounds
     real = sorted(base["capacities"])[0]
     assert 0.4 < simulation["baselineCapacity"] / real < 2.5, (simulation, base)
     # batching beats one sequence at a time: the gain is large, its interval consistent

@@ -1,11 +1,14 @@
 """The sweep keeps the pilot's live refit only when it predicts the pilot's real capacity
-at least as well as the calibration (tuner/search/capacity_profile.py)."""
+at least as well as the calibration, then scales the kept profile's step times so the
+baseline's simulated capacity is the pilot's (tuner/search/capacity_profile.py)."""
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 
 from test_capacity_sweep import FakeSim, _config, _real, _steps_law
-from tuner.search import capacity_sweep as cs
+from tuner.search import capacity_profile, capacity_sweep as cs
 
 
 @pytest.mark.parametrize("refit_scale, kept", [
@@ -32,7 +35,88 @@ def test_the_refit_is_kept_only_when_it_predicts_the_pilot_better(
     assert check["live"] == pytest.approx(refit_scale * truth, rel=0.1)
     assert (check["errors"]["live"] <= check["errors"]["calibration"]) == (kept != "calibration")
     # the search ran on the profile kept
-    assert (plan.sim.profile is sim.calibration) == (kept == "calibration")
+    family = (plan.sim.profile.fit.form, plan.sim.profile.fit.heldout_error)
+    assert (family == (sim.calibration.fit.form, sim.calibration.fit.heldout_error)) \
+        == (kept == "calibration")
     word = "calibration" if kept == "calibration" else "refit"
     assert any("the pilot's real capacity" in line and f"the {word} is kept" in line
                for line in logs)
+
+
+@pytest.mark.parametrize("factor", [0.4, 2.5])
+def test_the_step_times_are_scaled_until_the_baseline_simulates_at_its_pilot(
+        tmp_path, monkeypatch, factor):
+    """The real engine serves `factor` x what the calibration simulates (no refit: no
+    served steps); the profile's step times are scaled by ~1/factor, so the baseline's
+    simulated capacity is its pilot's and every other setting moves with it."""
+    _real(monkeypatch, factor=factor, noise=0.0)
+    sim = FakeSim()
+    logs = []
+    plan = cs.CapacityPlan(sim=sim, sim_base={}, trials=4, real_probes=4, log=logs.append)
+    record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
+    anchor = record["profile"]["anchor"]
+    truth = FakeSim.truth({"max_num_seqs": 8})
+    assert anchor["pilot"] == pytest.approx(factor * truth, rel=0.1)
+    assert anchor["simulated"] == pytest.approx(truth, rel=0.1)
+    assert anchor["factor"] == pytest.approx(1 / factor, rel=0.15)
+    assert 1 <= anchor["simulations"] <= capacity_profile.ANCHOR_STEPS
+    assert record["sim_baseline"] == pytest.approx(anchor["pilot"], rel=0.1)
+    assert plan.sim.profile.fit.coefficients["num_tokens"] == pytest.approx(
+        1e-4 * anchor["factor"], rel=1e-3)
+    best = max((p for p in record["simulated"] if p["capacity"]), key=lambda p: p["capacity"])
+    assert best["capacity"] == pytest.approx(factor * FakeSim.truth(best["params"]), rel=0.15)
+    assert any("step times x" in line for line in logs)
+
+
+def test_a_baseline_simulated_near_its_pilot_keeps_its_step_times(tmp_path, monkeypatch):
+    _real(monkeypatch, factor=1.05, noise=0.0)
+    sim = FakeSim()
+    plan = cs.CapacityPlan(sim=sim, sim_base={}, trials=4, real_probes=4, log=lambda s: None)
+    record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
+    assert record["profile"]["anchor"]["factor"] == 1.0
+    assert record["profile"]["anchor"]["simulations"] == 0
+    assert plan.sim.profile is sim.profile
+
+
+def _plan(logs):
+    return SimpleNamespace(sim=FakeSim(), log=logs.append, anchor=None)
+
+
+def test_a_capacity_that_follows_the_step_time_slowly_is_still_reached():
+    """capacity ~ factor^-0.5 (half bound by the step time): the first step (slope 1)
+    falls short, the secant's slope reaches the pilot within the tolerance."""
+    logs = []
+    plan = _plan(logs)
+    base = plan.sim.profile.fit.coefficients["intercept"]
+    predicted = []
+
+    def predict(sim):
+        predicted.append(sim)
+        return 10.0 * (sim.profile.fit.coefficients["intercept"] / base) ** -0.5
+
+    capacity_profile.anchor_time(plan, real=4.0, simulated=10.0, predict=predict)
+    assert plan.anchor["anchored"] == pytest.approx(4.0, rel=capacity_profile.ANCHOR_TOLERANCE)
+    assert plan.anchor["factor"] == pytest.approx(6.25, rel=0.2)   # (10/4)^2
+    assert len(predicted) == 2   # a step of slope 1, then the secant slope lands
+    assert plan.sim.profile.fit.coefficients["intercept"] == pytest.approx(
+        base * plan.anchor["factor"])
+
+
+def test_a_pool_bound_baseline_is_not_scaled():
+    """The capacity does not move with the step time (the KV pool bounds it): nothing is
+    scaled, after one simulation, and the log says why."""
+    logs = []
+    plan = _plan(logs)
+    before = plan.sim
+    capacity_profile.anchor_time(plan, real=4.0, simulated=10.0, predict=lambda sim: 10.0)
+    assert plan.sim is before and plan.anchor["factor"] == 1.0
+    assert plan.anchor["simulations"] == 1
+    assert any("not bound by step time" in line for line in logs)
+
+
+def test_without_a_real_capacity_nothing_is_anchored():
+    plan = _plan([])
+    before = plan.sim
+    capacity_profile.anchor_time(plan, real=0.0, simulated=10.0,
+                                 predict=lambda sim: pytest.fail("simulated for nothing"))
+    assert plan.sim is before and plan.anchor is None

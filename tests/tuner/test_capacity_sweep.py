@@ -79,6 +79,7 @@ class FakeSim:
     front_seconds: float = 0.0
     refit_scale: float = 1.0    # capacities x this on any profile but the first (a refit)
     calibration: Profile | None = None
+    levels: dict = field(default_factory=dict)   # each fit's first intercept (unscaled)
 
     def __post_init__(self):
         self.calibration = self.calibration or self.profile
@@ -93,7 +94,14 @@ class FakeSim:
         self.fits.append(self.profile.fit)
         if "kv_offloading_size" in settings:
             raise AssertionError("the simulator was given a setting it does not model")
-        scale = 1.0 if self.profile is self.calibration else self.refit_scale
+        fit, calibration = self.profile.fit, self.calibration.fit
+        family = (fit.form, fit.heldout_error)   # kept when step times are scaled
+        scale = 1.0 if family == (calibration.form, calibration.heldout_error) \
+            else self.refit_scale
+        # step times x f (capacity_profile.anchor_time) serve 1/f of the requests
+        first = self.levels.setdefault(family, fit.coefficients.get("intercept"))
+        if first:
+            scale *= first / fit.coefficients["intercept"]
         return search_capacity(_knee(self.truth(settings) * scale), {"chat": {"ttft": 1.0}},
                                start=start, **search)
 

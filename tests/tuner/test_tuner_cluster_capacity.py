@@ -224,3 +224,25 @@ def test_the_verification_probe_holds_below_the_knee_and_not_above(tmp_path, mon
         assert capacity_job.verify_capacity(run, record)["held"] is True
     finally:
         engine.stop()
+
+
+def test_the_status_shows_the_simulated_search_and_the_step_times_factor():
+    record = {"simulated": [
+        {"params": {"max_num_seqs": 8}, "capacity": 9.0},
+        {"params": {"max_num_seqs": 8}, "capacity": 9.0},   # proposed twice, shown once
+        {"params": {"max_num_seqs": 2}, "capacity": 4.0},
+        {"params": {"block_size": 7}, "capacity": None}],
+        "sim_wall_s": 1.234, "sim_baseline": 3.0,
+        "profile": {"form": "tokens", "source": "live (the pilot's steps)",
+                    "heldout_error": 0.2, "check": None, "pool": None,
+                    "anchor": {"pilot": 3.0, "simulated": 6.0, "factor": 2.1,
+                               "anchored": 3.1, "simulations": 2}}}
+    simulation = capacity_job.simulated_status(record)["simulation"]
+    assert simulation["settings"] == 4 and simulation["infeasible"] == 1
+    assert [p["capacity"] for p in simulation["best"]] == [9.0, 4.0]
+    assert simulation["best"][0]["engine"] == {"maxNumSeqs": 8}
+    assert simulation["profile"] == {
+        "form": "tokens", "source": "live (the pilot's steps)", "heldoutError": 0.2,
+        "anchor": {"factor": 2.1, "pilotCapacity": 3.0, "simulatedBefore": 6.0}}
+    record["profile"]["anchor"] = None
+    assert "anchor" not in capacity_job.simulated_status(record)["simulation"]["profile"]

@@ -201,8 +201,17 @@ def simulated_status(record: dict) -> dict[str, Any]:
                            "baselineCapacity": round(record["sim_baseline"], 4),
                            "profile": {k: v for k, v in record["profile"].items()
                                        if k in ("form", "source")}
-                           | {"heldoutError": _finite(record["profile"]["heldout_error"])},
+                           | {"heldoutError": _finite(record["profile"]["heldout_error"])}
+                           | _anchor_status(record["profile"].get("anchor")),
                            "best": shown}}
+
+
+def _anchor_status(anchor: dict | None) -> dict[str, Any]:
+    """The step times' factor that made the baseline's simulated capacity its pilot's."""
+    if not anchor:
+        return {}
+    return {"anchor": {"factor": anchor["factor"], "pilotCapacity": round(anchor["pilot"], 4),
+                       "simulatedBefore": round(anchor["simulated"], 4)}}
 
 
 def _finite(x: float) -> float | None:

@@ -1,6 +1,7 @@
 """Which step-time profile a capacity sweep simulates with: the calibration, or the refit
 from the pilot's served steps (tuner/sim/live_profile.py), whichever predicts the pilot's
-real capacity better."""
+real capacity better; its KV pool sized from the pilot's; its step times scaled so that
+the baseline's simulated capacity is the pilot's real one (anchor_time)."""
 from __future__ import annotations
 
 import dataclasses
@@ -106,3 +107,63 @@ def fit_pool(plan, blocks: int, settings: dict) -> None:
     plan.pool = {"pilot_blocks": blocks, "block_size": block, "profile_blocks": before}
     plan.log(f"profile: the pilot's pool, {blocks} blocks of {block} tokens (the profile "
              f"said {before}), sizes the simulated engines' pools")
+
+
+ANCHOR_TOLERANCE = 0.1        # the baseline simulated within 10 % of its pilot: left as is
+ANCHOR_STEPS = 4              # simulations of the baseline at most, after the first
+ANCHOR_RANGE = (1 / 16, 16)   # the factor's bounds: beyond them the profile is not this engine
+ANCHOR_MIN_SLOPE = 0.1        # d log capacity / d log factor below this: not time-bound
+
+
+def scaled(sim, factor: float):
+    """`sim` (a SimContext) with every step time of its profile x `factor`."""
+    fit = sim.profile.fit
+    return dataclasses.replace(sim, profile=dataclasses.replace(
+        sim.profile, fit=dataclasses.replace(
+            fit, coefficients={k: v * factor for k, v in fit.coefficients.items()})))
+
+
+def anchor_time(plan, *, real: float, simulated: float | None,
+                predict: Callable[[object], float | None]) -> None:
+    """The profile's step times (plan.sim) scaled by one factor so that the baseline's
+    simulated capacity is its pilot's real one `real`, within ANCHOR_TOLERANCE
+    (`simulated`: the baseline's simulated capacity now; `predict(sim)`: on another
+    SimContext). A profile can time the steps it saw and still be off by a constant
+    share on the served engine: steps timed under another load of the machine (a shared
+    CI node, a Job's pod beside the trials), delivery to the streams in another process.
+    The settings' ranking comes from the profile's shape; its level from the one real
+    capacity the sweep holds. The factor is found by secant steps on log capacity against
+    log factor (capacity ~ factor^-k, k from the last two points, first 1); the closest
+    factor tried stays. Where the baseline's capacity barely moves with the step time (a
+    pool-bound baseline), nothing is scaled. plan.anchor records it."""
+    if not (real > 0 and simulated and simulated > 0):
+        plan.anchor = None
+        return
+    tried = [(1.0, simulated)]
+    slope = 1.0
+    while abs(tried[-1][1] - real) / real > ANCHOR_TOLERANCE and len(tried) <= ANCHOR_STEPS:
+        factor, capacity = tried[-1]
+        step = math.exp(math.log(capacity / real) / slope)
+        nxt = min(max(factor * step, ANCHOR_RANGE[0]), ANCHOR_RANGE[1])
+        if nxt == factor:
+            break
+        got = predict(scaled(plan.sim, nxt))
+        if not got:
+            break
+        tried.append((nxt, got))
+        slope = -math.log(got / capacity) / math.log(nxt / factor)
+        if slope < ANCHOR_MIN_SLOPE:
+            break
+    factor, capacity = min(tried, key=lambda fc: abs(fc[1] - real))
+    plan.anchor = {"pilot": real, "simulated": simulated, "factor": round(factor, 4),
+                   "anchored": capacity, "simulations": len(tried) - 1}
+    if factor == 1.0:
+        plan.log(f"profile: the baseline simulated at {simulated:.2f} req/s against its "
+                 f"pilot's {real:.2f}: "
+                 + ("close enough, step times kept" if len(tried) == 1 else
+                    "no step-time factor brings it closer (not bound by step time); kept"))
+        return
+    plan.sim = scaled(plan.sim, factor)
+    plan.log(f"profile: step times x {factor:.3g} so the baseline's simulated capacity is its "
+             f"pilot's ({simulated:.2f} -> {capacity:.2f} req/s; real {real:.2f}; "
+             f"{len(tried) - 1} simulations)")

@@ -74,11 +74,18 @@ def result_lines(record: dict) -> list[str]:
     return lines
 
 
+def _anchor(profile: dict) -> str:
+    anchor = profile.get("anchor")
+    if not anchor or anchor["factor"] == 1.0:
+        return ""
+    return f"; step times x {anchor['factor']:.3g} to meet the pilot's {anchor['pilot']:.2f} req/s"
+
+
 def print_and_write(record: dict, *, out: Path, out_dir: Path) -> int:
     print(f"\nsimulated capacity (req/s per replica at >= {record['attainment']:.0%} SLO "
           f"attainment; {len(record['simulated'])} settings in {record['sim_wall_s']:.0f} s; "
           f"profile {record['profile']['form']}, held-out error "
-          f"{record['profile']['heldout_error']:.1%}):")
+          f"{record['profile']['heldout_error']:.1%}{_anchor(record['profile'])}):")
     print(simulated_table(record))
     table = confirmation_table(record)
     if table:

@@ -1,6 +1,9 @@
 """`python -m tuner sweep --objective capacity` (the default for this engine): maximise a
 replica's SLO capacity, searched on the simulator, confirmed for real.
 
+0. **Pilot** (with 2 or more rounds): the baseline once for real, not scored; its KV
+   pool sizes the simulated pools, its served steps may refit the profile, and its real
+   capacity sets the profile's step-time level (tuner/search/capacity_profile.py).
 1. **Search in simulation** (tuner/sim/, tuner/search/capacity_search.py): Optuna's TPE
    proposes settings; each one's capacity is the capacity search (tuner/measure/
    capacity.py) over simulated loads of the workload's own arrival process, warm-started
@@ -34,7 +37,7 @@ from tuner.search.stats import decide, paired_gain
 from tuner.search import capacity_front
 from tuner.search.capacity_search import (SIM_UNMODELLED, SimPoint, _describe, _sim_settings,
                                           candidates, simulate_point, simulated_search)
-from tuner.search.capacity_profile import fit_pool, live_refit, pool_blocks
+from tuner.search.capacity_profile import anchor_time, fit_pool, live_refit, pool_blocks
 from tuner.sim.live_profile import read_steps
 from tuner.sim.profile import UNFITTED
 
@@ -61,6 +64,7 @@ class CapacityPlan:
     phase: Callable[[str], None] = field(default=lambda s: None)   # "Confirming", when it is
     source: str = "calibration"    # where plan.sim's profile came from, until a live refit
     pool: dict | None = None       # the pilot's KV pool against the profile's (fit_pool)
+    anchor: dict | None = None     # the step times' factor from the pilot's capacity
 
 
 def confirm_for_real(plan: CapacityPlan, config, arms: list[dict], pilot: dict,
@@ -239,6 +243,12 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
         if plan.front:
             capacity_front.calibrate_front(
                 plan, {**plan.sim_base, **_sim_settings(baseline.settings)}, light)
+        if plan.sim.profile.fit.form != UNFITTED:
+            anchor_time(plan, real=pilot["capacity"], simulated=simulate_point(
+                plan, _sim_settings(baseline.settings), start=first.capacity).capacity,
+                predict=lambda sim: simulate_point(
+                    dataclasses.replace(plan, sim=sim), _sim_settings(baseline.settings),
+                    start=pilot["capacity"]).capacity)
     if plan.sim.profile.fit.form == UNFITTED:
         raise ValueError("no step-time profile: none is cached for this model, and the "
                          "pilot's served steps were too few to fit one; lengthen the trials' "
@@ -263,7 +273,7 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
                           "front_s": plan.sim.front_seconds,
                           "source": "live (the pilot's steps)" if plan.live
                           else plan.source, "check": plan.profile_check,
-                          "pool": plan.pool}}
+                          "pool": plan.pool, "anchor": plan.anchor}}
     if len(arms) == 1 or config.confirm_rounds < 2:
         record.update(arms=arms, rounds=0, winner=None,
                       reason="no candidate differs from the baseline" if len(arms) == 1
