@@ -5,7 +5,7 @@ gaps) against ground truth and run Locust end to end without the engine. The fir
 token comes `ttft` seconds after the request, then one token every `itl` seconds; each
 request's reply has exactly `max_tokens` tokens. /metrics exposes, under vLLM's names
 and buckets, a request counter, the TTFT / inter-token / end-to-end latency histograms
-(observed from the server's own timing) and the running-requests gauge.
+(observed from the server's own timing) and the running- and waiting-requests gauges.
 With `max_running` > 0 at most that many requests stream at once and the rest queue
 (FIFO), like an engine's max_num_seqs: its capacity is max_running / (ttft + (n-1) itl)
 requests/s for n-token replies, a known knee for the capacity search.
@@ -51,6 +51,8 @@ class FakeOpenAIServer:
                                 registry=reg).labels("fake")
         self._running = Gauge("vllm:num_requests_running", "Running requests.", lbl,
                               registry=reg).labels("fake")
+        self._waiting = Gauge("vllm:num_requests_waiting", "Queued requests (max_running).",
+                              lbl, registry=reg).labels("fake")
         self._ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT.", lbl,
                                buckets=TTFT_BUCKETS, registry=reg).labels("fake")
         self._itl = Histogram("vllm:inter_token_latency_seconds", "ITL.", lbl,
@@ -118,7 +120,11 @@ class FakeOpenAIServer:
             n = min(n, self.eos_after)
         try:
             if self._slots is not None:
-                await self._slots.acquire()
+                self._waiting.inc()
+                try:
+                    await self._slots.acquire()
+                finally:
+                    self._waiting.dec()
             self._running.inc()
             try:
                 await self._stream(response, n, chat)

@@ -246,3 +246,69 @@ def test_the_status_shows_the_simulated_search_and_the_step_times_factor():
         "anchor": {"factor": 2.1, "pilotCapacity": 3.0, "simulatedBefore": 6.0}}
     record["profile"]["anchor"] = None
     assert "anchor" not in capacity_job.simulated_status(record)["simulation"]["profile"]
+
+
+def _probe(rate: float, passed: bool, waiting: float) -> dict:
+    return {"rate": rate, "passed": passed, "attainment": 0.95 if passed else 0.5,
+            "gauges": {"num_requests_waiting_mean": waiting,
+                       "kv_cache_usage_perc_mean": waiting / 10}}
+
+
+def _capacity_record() -> dict:
+    """Four rounds of a baseline and a winner C1 (the fourth C1 failed to start): C1's
+    queue at its highest passing probe was 1.4, 1.0 and 2.0."""
+    c1 = {"label": "C1", "params": {"max_num_seqs": 8}, "capacity": [9.0, 7.0, 6.0, 0.0],
+          "failed": [None, None, None, "did not start"],
+          "probes": [[_probe(4, True, 0.2), _probe(8, True, 1.4), _probe(16, False, 9.0)],
+                     [_probe(6, True, 1.0), _probe(12, False, 5.0)],
+                     [_probe(5, True, 2.0), _probe(3, True, 0.1)], []]}
+    base = {"label": "baseline", "params": {"max_num_seqs": 1}, "capacity": [3.0, 2.0, 2.5, 3],
+            "failed": [None] * 4,
+            "probes": [[_probe(2, True, 0.3), _probe(3, True, 0.6)]] * 4}
+    return {"arms": [base, c1], "winner": "C1",
+            "gains": {"C1": {"ratio": 3.0, "low": 1.5, "high": 5.0, "rounds": 3}},
+            "decision": {"winner": "C1", "reason": "C1: lower bound above 1"},
+            "figure": "capacity"}
+
+
+def test_the_autoscalers_target_is_the_winners_queue_at_its_capacity():
+    record = _capacity_record()
+    found = capacity_job.capacity_status(record, 0.9, autoscaling={"maxReplicas": 3})
+    assert found["ratePerReplica"] == 7.0 and found["rounds"] == 3
+    assert found["autoscaling"] == {"metric": "queueDepth", "target": "1.4", "measured": 1.4}
+    kv = capacity_job.capacity_status(record, 0.9, autoscaling={"metric": "kvCacheUsage",
+                                                                "maxReplicas": 3})
+    assert kv["autoscaling"]["target"] == "0.14"
+    baseline = capacity_job.capacity_status(record, 0.9, label="baseline",
+                                            autoscaling={"maxReplicas": 3})
+    assert baseline["autoscaling"]["measured"] == 0.6 and baseline["ratePerReplica"] == 2.75
+    # the SLO planner sizes replicas itself; no autoscaler, no target
+    assert "autoscaling" not in capacity_job.capacity_status(
+        record, 0.9, autoscaling={"mode": "slo", "maxReplicas": 3})
+    assert "autoscaling" not in capacity_job.capacity_status(record, 0.9)
+    for arm in record["arms"]:   # engines whose gauges were never read
+        for probes in arm["probes"]:
+            for p in probes:
+                p["gauges"] = {}
+    assert "reason" in capacity_job.capacity_status(
+        record, 0.9, autoscaling={"maxReplicas": 3})["autoscaling"]
+
+
+def test_a_capacity_winner_is_recommended_with_the_autoscalers_target():
+    """The Job's apply (tuner.incluster.job.run_capacity): status.capacity of the winner,
+    and the autoscaler's target joins the engine settings in the patch."""
+    from test_tuner_cluster_apply import Run
+
+    from tuner.incluster.apply import apply_decision
+
+    run = Run("Manual")
+    record = _capacity_record()
+    apply_decision(run, record, capacity=lambda engine, start, sections=None:
+                   capacity_job.capacity_status(record, 0.9, label=None if engine
+                                                else "baseline",
+                                                autoscaling={"maxReplicas": 3}))
+    assert run.status["decision"]["winner"] == "C1"
+    assert run.status["recommendation"]["patch"] == {
+        "spec": {"engine": {"maxNumSeqs": 8}, "autoscaling": {"target": "1.4"}}}
+    assert run.status["capacity"]["ratePerReplica"] == 7.0
+    assert run.status["best"]["capacity"] == pytest.approx(22 / 3, rel=1e-3)

@@ -96,7 +96,7 @@ def apply_decision(run: TuningRun, record: dict, *,
     if decision["winner"] is None:
         if capacity is not None and run.spec.capacity is not None:   # the current settings'
             fields["capacity"] = capacity(
-                {}, start=max(arm_goodput(arms["baseline"])["goodput"], floor))
+                {}, start=max(arm_goodput(arms["baseline"], figure)[figure], floor))
         run.publish(**fields, phase="Succeeded", applied="No")
         return
     patch: dict[str, Any] = {"spec": to_spec_patch(arms[label]["params"])}
@@ -115,7 +115,7 @@ def apply_decision(run: TuningRun, record: dict, *,
                 patch["spec"][section] = change[0]
     if capacity is not None:
         fields["capacity"] = capacity(
-            engine, start=max(arm_goodput(arms[label])["goodput"], floor),
+            engine, start=max(arm_goodput(arms[label], figure)[figure], floor),
             **({"sections": sections} if sections else {}))
         autoscaler = (fields["capacity"].get("autoscaling") or {}).get("target")
         if autoscaler is not None:

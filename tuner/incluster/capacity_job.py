@@ -218,15 +218,35 @@ def _finite(x: float) -> float | None:
     return round(x, 4) if math.isfinite(x) else None
 
 
-def capacity_status(record: dict, attainment: float) -> dict[str, Any]:
-    """status.capacity from the confirmation: the applied (or kept) settings' median real
-    capacity per replica over the rounds."""
+def capacity_status(record: dict, attainment: float, *, label: str | None = None,
+                    autoscaling: dict | None = None) -> dict[str, Any]:
+    """status.capacity from the confirmation: the median real capacity per replica over
+    the rounds of arm `label` (default: the winner, else the baseline); with the target's
+    `autoscaling` (mode metrics), the autoscaler's target at that capacity."""
     arms = {a["label"]: a for a in record["arms"]}
-    arm = arms[record["winner"] or "baseline"]
+    arm = arms[label or record["winner"] or "baseline"]
     rates = [c for c, failed in zip(arm["capacity"], arm["failed"]) if not failed]
-    return {"engine": to_spec_patch(arm["params"], record=True)["engine"],
-            "ratePerReplica": round(statistics.median(rates), 4) if rates else 0.0,
-            "rounds": len(rates), "attainment": attainment, "source": "confirmation"}
+    out = {"engine": to_spec_patch(arm["params"], record=True)["engine"],
+           "ratePerReplica": round(statistics.median(rates), 4) if rates else 0.0,
+           "rounds": len(rates), "attainment": attainment, "source": "confirmation"}
+    if autoscaling and autoscaling.get("mode", "metrics") == "metrics" and rates:
+        out["autoscaling"] = autoscaler_at_capacity(arm, autoscaling)
+    return out
+
+
+def autoscaler_at_capacity(arm: dict, autoscaling: dict) -> dict[str, Any]:
+    """{metric, target} (tuner.incluster.load.autoscaler_target) from the gauge an arm's
+    engines showed at their capacity: per round its mean during the highest passing
+    probe, the median over the rounds."""
+    from tuner.incluster.load import AUTOSCALER_FIGURES, autoscaler_target
+
+    key = AUTOSCALER_FIGURES.get(autoscaling.get("metric") or "queueDepth", "")
+    values = []
+    for probes in arm["probes"]:   # a round that failed has none
+        passed = [p for p in probes if p["passed"] and key in (p.get("gauges") or {})]
+        if passed:
+            values.append(max(passed, key=lambda p: p["rate"])["gauges"][key])
+    return autoscaler_target(autoscaling, {key: statistics.median(values)} if values else {})
 
 
 def verify_capacity(run, record: dict) -> dict[str, Any]:

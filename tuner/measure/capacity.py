@@ -144,23 +144,31 @@ def measure_capacity(settings: dict, launch, load: LoadSpec, slos: dict, *, work
     rates; `warmup_requests` are sent (and not scored) before the first probe only, and
     every later probe waits until the engine has drained the previous one. `watch(url)`,
     once the engine is up, starts watching it and returns what stops the watch (called
-    before the engine stops)."""
+    before the engine stops). Each probe records the engine's gauges' means during its
+    load (`gauges`: num_requests_waiting_mean, ...), which an autoscaler's target is read
+    from."""
     from tuner.measure.engine_process import EngineStartError
     from tuner.measure.runner import Infeasible
     from tuner.measure.server_metrics import wait_idle
     from tuner.measure.trial import measure
 
+    from tuner.measure.server_metrics import GAUGES
+
     engine = launch.process(settings, workdir / "engine.log")
     probes = iter(range(1000))
     done: list[Path] = []  # probes run so far
+    means = {name.split(":", 1)[1] + "_mean" for name in GAUGES}
+    gauges: dict[float, dict] = {}   # rate -> the engine's gauges' means during its probe
 
     def probe(rate: float) -> Samples:
         k = next(probes)
         where = workdir / f"probe-{k:02d}"
         if done:   # an overrun probe's backlog must not slow this one down
             wait_idle(engine.url)
-        measure(engine.url, rate_load(probe_load(load, k), rate, trace_rate=trace_rate), slos,
-                workdir=where, warmup_requests=warmup_requests if not done else 0)
+        figures = measure(engine.url, rate_load(probe_load(load, k), rate,
+                                                trace_rate=trace_rate), slos,
+                          workdir=where, warmup_requests=warmup_requests if not done else 0)
+        gauges[rate] = {k: figures[k] for k in sorted(means & set(figures or {}))}
         done.append(where)
         return load_samples(where / "samples.jsonl")
 
@@ -171,7 +179,10 @@ def measure_capacity(settings: dict, launch, load: LoadSpec, slos: dict, *, work
             raise Infeasible(exc.reason) from None
         stop_watching = watch(engine.url) if watch is not None else None
         try:
-            return search_capacity(probe, slos, start=start, **search)
+            result = search_capacity(probe, slos, start=start, **search)
+            for p in result.probes:   # what an autoscaler on those gauges would see
+                p["gauges"] = gauges.get(p["rate"], {})
+            return result
         finally:
             if stop_watching is not None:
                 stop_watching()
