@@ -303,12 +303,19 @@ def test_a_capacity_winner_is_recommended_with_the_autoscalers_target():
 
     run = Run("Manual")
     record = _capacity_record()
-    apply_decision(run, record, capacity=lambda engine, start, sections=None:
-                   capacity_job.capacity_status(record, 0.9, label=None if engine
-                                                else "baseline",
-                                                autoscaling={"maxReplicas": 3}))
+    apply_decision(run, record, capacity=capacity_job.confirmed_capacity(
+        record, 0.9, {"maxReplicas": 3}))
     assert run.status["decision"]["winner"] == "C1"
     assert run.status["recommendation"]["patch"] == {
         "spec": {"engine": {"maxNumSeqs": 8}, "autoscaling": {"target": "1.4"}}}
     assert run.status["capacity"]["ratePerReplica"] == 7.0
     assert run.status["best"]["capacity"] == pytest.approx(22 / 3, rel=1e-3)
+    # a winner that measured worse is not applied: the baseline's capacity is reported
+    run = Run("Manual")
+    run.spec.capacity = object()   # spec.capacity given: the kept settings' capacity too
+    record["gains"]["C1"]["ratio"] = 0.9
+    apply_decision(run, record, capacity=capacity_job.confirmed_capacity(
+        record, 0.9, {"maxReplicas": 3}))
+    assert run.status["decision"]["winner"] is None
+    assert run.status["capacity"]["ratePerReplica"] == 2.75
+    assert run.status["capacity"]["engine"] == {"maxNumSeqs": 1}

@@ -234,6 +234,14 @@ def capacity_status(record: dict, attainment: float, *, label: str | None = None
     return out
 
 
+def confirmed_capacity(record: dict, attainment: float, autoscaling: dict | None):
+    """apply_decision's `capacity(engine, start)` for the Capacity objective: the status
+    of the arm the decision applies (engine {}: the baseline), from the confirmation;
+    nothing more is measured."""
+    return lambda engine, start, sections=None: capacity_status(
+        record, attainment, label=None if engine else "baseline", autoscaling=autoscaling)
+
+
 def autoscaler_at_capacity(arm: dict, autoscaling: dict) -> dict[str, Any]:
     """{metric, target} (tuner.incluster.load.autoscaler_target) from the gauge an arm's
     engines showed at their capacity: per round its mean during the highest passing

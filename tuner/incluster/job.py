@@ -276,13 +276,8 @@ class Tuning:
         attainment = self.spec.capacity.attainment if self.spec.capacity else 0.9
         autoscaling = (self.target.get("spec") or {}).get("autoscaling")
         self.publish(capacity=capacity_job.capacity_status(record, attainment))
-        # status.capacity of the arm the decision applies ({}: the baseline's), with the
-        # autoscaler's target it implies; nothing more is measured
-        apply_decision(self, record, capacity=lambda engine, start, sections=None:
-                       capacity_job.capacity_status(record, attainment,
-                                                    label=None if engine else "baseline",
-                                                    autoscaling=autoscaling),
-                       verify_load=capacity_job.verify_capacity)
+        apply_decision(self, record, verify_load=capacity_job.verify_capacity,
+                       capacity=capacity_job.confirmed_capacity(record, attainment, autoscaling))
 
     def capacity(self, engine: dict, start: float, sections: dict | None = None) -> dict:
         self.publish(phase="MeasuringCapacity")
