@@ -32,7 +32,7 @@ from typing import Any
 
 from paged_api import settings_k8s
 from paged_api.model_source import parse_model
-from tuner.incluster.service_runner import merge_patch, private_disk_tier
+from tuner.incluster.service_runner import create_trial_service
 from tuner.incluster.space_bounds import target_memory
 from paged_api.search_space import to_spec_patch
 
@@ -53,10 +53,7 @@ class TrialService:
 
     def start(self, timeout: float) -> None:
         run = self.launch.run
-        patch = to_spec_patch(self.settings)
-        engine = merge_patch(dict(run.target["spec"].get("engine") or {}), patch.pop("engine"))
-        target = {**run.target, "spec": private_disk_tier(merge_patch(run.target["spec"], patch))}
-        run.cluster.create_trial(self.name, target, engine, run.owner)
+        create_trial_service(run.cluster, self.name, run.target, self.settings, run.owner)
         run.cluster.wait_ready(self.name, timeout=timeout)   # Infeasible when Degraded
         self.url = run.cluster.endpoint_url(self.name)
         self.launch.log(f"{self.name}: ready at {self.url}")

@@ -62,6 +62,17 @@ def private_disk_tier(spec: dict[str, Any]) -> dict[str, Any]:
     return {**spec, "kvCache": {**kv, "disk": {**disk, "volume": {"emptyDir": {}}}}}
 
 
+def create_trial_service(cluster: Cluster, name: str, target: dict, settings: dict,
+                         owner: dict) -> None:
+    """The trial PagedInferenceService `name`: the target's spec with these settings
+    (engine args, and the sections they name: spec.kvCache's host tier) merged in, its
+    disk tier its own (private_disk_tier)."""
+    patch = to_spec_patch(settings)
+    engine = merge_patch(dict(target["spec"].get("engine") or {}), patch.pop("engine"))
+    cluster.create_trial(name, {**target, "spec": private_disk_tier(
+        merge_patch(target["spec"], patch))}, engine, owner)
+
+
 @dataclass
 class ServiceRunner:
     """Measures each trial on a fresh trial PagedInferenceService (see the module's doc)."""
@@ -83,11 +94,7 @@ class ServiceRunner:
 
     def run(self, request: TrialRequest) -> dict[str, float]:
         name = service_name(self.tuning, request.name)
-        patch = to_spec_patch(request.settings)
-        engine = merge_patch(self.target_engine, patch.pop("engine"))
-        target = {**self.target,
-                  "spec": private_disk_tier(merge_patch(self.target["spec"], patch))}
-        self.cluster.create_trial(name, target, engine, self.owner)
+        create_trial_service(self.cluster, name, self.target, request.settings, self.owner)
         stopping = self.cluster.stopping
 
         def on_progress(elapsed: float, goodput: float) -> bool:
