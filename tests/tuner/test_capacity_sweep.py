@@ -159,14 +159,24 @@ def test_only_the_best_k_and_the_baseline_run_for_real_and_the_better_one_wins(
     winner = {a["label"]: a for a in record["arms"]}[record["winner"]]
     assert winner["gain"]["low"] > 1 and winner["gain"]["ratio"] == pytest.approx(
         FakeSim.truth(winner["settings"]) / FakeSim.truth({"max_num_seqs": 8}), rel=0.1)
-    # every round searches alike, from sim x the real/simulated ratio (the pilot's first)
-    assert {c["growth"] for c in calls} == {cs.REAL_GROWTH}
-    assert {c["max_probes"] for c in calls} == {plan.real_probes}
-    assert calls[0]["start"] == pytest.approx(
-        record["arms"][0]["sim"] * record["pilot"]["capacity"] / record["arms"][0]["sim"])
-    assert calls[1]["start"] == pytest.approx(record["arms"][1]["sim"] * statistics.median(
-        [record["pilot"]["capacity"] / record["arms"][0]["sim"],
-         record["arms"][0]["capacity"][0] / record["arms"][0]["sim"]]))
+    # each arm's search starts at sim x its own real/simulated ratio (the baseline's
+    # first: the pilot's) in small steps; a candidate's first brackets widely from the
+    # others' ratio
+    base, c1 = record["arms"][0], record["arms"][1]
+    of = {label: [c for c in calls if c["settings"] == arm["settings"]]
+          for label, arm in (("baseline", base), ("C1", c1), ("C2", record["arms"][2]))}
+    assert all(len(v) == 3 for v in of.values())
+    assert {(c["growth"], c["max_probes"]) for c in of["baseline"]} == {
+        (cs.REAL_GROWTH, plan.real_probes)}
+    for label in ("C1", "C2"):
+        first, *later = of[label]
+        assert (first["growth"], first["max_probes"]) == (2.0, plan.real_probes + 3)
+        assert {(c["growth"], c["max_probes"]) for c in later} == {
+            (cs.REAL_GROWTH, plan.real_probes)}
+    assert of["baseline"][0]["start"] == pytest.approx(record["pilot"]["capacity"])
+    assert of["C1"][0]["start"] == pytest.approx(c1["sim"] * statistics.median(
+        [record["pilot"]["capacity"] / base["sim"], base["capacity"][0] / base["sim"]]))
+    assert of["C1"][1]["start"] == pytest.approx(c1["capacity"][0])   # its own ratio
 
 
 def test_a_failed_pilot_leaves_the_first_round_to_bracket_widely(tmp_path, monkeypatch):
@@ -186,7 +196,8 @@ def test_a_failed_pilot_leaves_the_first_round_to_bracket_widely(tmp_path, monke
     record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
     assert record["pilot"]["failed"] == "the engine did not start"
     assert calls[1]["growth"] == 2.0 and calls[1]["max_probes"] == plan.real_probes + 3
-    assert calls[2]["growth"] == cs.REAL_GROWTH
+    assert calls[2]["growth"] == 2.0   # C1's first measurement too
+    assert calls[3]["growth"] == calls[4]["growth"] == cs.REAL_GROWTH   # round 2: own ratios
     assert all(record["arms"][0]["capacity"])   # the rounds still measured
 
 

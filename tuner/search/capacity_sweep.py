@@ -14,8 +14,9 @@ replica's SLO capacity, searched on the simulator, confirmed for real.
    distinct simulated settings are measured on real engines, R rounds interleaved
    (rotated order, one fresh engine per arm and round, the same request stream within a
    round). One measurement is a short real capacity search started at the arm's simulated
-   capacity, scaled by what the real/simulated ratio has been so far, read as the rate
-   where attainment crosses the target (interpolated between the bracketing probes).
+   capacity, scaled by its own real/simulated ratio so far (an arm's first measurement:
+   the other arms' ratio, bracketing widely), read as the rate where attainment crosses
+   the target (interpolated between the bracketing probes).
    The gain is the paired per-round capacity ratio with its 95 % t-interval
    (tuner/search/stats.py); a candidate replaces the baseline only when the lower bound
    exceeds --min-gain. Only these K+1 arms ever start a real engine; a candidate whose
@@ -77,12 +78,12 @@ def confirm_for_real(plan: CapacityPlan, config, arms: list[dict], pilot: dict,
     there and then, and listed in its arm's `refused`. Returns the record: arms with their
     per-round capacities and probes, gains, the decision."""
     floor = _floor(config)
-    ratios: list[float] = []
+    ratios: dict[str, list[float]] = {}   # per arm: real / simulated capacity
     spares = list(spares or [])
     for arm in arms:
         arm.update(capacity=[], failed=[], probes=[], refused=[])
     if pilot["capacity"] > 0 and arms[0]["sim"] > 0:
-        ratios.append(pilot["capacity"] / arms[0]["sim"])
+        ratios[arms[0]["label"]] = [pilot["capacity"] / arms[0]["sim"]]
     for r in range(config.confirm_rounds):
         load = dataclasses.replace(config.load, seed=config.seed + 1 + r)
         for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
@@ -113,7 +114,7 @@ def confirm_for_real(plan: CapacityPlan, config, arms: list[dict], pilot: dict,
             arm["failed"].append(None)
             arm["probes"].append(result.probes)
             if rate > 0 and arm["sim"] > 0:
-                ratios.append(rate / arm["sim"])
+                ratios.setdefault(arm["label"], []).append(rate / arm["sim"])
             plan.log(f"round {r + 1}/{config.confirm_rounds} {arm['label']:>8}: "
                      f"{rate:.2f} req/s real (simulated {arm['sim']:.2f}; probes "
                      + ", ".join(f"{p['rate']:.2f}{'+' if p['passed'] else '-'}"
@@ -130,15 +131,18 @@ def confirm_for_real(plan: CapacityPlan, config, arms: list[dict], pilot: dict,
             "winner": decision.winner, "reason": decision.reason}
 
 
-def _measure_arm(plan: CapacityPlan, config, arm: dict, load, ratios: list[float],
+def _measure_arm(plan: CapacityPlan, config, arm: dict, load, ratios: dict[str, list[float]],
                  workdir) -> CapacityResult:
-    """One real capacity search of `arm`, started at its simulated capacity times the
-    real/simulated ratio so far."""
-    scale = statistics.median(ratios) if ratios else 1.0
+    """One real capacity search of `arm`, started at its simulated capacity times its own
+    real/simulated ratio so far, in small steps; an arm not yet measured starts at the
+    other arms' ratio and brackets widely: the simulator can be off by another factor for
+    other settings (a profile fitted on one sequence at a time put 8 sequences at 91 req/s,
+    their engine served 40: three probes of 1.25x steps down from 96 all failed)."""
+    own = ratios.get(arm["label"])
+    pooled = [r for rs in ratios.values() for r in rs]
+    scale = statistics.median(own or pooled) if own or pooled else 1.0
     guess = max(arm["sim"] * scale, _floor(config))
-    # until one real capacity is known the simulated one may be far off (the profile
-    # times steps, not the HTTP serving around them): bracket widely
-    wide = not ratios
+    wide = not own
     return measure_capacity(
         {**config.fixed, **arm["settings"]}, config.launch, load, config.slos,
         workdir=workdir, start=guess, trace_rate=plan.trace_rate,
