@@ -76,6 +76,31 @@ def test_steps_without_drafts_charge_a_draft_token_as_a_prefill_token():
     assert timed.coefficients["draft_tokens"] == pytest.approx(TRUE["draft_tokens"], rel=0.1)
 
 
+def test_a_draft_token_never_costs_less_than_a_prefill_token(tmp_path):
+    """Timed drafts cheaper than prompt tokens are priced as prompt tokens (one more query
+    row of the forward each); a profile saved with free drafts (a calibration cached before
+    the rule) is priced on load."""
+    rng = random.Random(3)
+    shapes = _shapes(400)
+    cheap = {**TRUE, "draft_tokens": 2e-5}
+    seconds = [sum(c * (1.0 if k == "intercept" else getattr(s, k)) for k, c in cheap.items())
+               * rng.uniform(0.99, 1.01) for s in shapes]
+    result = fit(shapes, seconds)
+    assert result.coefficients["draft_tokens"] == result.coefficients["prefill_tokens"]
+    assert result.coefficients["prefill_tokens"] == pytest.approx(1.5e-4, rel=0.1)
+    profile = Profile(Identity("m", "f", "hw", "t", 1),
+                      Fit("rows", {"intercept": 0.07, "prefill_tokens": 3e-3,
+                                   "decode_seqs": 4e-3, "draft_tokens": 0.0}, 0.1),
+                      Memory(0, 1e6, 1000, 0, 0, 2048, 100), num_steps=10)
+    profile.save(tmp_path / "p.json")
+    loaded = Profile.load(tmp_path / "p.json")
+    assert loaded.fit.coefficients == {**profile.fit.coefficients, "draft_tokens": 3e-3}
+    tokens = dataclasses.replace(profile, fit=Fit("tokens", {"intercept": 0.01,
+                                                             "num_tokens": 2e-4}, 0.1))
+    tokens.save(tmp_path / "t.json")   # no draft term of its own: left as it is
+    assert Profile.load(tmp_path / "t.json").fit.coefficients == tokens.fit.coefficients
+
+
 def test_fit_keeps_coefficients_non_negative():
     shapes = _shapes(200, seed=4)
     # time falls with decode context (nonsense): the fit must not learn a negative cost
