@@ -14,7 +14,8 @@ tests/tuner/fake_engine.py:
 - --api-key-file (the operator's apiKeySecretRef mount): /v1/* answers 401 without
   `Authorization: Bearer KEY`, as the engine does;
 - at most --max-num-seqs requests stream at once, the rest queue (FIFO) and show in
-  vllm:num_requests_waiting, as in the engine (the autoscaler's queueDepth metric);
+  vllm:num_requests_waiting (the fake server's gauge), as in the engine (the
+  autoscaler's queueDepth metric);
 - FAKE_ENGINE_REQUEST_LOG: a folder where every pod appends one JSON line per completion
   request it receives to <pod name>.jsonl: {"t": arrival (epoch s), "prompt": the prompt's
   first 8 token ids or its text, "prompt_len", "max_tokens"}; the tests compare it with
@@ -31,7 +32,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "loadtests"))
 from aiohttp import web  # noqa: E402
 from fake_openai_server import FakeOpenAIServer  # noqa: E402
-from prometheus_client import Gauge  # noqa: E402
 
 
 class PodServer(FakeOpenAIServer):
@@ -41,9 +41,6 @@ class PodServer(FakeOpenAIServer):
                  request_log: Path | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.host, self.api_key, self.request_log = host, api_key, request_log
-        Gauge("vllm:num_requests_waiting", "Waiting requests.", ["model_name"],
-              registry=self.registry).labels("fake").set_function(
-            lambda: len(getattr(self._slots, "_waiters", None) or ()))
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         if self.request_log is not None:
