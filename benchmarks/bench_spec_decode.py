@@ -167,7 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument("--gate", default=None,
-                   help='also each k with these off-switch keys, e.g. '
+                   help='also each k (n-gram and suffix) with these gate keys, e.g. '
                         '\'{"min_acceptance_rate": 0.3}\' (engine/spec_decode/gate.py)')
     p.add_argument("--tuned", action="store_true",
                    help="off against the tuner's choice of num_speculative_tokens, chosen per "
@@ -211,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             configs[f"k={k} gated"] = {**configs[f"k={k}"], **json.loads(args.gate)}
     for k in (int(x) for x in args.suffix_k.split(",") if x):
         configs[f"suffix k={k}"] = {"method": "suffix", "num_speculative_tokens": k}
+        if args.gate:
+            configs[f"suffix k={k} gated"] = {**configs[f"suffix k={k}"], **json.loads(args.gate)}
     model = _model_path(args.model)
 
     def build(spec):

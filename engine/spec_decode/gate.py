@@ -22,7 +22,10 @@ Two keys of --speculative-config, both off by default (drafting then behaves as 
   and drafts the k <= the proposer's limit that maximises those tokens per unit of cost
   with `batch_size` rows each verifying k: shorter as alpha drops or the batch grows, 0
   when drafting costs more than it saves. A sequence at 0 probes with one draft after
-  `acceptance_probe_interval` steps, so its estimate can recover.
+  `acceptance_probe_interval` steps, so its estimate can recover. Suffix drafts, which
+  carry the evidence behind each token, are cut instead by `cut()`: the same figure with
+  each token's own probability, calibrated on earlier drafts of the same kind
+  (engine/spec_decode/calibration.py), in place of alpha^k.
 
 Outputs never change: the drafts only decide how many tokens a step verifies.
 
@@ -38,6 +41,8 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 
+from engine.spec_decode.calibration import DraftCalibration, Key
+
 EMA_WEIGHT = 0.25  # weight of the latest draft step in the acceptance average
 ALPHA_PRIOR = (1.6, 2.0)  # (accepted, verified) pseudo-counts: alpha starts at 0.8 (they
 #                             decay like observed counts, so the evidence takes over)
@@ -47,10 +52,16 @@ ALPHA_DECAY = 0.8  # weight of the past in the per-position counts, per draft st
 def best_length(alpha: float, batch_size: int, knee: float, limit: int) -> int:
     """The k in 0..limit maximising (1 + alpha + ... + alpha^k) / (1 + batch_size (1 + k)
     / knee): expected tokens per unit of step cost (the smallest k among equals)."""
+    return best_cut([alpha ** k for k in range(1, limit + 1)], batch_size, knee)
+
+
+def best_cut(cumulative: list[float], batch_size: int, knee: float) -> int:
+    """The k in 0..len(cumulative) maximising (1 + cumulative[0] + ... + cumulative[k-1])
+    / (1 + batch_size (1 + k) / knee), cumulative[i] the probability that the first i + 1
+    drafts are all accepted (the smallest k among equals)."""
     best, best_rate = 0, 1.0 / (1.0 + batch_size / knee)
-    tokens, p = 1.0, 1.0
-    for k in range(1, limit + 1):
-        p *= alpha
+    tokens = 1.0
+    for k, p in enumerate(cumulative, 1):
         tokens += p
         rate = tokens / (1.0 + batch_size * (1 + k) / knee)
         if rate > best_rate * (1 + 1e-9):
@@ -67,6 +78,7 @@ class _State:
     accepted: float = ALPHA_PRIOR[0]  # decayed per-position counts (adaptive_draft_knee),
     verified: float = ALPHA_PRIOR[1]  # the prior's pseudo-counts decaying with them
     since_long: int = 0  # decode steps at length 0 (adaptive_draft_knee)
+    keys: list = field(default_factory=list)  # the calibration keys of the drafts (cut())
 
     @property
     def alpha(self) -> float:
@@ -88,6 +100,8 @@ class DraftGate:
         if adaptive_draft_knee is not None and adaptive_draft_knee < 1:
             raise ValueError(f"adaptive_draft_knee must be >= 1, got {adaptive_draft_knee}")
         self.knee = adaptive_draft_knee
+        # per-token acceptance by kind of evidence (drafts that come with keys: cut())
+        self.calibration = DraftCalibration() if adaptive_draft_knee is not None else None
         self.min_rate = min_acceptance_rate
         self.probe_interval = acceptance_probe_interval
         self.max_batch = disable_by_batch_size
@@ -134,7 +148,20 @@ class DraftGate:
         if self.knee is None or limit <= 0:
             return limit
         state = self._states[seq]   # allows() tracks every sequence while the knee is set
-        k = best_length(state.alpha, batch_size, self.knee, limit)
+        return self._or_probe(state, best_length(state.alpha, batch_size, self.knee, limit))
+
+    def cut(self, seq, batch_size: int, keys: list[Key]) -> int:
+        """With adaptive_draft_knee: how many of a draft's tokens, keyed by
+        calibration.draft_keys, `seq` verifies in this step (after allows()): the k that
+        maximises expected tokens per unit of cost with each token's calibrated
+        probability (best_cut), or 1 as a probe. Without the knee: all of them."""
+        if self.knee is None or not keys:
+            return len(keys)
+        state = self._states[seq]
+        cumulative = self.calibration.cumulative(keys)
+        return self._or_probe(state, best_cut(cumulative, batch_size, self.knee))
+
+    def _or_probe(self, state: _State, k: int) -> int:
         if k > 0:
             state.since_long = 0
             return k
@@ -144,12 +171,14 @@ class DraftGate:
             return 1
         return 0
 
-    def handed_out(self, seq, drafts: list[int]) -> None:
-        """Record the drafts given to `seq` (checked against its tokens at the next step)."""
+    def handed_out(self, seq, drafts: list[int], keys: list[Key] | None = None) -> None:
+        """Record the drafts given to `seq` (checked against its tokens at the next step),
+        with their calibration keys when cut() chose them."""
         if not self._tracking:
             return
         state = self._states[seq]   # allows() made it
         state.drafts, state.length = list(drafts), len(seq.token_ids)
+        state.keys = list(keys[:len(drafts)]) if keys and self.calibration is not None else []
 
     def _observe(self, seq) -> _State:
         state = self._states.setdefault(seq, _State())
@@ -164,6 +193,8 @@ class DraftGate:
             state.ema += EMA_WEIGHT * (a / len(state.drafts) - state.ema)
             state.accepted = ALPHA_DECAY * state.accepted + a
             state.verified = ALPHA_DECAY * state.verified + a + (a < len(state.drafts))
+            if state.keys:
+                self.calibration.observe(state.keys, a)
         if new:  # the drafts are settled once the sequence moved on
             state.drafts.clear()
         return state

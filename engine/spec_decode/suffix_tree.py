@@ -127,35 +127,39 @@ class SuffixTree:
         return lo
 
     def continuation(self, pattern: list[int], limit: int, min_prob: float
-                     ) -> tuple[list[int], float]:
+                     ) -> tuple[list[int], float, list[tuple[float, int]]]:
         """The most frequent continuation of path `pattern`: up to `limit` tokens while the
         estimated probability of the whole draft so far stays >= min_prob; with its score,
-        the sum of those probabilities (the expected number of tokens accepted)."""
+        the sum of those probabilities (the expected number of tokens accepted), and per
+        token the evidence behind it: (count(child) / count(node), count(node))."""
         where = self._walk(pattern)
         if where is None:
-            return [], 0.0
+            return [], 0.0, []
         node, used = where
         out: list[int] = []
+        evidence: list[tuple[float, int]] = []
         prob, score = 1.0, 0.0
         while len(out) < limit:
             if node.tail is not None:
                 if node.at + used >= node.end:
                     break
-                prob *= 1.0 / node.count if used == 0 else 1.0
+                ratio, support = (1.0 / node.count, node.count) if used == 0 else (1.0, 1)
                 token = node.tail[node.at + used]
                 used += 1
             elif node.children:
                 # most frequent child; among equals the smallest token (deterministic)
                 token, child = max(node.children.items(), key=lambda kv: (kv[1].count, -kv[0]))
-                prob *= child.count / node.count
+                ratio, support = child.count / node.count, node.count
                 node, used = child, 0
             else:
                 break
+            prob *= ratio
             if prob < min_prob:
                 break
             out.append(token)
+            evidence.append((ratio, support))
             score += prob
-        return out, score
+        return out, score, evidence
 
     def counts(self) -> dict[tuple[int, ...], int]:
         """Every path and its count, tails spelt out (for tests and inspection)."""

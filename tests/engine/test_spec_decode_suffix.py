@@ -36,7 +36,7 @@ def test_counts_traced_step_by_step_on_three_letters():
     assert tree.counts() == {(A,): 3, (A, B): 2, (A, B, A): 1, (A, B, C): 1, (B,): 2,
                              (B, A): 1, (B, C): 1, (C,): 1}
     # after A: B (2 of 3); after A B: A or C (1 of 2 each), the smaller token; then depth 3
-    drafts, score = tree.continuation([A], limit=5, min_prob=0.0)
+    drafts, score, _ = tree.continuation([A], limit=5, min_prob=0.0)
     assert drafts == [B, A] and score == pytest.approx(2 / 3 + 2 / 3 * 1 / 2)
     # the walks through A B and B spelt out the tails they met: A, AB, ABA, ABC, B, BA,
     # BC, C and the root
@@ -48,7 +48,7 @@ def test_the_most_frequent_child_wins_and_ties_go_to_the_smaller_token():
     tree = SuffixTree(max_depth=4)
     for text in ([A, B, C], [A, B, A], [A, B, C]):
         _add(tree, text)
-    drafts, score = tree.continuation([A, B], limit=4, min_prob=0.0)
+    drafts, score, _ = tree.continuation([A, B], limit=4, min_prob=0.0)
     assert drafts == [C] and score == pytest.approx(2 / 3)
     tie = SuffixTree(max_depth=4)
     for text in ([B, C], [B, A]):
@@ -155,11 +155,12 @@ def test_the_draft_grows_with_the_match_and_stops_below_min_token_prob():
 def test_own_tokens_draft_the_most_frequent_continuation_of_the_longest_match():
     text = [5, 1, 2, 3, 6, 1, 2, 3, 6, 1, 2, 4, 1, 2]
     # the longest match, "1 2", continues with 3, 3, 4, then 6, 6: two drafts (m = 2)
-    drafts, score = own_draft(text, 24, 8, 1.0, 0.1)
+    drafts, score, evidence, match = own_draft(text, 24, 8, 1.0, 0.1)
     assert drafts == [3, 6] and score == pytest.approx(2 / 3 + 2 / 3)
-    drafts, _ = own_draft([1, 2, 3, 4, 1, 2, 3, 4, 1, 2], 24, 2, 1.0, 0.1)
+    assert evidence == [(2 / 3, 3), (1.0, 2)] and match == 2  # 3 of 3, 4; then 6 of 6, 6
+    drafts = own_draft([1, 2, 3, 4, 1, 2, 3, 4, 1, 2], 24, 2, 1.0, 0.1).tokens
     assert drafts == [3, 4]
-    assert own_draft([1, 2, 3], 24, 4, 1.0, 0.1) == ([], 0.0)
+    assert own_draft([1, 2, 3], 24, 4, 1.0, 0.1).tokens == []
 
 
 def test_bytes_per_cached_token_stay_bounded():

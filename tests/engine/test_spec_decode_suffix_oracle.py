@@ -6,6 +6,8 @@ definitions below read only the (text, start) paths, never the tree."""
 from __future__ import annotations
 
 import collections
+import itertools
+import operator
 import random
 
 import pytest
@@ -55,6 +57,16 @@ def continuation(counts, total: int, depth: int, pattern, limit: int, min_prob: 
         score += prob
         path, here = path + (token,), kids[token]
     return out, score
+
+
+def path_evidence(counts, total: int, pattern, drafts: list[int]) -> list[tuple[float, int]]:
+    """Per drafted token t after path w: (count(w + t) / count(w), count(w))."""
+    path, out = tuple(pattern), []
+    for t in drafts:
+        here = counts[path] if path else total
+        out.append((counts[path + (t,)] / here, here))
+        path += (t,)
+    return out
 
 
 def best(drafts_by_m: dict[int, tuple[list[int], float]]):
@@ -127,10 +139,11 @@ def test_the_tree_answers_as_its_paths_do_under_adds_and_removes():
                 assert tree.longest_match(context) == longest(counts, context, depth)
                 pattern = context[len(context) - rng.randint(0, min(len(context), depth)):]
                 limit, min_prob = rng.randint(1, 6), rng.choice(MIN_PROBS)
-                drafts, score = tree.continuation(pattern, limit, min_prob)
+                drafts, score, evidence = tree.continuation(pattern, limit, min_prob)
                 want, want_score = continuation(counts, total, depth, pattern, limit, min_prob)
                 assert drafts == want, (trial, live, pattern, limit, min_prob)
                 assert score == pytest.approx(want_score)
+                assert evidence == path_evidence(counts, total, pattern, drafts)
         for text in live:   # everything out again: back to a bare root
             for s in range(len(text)):
                 tree.remove(text, s)
@@ -141,9 +154,9 @@ def test_a_path_ending_where_another_continues_halves_the_tails_probability():
     tree = SuffixTree(max_depth=4)
     tree.add([1, 2, 3], 0)        # one path 1 2 3: node 1 keeps 2 3 as a tail
     tree.add([9, 1], 1)           # a path that ends at 1: count(1) = 2, count(1 2) = 1
-    assert tree.continuation([1], 4, 0.5) == ([2, 3], 1.0)          # 1/2 each, exactly
-    assert tree.continuation([1], 4, 0.51) == ([], 0.0)
-    assert tree.continuation([7], 4, 0.0) == ([], 0.0)              # no such path
+    assert tree.continuation([1], 4, 0.5) == ([2, 3], 1.0, [(0.5, 2), (1.0, 1)])  # 1/2 each
+    assert tree.continuation([1], 4, 0.51) == ([], 0.0, [])
+    assert tree.continuation([7], 4, 0.0) == ([], 0.0, [])              # no such path
     assert tree.longest_match([1, 2, 3, 4]) == 0 and tree.longest_match([5, 1, 2]) == 2
 
 
@@ -153,10 +166,14 @@ def test_the_requests_own_draft_follows_its_definition():
         tokens = random_text(rng, letters=rng.choice((2, 3)), most=14)
         depth, limit = rng.randint(2, 6), rng.randint(0, 6)
         factor, min_prob = rng.choice((0.5, 1.0, 2.0)), rng.choice(MIN_PROBS)
-        drafts, score = own_draft(tokens, depth, limit, factor, min_prob)
+        drafts, score, evidence, match = own_draft(tokens, depth, limit, factor, min_prob)
         want, want_score = own(tokens, depth, limit, factor, min_prob)
         assert drafts == want, (trial, tokens, depth, limit, factor, min_prob)
         assert score == pytest.approx(want_score)
+        assert len(evidence) == len(drafts) and (match > 0) == bool(drafts)
+        # the draft's estimated probabilities are the running products of its ratios
+        assert sum(itertools.accumulate((r for r, _ in evidence), operator.mul)) == \
+            pytest.approx(score)
 
 
 def test_best_draft_takes_the_highest_score_the_longer_match_among_equals_and_stops_early():
@@ -165,17 +182,17 @@ def test_best_draft_takes_the_highest_score_the_longer_match_among_equals_and_st
     def draft_for(scores):
         def draft(m, cap):
             calls.append((m, cap))
-            return [m] * min(cap, 1), scores.get(m, 0.0)
+            return [m] * min(cap, 1), scores.get(m, 0.0), [(1.0, 1)] * min(cap, 1)
         return draft
     # scores by match length: 3 and 1 tie at 0.75, 2 is lower; 4 has none
-    assert best_draft(4, 8, 1.0, draft_for({3: 0.75, 2: 0.5, 1: 0.75})) == ([3], 0.75)
+    assert best_draft(4, 8, 1.0, draft_for({3: 0.75, 2: 0.5, 1: 0.75}))[:2] == ([3], 0.75)
     assert calls == [(4, 4), (3, 3), (2, 2), (1, 1)]   # every length, one apart
     calls.clear()
     # once the best score reaches what a shorter match could at most draft, stop
-    assert best_draft(4, 8, 1.0, draft_for({4: 2.0})) == ([4], 2.0)
+    assert best_draft(4, 8, 1.0, draft_for({4: 2.0})) == ([4], 2.0, [(1.0, 1)], 4)
     assert calls == [(4, 4), (3, 3)]
     calls.clear()
-    assert best_draft(3, 2, 1.0, draft_for({3: 2.0})) == ([3], 2.0) and calls == [(3, 2)]
+    assert best_draft(3, 2, 1.0, draft_for({3: 2.0}))[:2] == ([3], 2.0) and calls == [(3, 2)]
 
 
 def test_propose_picks_the_better_source_and_the_own_tokens_on_a_tie():
