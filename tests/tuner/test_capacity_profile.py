@@ -63,6 +63,8 @@ def test_the_step_times_are_scaled_until_the_baseline_simulates_at_its_pilot(
     assert record["sim_baseline"] == pytest.approx(anchor["pilot"], rel=0.1)
     assert plan.sim.profile.fit.coefficients["num_tokens"] == pytest.approx(
         1e-4 * anchor["factor"], rel=1e-3)
+    # capacity.json records the coefficients the search ran on: the anchored ones
+    assert record["profile"]["coefficients"] == plan.sim.profile.fit.coefficients
     best = max((p for p in record["simulated"] if p["capacity"]), key=lambda p: p["capacity"])
     assert best["capacity"] == pytest.approx(factor * FakeSim.truth(best["params"]), rel=0.15)
     assert any("step times x" in line for line in logs)

@@ -274,6 +274,8 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
               "attainment": plan.sim.attainment, "target_rate": plan.target_rate,
               "profile": {"form": plan.sim.profile.fit.form,
                           "heldout_error": plan.sim.profile.fit.heldout_error,
+                          # seconds per step and per unit of each figure, after the anchor
+                          "coefficients": dict(plan.sim.profile.fit.coefficients),
                           "front_s": plan.sim.front_seconds,
                           "source": "live (the pilot's steps)" if plan.live
                           else plan.source, "check": plan.profile_check,
