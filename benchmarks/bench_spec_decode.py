@@ -150,7 +150,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="checkpoint or builtin://NAME (default: the 23M bench Llama)")
     p.add_argument("--workloads", default="summarize,code,chat")
     p.add_argument("--concurrency", default="1,4,16")
-    p.add_argument("--k", default="2,4", help="n-gram num_speculative_tokens values to compare")
+    p.add_argument("--k", default="2,4",
+                   help='n-gram num_speculative_tokens values to compare ("": none)')
     p.add_argument("--suffix-k", default="",
                    help="suffix decoding num_speculative_tokens values to compare (vLLM's "
                         "other suffix_decoding_* defaults), e.g. 8,16")
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     lo, hi = (int(x) for x in args.prompt_lookup.split(","))
     levels = [int(c) for c in args.concurrency.split(",")]
     configs = {"off": None}
-    for k in (int(x) for x in args.k.split(",")):
+    for k in (int(x) for x in args.k.split(",") if x):
         configs[f"k={k}"] = {"method": "ngram", "num_speculative_tokens": k,
                              "prompt_lookup_min": lo, "prompt_lookup_max": hi}
         if args.gate:
