@@ -8,11 +8,15 @@ rolls its pod and verifies there.
 The space holds a clearly better setting: with maxNumSeqs 1, three of the four users wait
 for the one running request, so their TTFT misses the SLO; batching them costs a CPU
 decode step little: the gain measured 2.10x [1.66, 2.65] and 1.73x [0.42, 7.11] in two
-runs here. Its ratio is robust, its lower bound is not: 2 rounds give Student's t 12.7,
-and the rounds' load from other processes differs. So minGain is 0 (the tuner still
-applies nothing that measured worse than the baseline), and the test asserts the loop:
-status figures, a gain above 1, the applied spec.engine, the rolled pod, and the
-verification on the live service (held, or rolled back to the target's settings).
+runs here, and 1.09x [0.01, 120.76] in a CI run (2026-12-05) where one of the best's two
+rounds read under the baseline's while the other xdist worker loaded the 2 cores; the
+live service then verified 15.7 vs 8.7 req/s. Neither the ratio nor its lower bound is
+robust at 2 rounds (Student's t 12.7) on a shared machine. So minGain is 0 (the tuner
+still applies nothing that measured worse than the baseline: a winner means a ratio
+above 1), and the test asserts the loop: status figures, the winner, the applied
+spec.engine, the rolled pod, and the verification on the live service (held, or rolled
+back to the target's settings). The gain's size is asserted where a capacity search
+measures it (test_capacity_tuning_on_the_real_engine).
 """
 from __future__ import annotations
 
@@ -80,8 +84,8 @@ def test_auto_tuning_on_the_real_engine(local_cluster) -> None:
     assert status["best"]["source"] == "confirmation"
     gain = status["gain"]
     assert gain["rounds"] == 2 and gain["low"] <= gain["ratio"] <= gain["high"]
-    assert gain["ratio"] > 1.2, gain   # the clearly better setting was found
-    assert status["decision"]["winner"] == "C1"
+    assert status["decision"]["winner"] == "C1"   # better than the baseline: a ratio above 1
+    assert gain["ratio"] > 1, gain
     # Auto: the winner applied to the live service, its pod rolled, then verified there
     assert status["applied"] in ("Yes", "RolledBack"), status["decision"]
     verification = status["verification"]
