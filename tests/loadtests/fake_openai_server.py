@@ -40,7 +40,9 @@ class FakeOpenAIServer:
         self.ttft, self.itl, self.fail_every, self.port = ttft, itl, fail_every, port
         self.eos_after = eos_after
         self.max_running = max_running
-        self._slots: asyncio.Semaphore | None = None
+        # made here, not in _start, so that servers with their own _start queue too
+        # (asyncio's semaphore binds to the loop that first waits on it)
+        self._slots = asyncio.Semaphore(max_running) if max_running > 0 else None
         self.requests: list[dict] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -80,8 +82,6 @@ class FakeOpenAIServer:
         self._thread.join(10)
 
     async def _start(self) -> str:
-        if self.max_running > 0:
-            self._slots = asyncio.Semaphore(self.max_running)
         app = web.Application()
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._ok)
