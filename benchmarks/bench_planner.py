@@ -11,7 +11,8 @@ an idle gap long enough for the idle window, then 0.6 C again (from zero). (Not 
 multiples of C: at exactly k C on k replicas each runs at its knee, the highest rate that
 passes a capacity probe, where a queue builds for as long as the rate lasts.) The same seeded
 requests at the same times go to every arm (planner_arms.py): the planner, the HPA on
-queue depth and the oracle. The fleet's engines run `--slowdown` x slower than the
+queue depth, the oracle (replicas started a start-up before the rate needs them) and the
+reactive oracle (the exact rate, no foresight: the bound for any scaler that reacts). The fleet's engines run `--slowdown` x slower than the
 planner's profile says (a service slower than its calibration: the planner's
 correction has to find it); C is measured on the fleet's own engine.
 
@@ -121,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hold-limit", type=int, default=HOLD_LIMIT,
                    help="requests the router holds at zero replicas (--cold-start-queue)")
     p.add_argument("--arms", default="oracle,planner,hpa",
-                   help="of oracle, planner, planner-holt (forecast holt), hpa")
+                   help="of oracle, oracle-reactive (no foresight), planner, planner-holt "
+                   "(forecast holt), hpa")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
@@ -157,6 +159,8 @@ def main(argv: list[str] | None = None) -> None:
                        idle_window=args.idle_window, forecast=args.forecast)
     holt = dataclasses.replace(spec, forecast="holt")
     makers = {"oracle": lambda: OracleArm(script, capacity, args.startup, args.max_replicas),
+              "oracle-reactive": lambda: OracleArm(script, capacity, args.startup,
+                                                   args.max_replicas, foresight=False),
               "planner": lambda: PlannerArm(spec, predict),
               "planner-holt": lambda: PlannerArm(holt, predict),
               "hpa": lambda: HpaArm(depth, max_replicas=args.max_replicas,

@@ -111,13 +111,19 @@ class HpaArm:
 
 
 class OracleArm:
-    name = "oracle"
+    """ceil(rate / capacity) replicas, the rate known exactly. With foresight (the oracle),
+    started a start-up ahead of the rate that needs them; without (the reactive oracle),
+    asked for when that rate arrives: the best any scaler that reacts to what it observes
+    can do, however exact its measurement and prediction (only a forecast can beat it)."""
+
     period = 1.0
 
-    def __init__(self, script, capacity: float, startup: float, max_replicas: int) -> None:
+    def __init__(self, script, capacity: float, startup: float, max_replicas: int, *,
+                 foresight: bool = True) -> None:
         self.script, self.capacity = script, capacity
         self.startup, self.max = startup, max_replicas
+        self.ahead = startup + 1 if foresight else 0.0
+        self.name = "oracle" if foresight else "oracle-reactive"
 
     def __call__(self, fleet, at: float) -> int:
-        return min(oracle_replicas(self.script, self.capacity, at, self.startup + 1),
-                   self.max)
+        return min(oracle_replicas(self.script, self.capacity, at, self.ahead), self.max)

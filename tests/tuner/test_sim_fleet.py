@@ -143,6 +143,11 @@ def test_oracle_looks_ahead_by_the_startup():
     assert oracle_replicas(burst, 2.0, 10.0, 4.0) == 5   # a burst inside the look-ahead
     arm = OracleArm(s, 1.0, 3.0, max_replicas=4)
     assert arm(None, 12.0) == 4                       # bounded
+    assert arm(None, 7.0) == 4 and arm.name == "oracle"   # the step at 10, started ahead
+    reactive = OracleArm(s, 1.0, 3.0, max_replicas=8, foresight=False)
+    assert reactive.name == "oracle-reactive"
+    assert reactive(None, 7.0) == 1 and reactive(None, 9.9) == 1   # sees only the rate now
+    assert reactive(None, 10.5) == 5 and reactive(None, 20.5) == 0
 
 
 def test_violation_seconds_count_windows_below_the_target():
