@@ -239,15 +239,55 @@ def test_a_candidate_that_cannot_start_is_replaced_by_the_next_simulated_one(
 def test_no_gain_keeps_the_baseline_and_the_result_says_so(tmp_path, monkeypatch):
     calls = _real(monkeypatch, noise=0.3)
     config = _config(tmp_path, remeasure=1, rounds=2)
-    config.baseline = Baseline({"max_num_seqs": 64, "block_size": 32},
-                               {"max_num_seqs": 64, "block_size": 32}, "at the top")
+    config.baseline = Baseline({"max_num_seqs": 64, "block_size": 16},   # 32 simulates 1.2x
+                               {"max_num_seqs": 64, "block_size": 16}, "16-token blocks")
     record = cs.run_capacity_sweep(config, cs.CapacityPlan(
         sim=FakeSim(), sim_base={}, trials=8, target_rate=50, log=lambda s: None))
+    assert record["arms"][1]["sim"] > record["sim_baseline"]   # headroom: confirmed
     assert record["winner"] is None and len(calls) == 1 + 2 * 2
     lines = result_lines(record)
     assert lines[1].startswith("keep the baseline: no significant gain")
     base = sorted(record["arms"][0]["capacity"])
     assert f"replicas for 50 req/s: {math.ceil(50 / ((base[0] + base[1]) / 2))}" in lines[2]
+
+
+def test_no_headroom_in_simulation_measures_the_pilot_alone(tmp_path, monkeypatch):
+    """A baseline the simulator rates above the whole space (16 sequences; the space
+    holds at most 8): no candidate is worth a round; the baseline's real capacity is its
+    pilot's."""
+    calls = _real(monkeypatch)
+    config = _config(tmp_path, remeasure=1, rounds=3)
+    config.space = build_space(params=["max_num_seqs=1..8:log", "block_size=16",
+                                       "gpu_memory_utilization=0.9",
+                                       "max_num_batched_tokens=none",
+                                       "num_speculative_tokens=none"])
+    config.baseline = Baseline({"max_num_seqs": 16}, {"max_num_seqs": 16}, "above the space")
+    logs: list[str] = []
+    record = cs.run_capacity_sweep(config, cs.CapacityPlan(
+        sim=FakeSim(), sim_base={}, trials=8, target_rate=50, log=logs.append))
+    assert len(calls) == 1 == record["real_engines"]   # the pilot, no rounds
+    assert record["rounds"] == 0 and record["winner"] is None
+    assert [a["label"] for a in record["arms"]] == ["baseline"]
+    pilot = record["pilot"]["capacity"]
+    assert pilot > 0 and record["arms"][0]["capacity"] == [pilot]
+    others = [p["capacity"] for p in record["simulated"] if p["capacity"]
+              and p["params"] != {"max_num_seqs": 16}]
+    assert others and max(others) <= record["sim_baseline"]
+    assert record["reason"].startswith("no headroom in simulation: the best simulated "
+                                       "setting (") and f"{max(others):.3g} req/s" in record["reason"]
+    assert any(line.startswith("no confirmation: no headroom") for line in logs)
+    lines = result_lines(record)
+    assert lines[0].startswith(f"baseline: {pilot:.2f} req/s per replica (real, the pilot")
+    assert lines[1] == f"keep the baseline: {record['reason']}"
+    assert f"replicas for 50 req/s: {math.ceil(50 / pilot)} with the baseline" in lines[2]
+
+
+def test_no_headroom_is_strict_and_needs_the_baseline_figure():
+    arms = [{"params": {"max_num_seqs": 4}, "sim": 5.0}, {"params": {"max_num_seqs": 2}, "sim": 6.0}]
+    assert cs.no_headroom(6.0, arms).endswith("serves 6 req/s against the baseline's 6")
+    assert "max_num_seqs=2" in cs.no_headroom(6.0, arms)
+    assert cs.no_headroom(5.9, arms) is None          # one simulates above: confirm
+    assert cs.no_headroom(None, arms) is None and cs.no_headroom(6.0, []) is None
 
 
 def test_candidates_are_distinct_best_first_and_never_the_baseline():

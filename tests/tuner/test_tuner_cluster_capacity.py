@@ -319,3 +319,27 @@ def test_a_capacity_winner_is_recommended_with_the_autoscalers_target():
     assert run.status["decision"]["winner"] is None
     assert run.status["capacity"]["ratePerReplica"] == 2.75
     assert run.status["capacity"]["engine"] == {"maxNumSeqs": 1}
+
+
+def test_no_headroom_reports_the_pilots_capacity_and_applies_nothing():
+    """No candidate simulated above the baseline (tuner.search.capacity_sweep.no_headroom):
+    no rounds ran; status.capacity is the baseline's pilot, and nothing is applied."""
+    from test_tuner_cluster_apply import Run
+
+    from tuner.incluster.apply import apply_decision
+
+    run = Run("Auto")
+    run.spec.capacity = object()
+    base = {"label": "baseline", "params": {"max_num_seqs": 1}, "sim": 3.0, "capacity": [2.5],
+            "failed": [None], "probes": [[_probe(2, True, 0.3), _probe(4, False, 3.0)]],
+            "refused": []}
+    reason = "no headroom in simulation: the best simulated setting (max_num_seqs=2) ..."
+    record = {"arms": [base], "rounds": 0, "gains": {}, "figure": "capacity",
+              "decision": {"winner": None, "reason": reason}}
+    apply_decision(run, record, capacity=capacity_job.confirmed_capacity(
+        record, 0.9, {"maxReplicas": 3}))
+    assert run.status["applied"] == "No" and run.status["decision"] == {
+        "winner": None, "reason": reason}
+    assert run.status["capacity"]["ratePerReplica"] == 2.5
+    assert run.status["capacity"]["source"] == "pilot" and run.status["capacity"]["rounds"] == 1
+    assert "recommendation" not in run.status

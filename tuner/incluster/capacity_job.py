@@ -225,7 +225,9 @@ def capacity_status(record: dict, attainment: float, *, label: str | None = None
     rates = [c for c, failed in zip(arm["capacity"], arm["failed"]) if not failed]
     out = {"engine": to_spec_patch(arm["params"], record=True)["engine"],
            "ratePerReplica": round(statistics.median(rates), 4) if rates else 0.0,
-           "rounds": len(rates), "attainment": attainment, "source": "confirmation"}
+           "rounds": len(rates), "attainment": attainment,
+           # no rounds: the simulator rated nothing above the baseline, its pilot measured it
+           "source": "confirmation" if record.get("rounds", 1) else "pilot"}
     if autoscaling and autoscaling.get("mode", "metrics") == "metrics" and rates:
         out["autoscaling"] = autoscaler_at_capacity(arm, autoscaling)
     return out

@@ -56,6 +56,9 @@ def result_lines(record: dict) -> list[str]:
     real = bool(record.get("rounds"))
     figure = (lambda a: statistics.median(a["capacity"])) if real else (lambda a: a["sim"])
     kind = "real, median of rounds" if real else "simulated"
+    if not real and base.get("capacity"):   # no rounds, but the pilot measured it
+        figure, kind = (lambda a: statistics.median(a["capacity"])), \
+            f"real, the pilot; simulated {base['sim']:.2f}"
     lines = [f"baseline: {figure(base):.2f} req/s per replica ({kind})"]
     winner = arms.get(record.get("winner") or "")
     if winner is not None:

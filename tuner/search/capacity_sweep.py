@@ -21,6 +21,8 @@ replica's SLO capacity, searched on the simulator, confirmed for real.
    (tuner/search/stats.py); a candidate replaces the baseline only when the lower bound
    exceeds --min-gain. Only these K+1 arms ever start a real engine; a candidate whose
    engine cannot start in the first round gives its place to the next simulated setting.
+   When no candidate simulates above the baseline there are no rounds: the decision keeps
+   the baseline ("no headroom in simulation"), its real capacity the pilot's.
 """
 from __future__ import annotations
 
@@ -211,6 +213,16 @@ def _infeasible():
     return Infeasible
 
 
+def no_headroom(baseline: float | None, arms: list[dict]) -> str | None:
+    """Why no candidate is worth a real round: none simulates above the baseline (None:
+    the best one does, or the baseline's simulated capacity is unknown)."""
+    if not baseline or not arms or max(a["sim"] for a in arms) > baseline:
+        return None
+    best = max(arms, key=lambda a: a["sim"])
+    return (f"no headroom in simulation: the best simulated setting ({_describe(best['params'])}) "
+            f"serves {best['sim']:.3g} req/s against the baseline's {baseline:.3g}")
+
+
 def replicas(target: float | None, rate: float) -> int | None:
     """Replicas `target` req/s needs at `rate` req/s each (None: no target or no rate)."""
     if not target or not rate > 0:
@@ -284,6 +296,17 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
         record.update(arms=arms, rounds=0, winner=None,
                       reason="no candidate differs from the baseline" if len(arms) == 1
                       else "not confirmed (--confirm-rounds 0): simulated figures only")
+        return record
+    flat = no_headroom(base.capacity, arms[1:])
+    if flat and pilot is not None and not pilot["failed"]:
+        # nothing the simulator rates above the baseline: the rounds would measure settings
+        # expected to lose; the baseline's real figure is its pilot's
+        base_arm = arms[0]
+        base_arm.update(capacity=[pilot["capacity"]], failed=[None], probes=[pilot["probes"]],
+                        refused=[])
+        record.update(arms=[base_arm], rounds=0, winner=None, pilot=pilot, real_engines=1,
+                      reason=flat)
+        plan.log(f"no confirmation: {flat}")
         return record
     plan.phase("Confirming")
     record.update(confirm_for_real(plan, config, arms, pilot, spares))
