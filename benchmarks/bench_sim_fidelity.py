@@ -33,7 +33,7 @@ from tuner.measure.local import EngineLaunch
 from tuner.measure.scoring import load_samples, score
 from tuner.measure.trial import measure
 from tuner.sim.cli import workload_profile
-from tuner.sim.context import SimContext, engine_threads, load_profile
+from tuner.sim.context import SIM_WARMUP_REQUESTS, SimContext, engine_threads, load_profile
 from tuner.sim.live_profile import live_profile, read_steps
 from tuner.search import capacity_front
 from tuner.search.capacity_sweep import LIGHT_SHARE
@@ -76,7 +76,8 @@ def pilot_sims(sims: dict, base: dict, launch, load, slos, work: Path, duration:
             stop_reading()
         return stop
     pilot = measure_capacity({}, launch, load, slos, workdir=work, start=simulated / 2,
-                             warmup_requests=2, rel_tol=0.1, max_probes=7, watch=watch)
+                             warmup_requests=2, rel_tol=0.1, max_probes=7, watch=watch,
+                             warmup_load=first.warmup_requests)
     out = {f"{label}+front": dataclasses.replace(sim) for label, sim in sims.items()}
     out["pilot+front"] = dataclasses.replace(first, profile=live_profile(first.profile, series))
     for label, sim in out.items():
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=4.0, help="the fixed rate of the latencies")
     ap.add_argument("--duration", type=float, default=8.0, help="seconds per real load")
     ap.add_argument("--sim-duration", type=float, default=20.0)
+    ap.add_argument("--sim-warmup-requests", type=int, default=SIM_WARMUP_REQUESTS)
     ap.add_argument("--model", default=None)
     ap.add_argument("--profile", action="append", default=[], metavar="FILE",
                     help="a profile to compare (repeatable; default: the cached one)")
@@ -112,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                              else {})
     sims = {Path(f).stem if f else "cached": SimContext(
         load_profile(args.model, threads, path=f), slos, workload=spec, users=users,
-        length_scale=scale, duration=args.sim_duration, model=args.model)
+        length_scale=scale, duration=args.sim_duration, model=args.model,
+        warmup_requests=args.sim_warmup_requests)
         for f in (args.profile or [None])}
     base = {"cpu_memory_gib": prof["cpu_memory_gib"]} if "cpu_memory_gib" in prof else {}
     flags = ["--cpu-memory-gib", str(prof["cpu_memory_gib"])] if base else []
@@ -138,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         start = max(min(row[f"{label}_cap"] for label in sims) / 2, 0.5)
         t0 = time.perf_counter()
         real = measure_capacity(settings, launch, load, slos, workdir=work / f"cap-{i}",
-                                start=start, warmup_requests=2, rel_tol=0.1, max_probes=7)
+                                start=start, warmup_requests=2, rel_tol=0.1, max_probes=7,
+                                warmup_load=args.sim_warmup_requests)
         row["real_s"] = time.perf_counter() - t0
         engine = launch.process(settings, work / f"fixed-{i}" / "engine.log")
         engine.start(timeout=launch.startup_timeout)

@@ -91,6 +91,9 @@ def build_parser(more=()) -> argparse.ArgumentParser:
                        help="capacity: also print the replicas this rate needs")
     sweep.add_argument("--sim-duration", type=float, default=20.0,
                        help="capacity: virtual seconds per simulated load")
+    sweep.add_argument("--sim-warmup-requests", type=int, default=None, metavar="N",
+                       help="capacity: requests served before each simulated load's scored "
+                            "window, its steady state (default 200; 0: a cold engine)")
     sweep.add_argument("--profile", default=None, metavar="FILE",
                        help="capacity: the simulator's step-time profile (default: cached for "
                             "the model and threads, else calibrated first; python -m tuner "

@@ -77,6 +77,7 @@ class FakeSim:
     calls: list = field(default_factory=list)
     fits: list = field(default_factory=list)     # the profile's fit of each call
     front_seconds: float = 0.0
+    warmup_requests: int = 0    # served before each load's window (SimContext)
     refit_scale: float = 1.0    # capacities x this on any profile but the first (a refit)
     calibration: Profile | None = None
     levels: dict = field(default_factory=dict)   # each fit's first intercept (unscaled)
@@ -126,7 +127,8 @@ def _real(monkeypatch, *, factor=0.5, noise=0.02):
     def measure_capacity(settings, launch, load, slos, *, start, growth, max_probes,
                          **kwargs):
         calls.append({"settings": settings, "start": start, "growth": growth,
-                      "seed": load.seed, "max_probes": max_probes})
+                      "seed": load.seed, "max_probes": max_probes,
+                      "warmup_load": kwargs.get("warmup_load")})
         real = FakeSim.truth(settings) * factor * math.exp(rng.gauss(0, noise))
         return search_capacity(_knee(real), slos, start=start, growth=growth,
                                max_probes=max_probes, rel_tol=kwargs["rel_tol"])
@@ -137,10 +139,12 @@ def _real(monkeypatch, *, factor=0.5, noise=0.02):
 def test_only_the_best_k_and_the_baseline_run_for_real_and_the_better_one_wins(
         tmp_path, monkeypatch):
     calls = _real(monkeypatch)
-    sim = FakeSim()
+    sim = FakeSim(warmup_requests=150)
     plan = cs.CapacityPlan(sim=sim, sim_base={"cpu_memory_gib": 0.5}, trials=16,
                            real_probes=4, log=lambda s: None)
     record = cs.run_capacity_sweep(_config(tmp_path), plan)
+    # every real engine warmed as the simulated ones are, before its first probe
+    assert {c["warmup_load"] for c in calls} == {150}
     assert len(sim.calls) >= 2 and all(c["cpu_memory_gib"] == 0.5 for c in sim.calls)
     # the host tier is not simulated: not searched (the baseline's value stays)
     assert all("kv_offloading_size" not in p["params"] for p in record["simulated"])
@@ -311,6 +315,7 @@ def test_replicas_round_up():
     (["--target-rate", "-1"], "--target-rate must be > 0"),
     (["--real-probes", "1"], "--real-probes must be at least 2"),
     (["--acceptance", "2"], "--acceptance must be in [0, 1]"),
+    (["--sim-warmup-requests", "-5"], "--sim-warmup-requests -5: the simulator's warm-up"),
 ])
 def test_capacity_flags_are_checked(capsys, argv, message):
     from tuner.__main__ import main

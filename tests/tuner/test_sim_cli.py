@@ -67,6 +67,7 @@ def test_a_setting_changes_the_simulated_capacity(profile_file, tmp_path, capsys
     (["--acceptance", "-0.1"], "--acceptance must be in [0, 1]"),
     (["--set", "page_size=16"], "page_size"),
     (["--set", "max_num_seqs=4,8"], "one value"),
+    (["--warmup-requests", "-1"], "--warmup-requests -1: the simulator's warm-up is a number"),
 ])
 def test_bad_input_is_refused_by_name(profile_file, capsys, argv, message):
     with pytest.raises(SystemExit) as exit_:

@@ -107,3 +107,56 @@ def test_every_probe_of_a_search_sends_its_own_requests(tmp_path, monkeypatch):
     assert [s for s, _, _ in sent] == [7, 1007, 2007, 3007]
     assert [w for _, _, w in sent] == [3, 0, 0, 0]   # warm-up before the first probe only
     assert [r for _, r, _ in sent] == [p["rate"] for p in result.probes]
+
+
+def test_a_warm_up_load_precedes_the_first_probe_only(tmp_path, monkeypatch):
+    """warmup_load: about that many requests of the workload's own stream at the first
+    probe's rate (at most one load's duration), not scored, before the first probe; the
+    simulator's warm-up's twin. None for a trace (it replays from its own beginning)."""
+    import tuner.measure.server_metrics as server_metrics
+    import tuner.measure.trial as trial
+
+    sent = []
+
+    def measure(url, load, slos, *, workdir, warmup_requests):
+        sent.append((load.seed, load.rate, load.duration, warmup_requests, workdir.name))
+        workdir.mkdir(parents=True)
+        ok = load.rate <= 5.0
+        lines = [{"event": "start", "t": 0.0}, *({"kind": "k", "start": i / 10, "ok": ok,
+                                                  "ttft": 0.1, "e2e": 0.2} for i in range(10)),
+                 {"event": "stop", "t": 10.0}]
+        (workdir / "samples.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+    class Engine:
+        url = "http://engine"
+
+        def start(self, timeout):
+            pass
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(trial, "measure", measure)
+    monkeypatch.setattr(server_metrics, "wait_idle", lambda url: None)
+    launch = SimpleNamespace(process=lambda settings, log: Engine(), startup_timeout=1)
+    load = LoadSpec(workload="chat", duration=10, users=1, seed=7)
+    result = measure_capacity({}, launch, load, {"k": {"ttft": 1.0}}, workdir=tmp_path / "a",
+                              start=2.0, warmup_requests=3, warmup_load=12, max_probes=4)
+    # 12 requests at 2 req/s: 6 s of its own stream, then the probes as before
+    assert sent[0] == (7 + 999_000, 2.0, 6.0, 3, "warmup")
+    assert [s[0] for s in sent[1:]] == [7, 1007, 2007, 3007]
+    assert [s[3] for s in sent[1:]] == [0, 0, 0, 0]
+    assert len(result.probes) == 4 and result.probes[0]["rate"] == 2.0
+    sent.clear()   # a long warm-up is cut at one load's duration
+    measure_capacity({}, launch, load, {"k": {"ttft": 1.0}}, workdir=tmp_path / "b",
+                     start=2.0, warmup_load=500, max_probes=2)
+    assert sent[0][2] == 10 and sent[0][4] == "warmup"
+    sent.clear()   # a trace: none
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, [TraceRequest(timestamp=i / 10, prompt_tokens=8, output_tokens=10)
+                        for i in range(30)])
+    measure_capacity({}, launch, LoadSpec(workload="trace", trace=str(trace), duration=10,
+                                          users=1), {"k": {"ttft": 1.0}},
+                     workdir=tmp_path / "c", start=2.0, trace_rate=10.0, warmup_load=12,
+                     max_probes=2)
+    assert [s[4] for s in sent] == ["probe-00", "probe-01"]

@@ -141,7 +141,7 @@ def build(run, baseline, log):
     from tuner.search.capacity_sweep import CapacityPlan
     from tuner.search.sweep import SweepConfig
     from tuner.sim.calibrate import config_profile
-    from tuner.sim.context import SimContext, engine_threads
+    from tuner.sim.context import SIM_WARMUP_REQUESTS, SimContext, engine_threads
 
     spec, target = run.spec, run.target["spec"]
     model = parse_model(target.get("model") or {}, default_name=run.spec.target).engine_arg
@@ -154,7 +154,8 @@ def build(run, baseline, log):
     sim = SimContext(profile, dict(run.slos),
                      workload=None if trace else run.source.spec, trace=trace,
                      users=run.load.users, length_scale=run.load.length_scale,
-                     seed=spec.seed, attainment=attainment, model=model, log=log)
+                     seed=spec.seed, attainment=attainment, model=model, log=log,
+                     warmup_requests=SIM_WARMUP_REQUESTS)
     source = "the target's served steps (Prometheus)" if profile.num_steps else "config.json"
     plan = CapacityPlan(sim=sim, sim_base=base, trials=spec.trials, source=source,
                         real_probes=max(2, params.max_probes if params else 4),

@@ -33,6 +33,11 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error("--acceptance must be in [0, 1]")
     if args.real_probes < 2:
         parser.error("--real-probes must be at least 2: one probe brackets nothing")
+    from tuner.sim.cli import warmup_requests
+    try:
+        warmup_requests(args)
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace, config, source,
@@ -40,6 +45,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, config, sourc
     from loadtests.workloads.trace import read_trace
     from tuner.search.capacity_report import print_and_write
     from tuner.search.capacity_sweep import CapacityPlan, run_capacity_sweep
+    from tuner.sim.cli import warmup_requests
     from tuner.sim.context import SimContext, engine_threads, load_profile
 
     threads = engine_threads({"cpu_threads": profile["cpu_threads"]}
@@ -54,7 +60,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, config, sourc
                      trace=trace, users=config.load.users,
                      length_scale=config.load.length_scale, duration=args.sim_duration,
                      seed=args.seed, acceptance=args.acceptance, attainment=args.attainment,
-                     model=args.model)
+                     model=args.model, warmup_requests=warmup_requests(args))
     plan = CapacityPlan(sim=sim, sim_base={"cpu_memory_gib": cpu_gib} if cpu_gib else {},
                         trials=args.trials or DEFAULT_SIM_TRIALS,
                         real_probes=args.real_probes, target_rate=args.target_rate,

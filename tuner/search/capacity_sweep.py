@@ -153,8 +153,9 @@ def _measure_arm(plan: CapacityPlan, config, arm: dict, load, ratios: dict[str, 
     return measure_capacity(
         {**config.fixed, **arm["settings"]}, config.launch, load, config.slos,
         workdir=workdir, start=guess, trace_rate=plan.trace_rate,
-        warmup_requests=config.warmup_requests, attainment=plan.sim.attainment,
-        rel_tol=REAL_REL_TOL, growth=2.0 if wide else REAL_GROWTH,
+        warmup_requests=config.warmup_requests, warmup_load=plan.sim.warmup_requests,
+        attainment=plan.sim.attainment, rel_tol=REAL_REL_TOL,
+        growth=2.0 if wide else REAL_GROWTH,
         max_probes=plan.real_probes + (3 if wide else 0))
 
 
@@ -199,6 +200,7 @@ def _pilot(plan: CapacityPlan, config, settings: dict, sim: float) -> dict:
             {**config.fixed, **settings}, config.launch, load, config.slos,
             workdir=config.out_dir / "confirm" / "pilot", start=max(sim, _floor(config)),
             trace_rate=plan.trace_rate, warmup_requests=config.warmup_requests,
+            warmup_load=plan.sim.warmup_requests,
             attainment=plan.sim.attainment, rel_tol=REAL_REL_TOL, growth=2.0,
             max_probes=plan.real_probes + 3, watch=watch)
     except _infeasible() as exc:

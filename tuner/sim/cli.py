@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 from loadtests.workloads import WORKLOAD_NAMES
-from tuner.sim.context import DEFAULT_SIM_DURATION, SimContext, engine_threads, load_profile
+from tuner.sim.context import (DEFAULT_SIM_DURATION, SIM_WARMUP_REQUESTS, SimContext,
+                               engine_threads, load_profile)
 
 SHOWN = ("requests", "completed", "goodput", "slo_attainment", "ttft_p50", "ttft_p90",
          "tpot_p50", "itl_p50", "e2e_p90", "prefix_cache_hit_rate", "server_preemptions",
@@ -58,6 +59,9 @@ def add_parsers(sub) -> None:
                      help="also report the figures of one load at this rate (req/s)")
     sim.add_argument("--duration", type=float, default=DEFAULT_SIM_DURATION,
                      help="virtual seconds per simulated load")
+    sim.add_argument("--warmup-requests", type=int, default=SIM_WARMUP_REQUESTS, metavar="N",
+                     help="requests served before each load's scored window, the workload's "
+                          "steady state (0: a cold engine)")
     sim.add_argument("--attainment", type=float, default=0.9)
     sim.add_argument("--acceptance", type=float, default=None,
                      help="every speculative draft accepted at this rate (default: each "
@@ -99,6 +103,18 @@ def parse_sets(items: list[str]) -> dict:
     return fixed
 
 
+def warmup_requests(args) -> int:
+    """--sim-warmup-requests (sweep) or --warmup-requests (simulate); ValueError below 0."""
+    sweep = hasattr(args, "sim_warmup_requests")   # its --warmup-requests: real engines'
+    given = args.sim_warmup_requests if sweep else args.warmup_requests
+    count = SIM_WARMUP_REQUESTS if given is None else given
+    if count < 0:
+        flag = "--sim-warmup-requests" if sweep else "--warmup-requests"
+        raise ValueError(f"{flag} {count}: the simulator's warm-up is a number of requests "
+                         ">= 0 (0: a cold engine)")
+    return count
+
+
 def context_for(args, *, fixed: dict, log=lambda s: print(s, file=sys.stderr)) -> SimContext:
     """A SimContext for --workload/--trace, --model and the sweep's CPU profile."""
     from loadtests.workloads import get_workload
@@ -119,6 +135,7 @@ def context_for(args, *, fixed: dict, log=lambda s: print(s, file=sys.stderr)) -
                       length_scale=args.length_scale or (1.0 if trace else
                                                          prof.get("length_scale", 1.0)),
                       duration=getattr(args, "sim_duration", None) or args.duration,
+                      warmup_requests=warmup_requests(args),
                       seed=args.seed, acceptance=getattr(args, "acceptance", None),
                       attainment=getattr(args, "attainment", 0.9), model=args.model)
 
@@ -193,12 +210,14 @@ def simulate_main(parser: argparse.ArgumentParser, args) -> int:
     if args.acceptance is not None and not 0 <= args.acceptance <= 1:
         parser.error("--acceptance must be in [0, 1]")
     try:
+        warmup_requests(args)   # before a profile is calibrated
         fixed = parse_sets(args.set)
         ctx = context_for(args, fixed=fixed)
         settings = sim_settings(args.model, fixed)
         if args.rate is not None:
             figures = ctx.run(settings, args.rate).figures
-            print(f"at {args.rate:g} req/s for {ctx.duration:g} virtual s:")
+            print(f"at {args.rate:g} req/s for {ctx.duration:g} virtual s, after "
+                  f"{ctx.warmup_requests} warm-up requests:")
             for name in SHOWN:
                 if name in figures:
                     print(f"  {name:<26} {figures[name]:.4g}")

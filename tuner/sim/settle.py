@@ -29,16 +29,18 @@ CHECK_EVERY = 1.0   # virtual seconds between checks (a check scans the running 
 
 class Settling:
     def __init__(self, slos: dict, *, duration: float, front: float, settled_arrivals: int,
-                 give_up_below: float = 0.0) -> None:
+                 give_up_below: float = 0.0, start: float = 0.0) -> None:
+        """`start`: when the scored window begins (the simulation's warm-up before it);
+        `settled_arrivals`: how many arrive between it and the cutoff."""
         self.slos, self.front = slos, front
-        self.cutoff = SETTLED_FRACTION * duration
+        self.start, self.cutoff = start, start + SETTLED_FRACTION * duration
         self.expected, self.give_up_below = settled_arrivals, give_up_below
         self.misses = 0          # settled requests finished outside their SLOs
         self.next_check = 0.0
         self.failed = False      # stopped as a certain failure, its share not final
 
     def finished(self, record: dict) -> None:
-        if record["start"] <= self.cutoff and not meets_slo(
+        if self.start <= record["start"] <= self.cutoff and not meets_slo(
                 record, self.slos.get(record["kind"], {})):
             self.misses += 1
 
@@ -59,7 +61,7 @@ class Settling:
             return False
         self.next_check = now + CHECK_EVERY
         settled = [(req, times) for req, _, times in live.values()
-                   if req.arrival <= self.cutoff]
+                   if self.start <= req.arrival <= self.cutoff]
         missing = sum(self.certain_miss(req, times, now) for req, times in settled)
         if now >= self.cutoff and missing == len(settled):
             return True
