@@ -7,20 +7,13 @@ from __future__ import annotations
 import pytest
 
 from loadtests.workloads import get_workload
-from loadtests.workloads.trace import TraceRequest
 from tuner.measure.capacity import settled_attainment
 from tuner.sim.context import SimContext
-from tuner.sim.profile import Fit, Identity, Memory, Profile
 from tuner.sim.simulate import simulate
 from tuner.sim.stream import TraceStream
 
-# 2 ms per token and nothing else
-PROFILE = Profile(Identity("builtin://default", "f" * 64, "cpu", "2.13.0", 1),
-                  Fit("tokens", {"intercept": 0.0, "num_tokens": 0.002}, 0.0),
-                  Memory(0.0, 1.3e7, 4096, 0.0, 2e4, 2048, 609), 100)
-TRACE = [TraceRequest(timestamp=float(i), prompt_tokens=100, output_tokens=20)
-         for i in range(400)]
-TRACE_SLOS = {"trace": {"ttft": 2.0, "tpot": 0.08}}
+from test_sim_settle import PROFILE, TRACE   # 2 ms a token; a request a second
+from test_sim_settle import SLOS as TRACE_SLOS
 SETTINGS = dict(max_num_seqs=64, cpu_memory_gib=0.5)
 
 

@@ -75,44 +75,18 @@ def test_every_probe_of_a_search_sends_its_own_requests(tmp_path, monkeypatch):
     """Probe k loads seed + 1000 k on the one engine of the search: replaying the previous
     probe's requests would find them in its prefix cache (a later probe of a real summarize
     search passed 16.35 req/s where the first failed at 10.6)."""
-    import tuner.measure.server_metrics as server_metrics
-    import tuner.measure.trial as trial
-
-    sent = []
-
-    def measure(url, load, slos, *, workdir, warmup_requests):
-        sent.append((load.seed, load.rate, warmup_requests))
-        workdir.mkdir(parents=True)
-        ok = load.rate <= 5.0
-        lines = [{"event": "start", "t": 0.0}, *({"kind": "k", "start": i / 10, "ok": ok,
-                                                  "ttft": 0.1, "e2e": 0.2} for i in range(10)),
-                 {"event": "stop", "t": 10.0}]
-        (workdir / "samples.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-
-    class Engine:
-        url = "http://engine"
-
-        def start(self, timeout):
-            pass
-
-        def stop(self):
-            pass
-
-    monkeypatch.setattr(trial, "measure", measure)
-    monkeypatch.setattr(server_metrics, "wait_idle", lambda url: None)
-    launch = SimpleNamespace(process=lambda settings, log: Engine(), startup_timeout=1)
+    sent, launch = _scripted_engine(monkeypatch)
     load = LoadSpec(workload="chat", duration=10, users=1, seed=7)
     result = measure_capacity({}, launch, load, {"k": {"ttft": 1.0}}, workdir=tmp_path,
                               start=2.0, warmup_requests=3, max_probes=4)
-    assert [s for s, _, _ in sent] == [7, 1007, 2007, 3007]
-    assert [w for _, _, w in sent] == [3, 0, 0, 0]   # warm-up before the first probe only
-    assert [r for _, r, _ in sent] == [p["rate"] for p in result.probes]
+    assert [s[0] for s in sent] == [7, 1007, 2007, 3007]
+    assert [s[3] for s in sent] == [3, 0, 0, 0]   # warm-up before the first probe only
+    assert [s[1] for s in sent] == [p["rate"] for p in result.probes]
 
 
-def test_a_warm_up_load_precedes_the_first_probe_only(tmp_path, monkeypatch):
-    """warmup_load: about that many requests of the workload's own stream at the first
-    probe's rate (at most one load's duration), not scored, before the first probe; the
-    simulator's warm-up's twin. None for a trace (it replays from its own beginning)."""
+def _scripted_engine(monkeypatch):
+    """An engine whose every load passes at <= 5 req/s and fails above: -> (the loads sent,
+    as (seed, rate, duration, warmup_requests, workdir name), a launch of it)."""
     import tuner.measure.server_metrics as server_metrics
     import tuner.measure.trial as trial
 
@@ -138,7 +112,14 @@ def test_a_warm_up_load_precedes_the_first_probe_only(tmp_path, monkeypatch):
 
     monkeypatch.setattr(trial, "measure", measure)
     monkeypatch.setattr(server_metrics, "wait_idle", lambda url: None)
-    launch = SimpleNamespace(process=lambda settings, log: Engine(), startup_timeout=1)
+    return sent, SimpleNamespace(process=lambda settings, log: Engine(), startup_timeout=1)
+
+
+def test_a_warm_up_load_precedes_the_first_probe_only(tmp_path, monkeypatch):
+    """warmup_load: about that many requests of the workload's own stream at the first
+    probe's rate (at most one load's duration), not scored, before the first probe; the
+    simulator's warm-up's twin. None for a trace (it replays from its own beginning)."""
+    sent, launch = _scripted_engine(monkeypatch)
     load = LoadSpec(workload="chat", duration=10, users=1, seed=7)
     result = measure_capacity({}, launch, load, {"k": {"ttft": 1.0}}, workdir=tmp_path / "a",
                               start=2.0, warmup_requests=3, warmup_load=12, max_probes=4)
