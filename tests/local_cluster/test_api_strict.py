@@ -305,6 +305,10 @@ def test_killing_the_active_operator_hands_over_without_duplicates(local_cluster
     peers = _peers(cluster)
     active = max(peers, key=lambda p: peers[p]["priority"])   # the earliest started
     [standby] = [p for p in peers if p != active]
+    # its process known before the services exist: nothing but the kill between the first
+    # Deployment and it (CI 2026-12-05: the pod lookup there let all 20 finish first)
+    pid = int(_operator_pods(cluster)[active]["status"]["containerStatuses"][0][
+        "containerID"].removeprefix("local://"))
 
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(
         {"apiVersion": "v1", "kind": "List", "items": [_service(i) for i in range(SERVICES)]}))
@@ -320,10 +324,9 @@ def test_killing_the_active_operator_hands_over_without_duplicates(local_cluster
     deadline = time.monotonic() + 90
     while deployments() < 1:   # the active operator at work
         assert time.monotonic() < deadline, "no Deployment from the active operator in 90 s"
-    assert "Handler '" not in _log(cluster, standby)   # the paused one wrote nothing
-    pid = int(_operator_pods(cluster)[active]["status"]["containerStatuses"][0][
-        "containerID"].removeprefix("local://"))
     os.kill(pid, signal.SIGKILL)   # mid-reconcile: no chance to leave the peering
+    # the paused one wrote nothing (it resumes only once the active's record lapses, 15 s)
+    assert "Handler '" not in _log(cluster, standby)
     done_at_kill = sum(1 for s in cluster.json("get", "pis", "-n", HA_NS)["items"]
                        if (s.get("status") or {}).get("observedGeneration"))
     assert done_at_kill < SERVICES, "the operator finished before it was killed"
