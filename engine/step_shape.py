@@ -12,7 +12,7 @@ time from the same figures of a batch the engine's own scheduler formed.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -50,3 +50,6 @@ class StepShape:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+FIGURES = tuple(f.name for f in fields(StepShape))  # what the step counters sum

@@ -8,13 +8,12 @@ which gives vLLM's exposed names (`vllm:prompt_tokens_total`, ...).
 from __future__ import annotations
 
 import time
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from engine.step_shape import StepShape
+from engine.step_shape import FIGURES as STEP_FIGURES
 
 # Bucket edges as vLLM publishes them, so dashboards' quantile queries carry over.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -26,7 +25,6 @@ REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
 FINISH_REASONS = ("stop", "length", "abort", "error")
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2,
                 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
-STEP_FIGURES = tuple(f.name for f in dataclasses.fields(StepShape))
 
 
 def token_buckets(max_value: int) -> list[int]:

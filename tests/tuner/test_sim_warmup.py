@@ -4,11 +4,14 @@ measured in the workload's steady state (a filled prefix cache, grown sessions),
 real capacity search's later probes on one engine are."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from loadtests.workloads import get_workload
 from tuner.measure.capacity import settled_attainment
 from tuner.sim.context import SimContext
+from tuner.sim.profile import Fit
 from tuner.sim.simulate import simulate
 from tuner.sim.stream import TraceStream
 
@@ -103,3 +106,29 @@ def test_the_settling_rule_ignores_the_warm_ups_requests():
     stuck["x"] = (SimpleNamespace(kind="k", arrival=11.0, max_tokens=8), None, [])
     settle.next_check = 0.0
     assert settle.decided(stuck, now=12.5) and settle.failed   # 1 + 1 of 10: below 0.9
+
+
+def test_the_windows_step_counters_are_the_runs_less_the_warm_up(hf_config):
+    """The profiled runner sums what the engine's step counters sum (seconds, each shape
+    figure); a run with a warm-up reports the window's part: the same stream run whole
+    equals its warm-up run on its own plus the window."""
+    profile = dataclasses.replace(PROFILE, fit=Fit("attention", {
+        "intercept": 0.001, "prefill_tokens": 0.002, "prefill_attention": 1e-7,
+        "decode_seqs": 0.003, "decode_context": 1e-6, "draft_tokens": 0.002}, 0.0))
+
+    def run(duration: float, warmup: float) -> dict:
+        return simulate(profile, SETTINGS, TraceStream(TRACE, rate=4.0, max_model_len=2048),
+                        duration=duration, warmup=warmup, slos=TRACE_SLOS,
+                        hf_config=hf_config).figures
+    whole, warm_part, window = run(30.0, 0.0), run(10.0, 0.0), run(20.0, 10.0)
+    names = ("steps", "step_seconds", "step_prefill_tokens", "step_decode_seqs",
+             "step_decode_context", "step_prefill_attention", "step_blocks_read")
+    for name in names:
+        assert window[name] > 0 and warm_part[name] > 0
+        assert window[name] + warm_part[name] == pytest.approx(whole[name], rel=1e-9), name
+    # the seconds are the profile's for the summed shape (a linear form)
+    fit = profile.fit
+    shape = {k[len("step_"):]: v for k, v in window.items() if k.startswith("step_")}
+    predicted = fit.coefficients["intercept"] * window["steps"] + sum(
+        c * shape[k] for k, c in fit.coefficients.items() if k != "intercept")
+    assert window["step_seconds"] == pytest.approx(predicted, rel=1e-9)

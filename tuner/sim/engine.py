@@ -25,6 +25,7 @@ import torch
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.scheduler import ScheduledBatch
+from engine.step_shape import FIGURES as STEP_FIGURES
 from engine.step_shape import StepShape
 from tuner.sim.profile import Profile
 
@@ -54,6 +55,9 @@ class ProfiledRunner:
         self.rng = random.Random(seed)
         self._num_blocks = num_blocks
         self.steps = 0
+        # what the real engine's step counters hold (paged:engine_step_duration_seconds,
+        # paged:engine_step_shape): summed step seconds and summed shape figures
+        self.totals = dict.fromkeys(("seconds",) + STEP_FIGURES, 0.0)
 
     def determine_num_blocks(self, max_model_len: int) -> int:
         return self._num_blocks
@@ -75,8 +79,13 @@ class ProfiledRunner:
                 ) -> tuple[torch.Tensor, list[int]]:
         """The model runner's contract (rows: one per sampled sequence, 1 + d for a row
         with d drafts), at the profile's step time."""
-        self.clock.now += self.profile.step_seconds(StepShape.of(batch))
+        shape = StepShape.of(batch)
+        seconds = self.profile.step_seconds(shape)
+        self.clock.now += seconds
         self.steps += 1
+        self.totals["seconds"] += seconds
+        for name in STEP_FIGURES:
+            self.totals[name] += getattr(shape, name)
         drafts = batch.draft_token_ids or [[]] * len(batch.seqs)
         rows, targets = [], []
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):

@@ -80,6 +80,8 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
     count = steps = 0
     cold = None                 # the engine's counters when the window began
     warm_steps = 0
+    totals = getattr(engine.runner, "totals", None)   # a profiled runner's step counters
+    warm_totals = dict(totals or {})
     if keep_schedule:
         real_schedule = engine.scheduler.schedule
 
@@ -121,6 +123,7 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
             clock.now = min(stream.next_time(), end)
         if warmup and not cold and clock.now >= warmup:
             cold, warm_steps = engine.get_stats(), steps   # the window's counters start here
+            warm_totals = dict(totals or {})
     stopped = min(clock.now, end)
     for rid, (req, record, times) in live.items():
         if req.arrival >= warmup:
@@ -143,6 +146,9 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
         evictions=float(stats.evictions), stopped_at=stopped,
         gave_up=float(bool(settling and settling.failed)),
         sim_wall_s=time.perf_counter() - wall)
+    # the window's summed step seconds and shape, as the engine's step counters give them
+    figures.update({f"step_{name}": value - warm_totals[name]
+                    for name, value in (totals or {}).items()})
     if engine.spec_stats.num_draft_tokens:   # as a real trial reports it (server_metrics)
         figures["spec_acceptance_rate"] = engine.spec_stats.acceptance_rate
     return SimResult(samples, figures, schedule)
