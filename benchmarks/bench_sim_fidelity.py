@@ -4,8 +4,15 @@ with the relative error of each, the median error per figure and Kendall's tau b
 simulated and real capacity (what the search needs: the ranking), plus the cost of one
 simulated capacity against one real one.
 
-    python -m benchmarks.bench_sim_fidelity [--workload chat] [--settings 12] [--rate 4]
-        [--duration 8] [--sim-duration 20] [--model M] [--profile FILE ...] [--pilot]
+    python -m benchmarks.bench_sim_fidelity [--workload chat] [--settings 12]
+        [--rate 4 | --rate-share 0.6] [--duration 8] [--sim-duration 20] [--model M]
+        [--profile FILE ...] [--pilot]
+
+The latencies are read at one rate for every setting (--rate), or at a share of each
+setting's own real capacity (--rate-share): a rate every setting serves, so that both
+sides have a steady state to compare (at a rate past a setting's capacity the queue
+grows on both sides and its latencies measure nothing). Both sides serve the warm-up
+before the latencies' window as before the capacity probes.
 
 Real runs use the sweep's CPU profile for the model (tuner/arguments.py), one engine per
 setting; the step-time profile is the cached one (python -m tuner profile), or each
@@ -27,10 +34,12 @@ from pathlib import Path
 from scipy.stats import kendalltau
 
 from loadtests.workloads import WORKLOAD_NAMES, get_workload
-from tuner.measure.capacity import interpolated, measure_capacity, rate_load
+from tuner.measure.capacity import (WARMUP_PROBE, interpolated, measure_capacity, probe_load,
+                                    rate_load)
 from tuner.measure.loadgen import LoadSpec
 from tuner.measure.local import EngineLaunch
 from tuner.measure.scoring import load_samples, score
+from tuner.measure.server_metrics import wait_idle
 from tuner.measure.trial import measure
 from tuner.sim.cli import workload_profile
 from tuner.sim.context import SIM_WARMUP_REQUESTS, SimContext, engine_threads, load_profile
@@ -93,7 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="chat", choices=WORKLOAD_NAMES)
     ap.add_argument("--settings", type=int, default=12)
-    ap.add_argument("--rate", type=float, default=4.0, help="the fixed rate of the latencies")
+    rates = ap.add_mutually_exclusive_group()
+    rates.add_argument("--rate", type=float, default=4.0, help="the fixed rate of the latencies")
+    rates.add_argument("--rate-share", type=float, default=None, metavar="F",
+                       help="the latencies at F x each setting's real capacity instead")
     ap.add_argument("--duration", type=float, default=8.0, help="seconds per real load")
     ap.add_argument("--sim-duration", type=float, default=20.0)
     ap.add_argument("--sim-warmup-requests", type=int, default=SIM_WARMUP_REQUESTS)
@@ -104,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also the sweep's set-up: a pilot of the defaults refits the profile "
                          "and measures the front-end time")
     args = ap.parse_args(argv)
+    if args.rate_share is not None and not 0 < args.rate_share <= 1:
+        ap.error(f"--rate-share must be in (0, 1], got {args.rate_share}")
     prof = workload_profile(args.model)
     spec = get_workload(args.workload)
     slos = {k: {n: v * prof.get("slo_scale", 1.0) for n, v in s.items()}
@@ -134,30 +148,42 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             cap_sim = sim.capacity({**base, **settings}, rel_tol=0.05)
             row[f"{label}_s"] = time.perf_counter() - t0
-            fixed = sim.run({**base, **settings}, args.rate).figures
             row[f"{label}_cap"] = interpolated(cap_sim)
-            row.update({f"{label}_{k}": fixed.get(k) for k in ("ttft_p50", "ttft_p90",
-                                                                "itl_p50")})
         start = max(min(row[f"{label}_cap"] for label in sims) / 2, 0.5)
         t0 = time.perf_counter()
         real = measure_capacity(settings, launch, load, slos, workdir=work / f"cap-{i}",
                                 start=start, warmup_requests=2, rel_tol=0.1, max_probes=7,
                                 warmup_load=args.sim_warmup_requests)
         row["real_s"] = time.perf_counter() - t0
+        row["real_cap"] = interpolated(real)
+        rate = args.rate if args.rate_share is None else max(
+            args.rate_share * row["real_cap"], 0.1)
+        row["rate"] = rate
+        for label, sim in sims.items():
+            fixed = sim.run({**base, **settings}, rate).figures
+            row.update({f"{label}_{k}": fixed.get(k) for k in ("ttft_p50", "ttft_p90",
+                                                                "itl_p50")})
+        fixed_load = dataclasses.replace(rate_load(load, rate), seed=1)
         engine = launch.process(settings, work / f"fixed-{i}" / "engine.log")
         engine.start(timeout=launch.startup_timeout)
         try:
-            measure(engine.url, dataclasses.replace(load, seed=1), slos,
-                    workdir=work / f"fixed-{i}")
+            if args.sim_warmup_requests:   # the same steady state as the simulated run's
+                warm = rate_load(probe_load(load, WARMUP_PROBE), rate)
+                measure(engine.url, dataclasses.replace(
+                    warm, duration=args.sim_warmup_requests / rate), slos,
+                    workdir=work / f"fixed-{i}" / "warmup")
+                wait_idle(engine.url)
+            measure(engine.url, fixed_load, slos, workdir=work / f"fixed-{i}",
+                    warmup_requests=0 if args.sim_warmup_requests else 2)
         finally:
             engine.stop()
         measured = score(load_samples(work / f"fixed-{i}" / "samples.jsonl"), slos)
-        row["real_cap"] = interpolated(real)
         row.update({f"real_{k}": measured.get(k) for k in ("ttft_p50", "ttft_p90", "itl_p50")})
         rows.append(row)
         print(f"{i:>2} {settings}: capacity real {row['real_cap']:.2f}, " + ", ".join(
             f"{label} {row[f'{label}_cap']:.2f}" for label in sims)
-            + f"; ttft p50 real {row['real_ttft_p50'] or 0:.3f} s, " + ", ".join(
+            + f"; at {rate:.2f} req/s ttft p50 real {row['real_ttft_p50'] or 0:.3f} s, "
+            + ", ".join(
             f"{label} {row[f'{label}_ttft_p50'] or 0:.3f}" for label in sims)
             + f"; cost real {row['real_s']:.1f} s", flush=True)
     for label in sims:

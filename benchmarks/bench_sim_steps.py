@@ -52,7 +52,7 @@ def profile_seconds(fit, steps: dict[str, float]) -> float:
 
 def request_figures(figures: dict, records: list[dict]) -> dict[str, float]:
     done = [r for r in records if r.get("ok")]
-    return {"completed": float(len(done)), "attainment": figures.get("attainment"),
+    return {"completed": float(len(done)), "attainment": figures.get("slo_attainment"),
             "ttft_p50": figures.get("ttft_p50"), "ttft_p90": figures.get("ttft_p90"),
             "itl_p50": figures.get("itl_p50"),
             "prefix_cache_hit_rate": figures.get("prefix_cache_hit_rate")}
@@ -71,7 +71,7 @@ def table(real: dict, sim: dict, fit) -> str:
         line(f"step {name}", real[name], sim[name])
     line("seconds per step", real["seconds"] / max(real["steps"], 1),
          sim["seconds"] / max(sim["steps"], 1))
-    line("profile's time for the real steps", real["seconds"], profile_seconds(fit, real))
+    line("the real steps at the profile's price (s)", real["seconds"], profile_seconds(fit, real))
     for name in REQUEST_FIGURES:
         line(name, real[name], sim[name])
     return "\n".join(lines)
