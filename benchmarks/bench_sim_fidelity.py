@@ -6,7 +6,7 @@ simulated capacity against one real one.
 
     python -m benchmarks.bench_sim_fidelity [--workload chat] [--settings 12]
         [--rate 4 | --rate-share 0.6] [--duration 8] [--sim-duration 20] [--model M]
-        [--profile FILE ...] [--pilot]
+        [--profile FILE ...] [--pilot] [--probe-lead S]
 
 The latencies are read at one rate for every setting (--rate), or at a share of each
 setting's own real capacity (--rate-share): a rate every setting serves, so that both
@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=8.0, help="seconds per real load")
     ap.add_argument("--sim-duration", type=float, default=20.0)
     ap.add_argument("--sim-warmup-requests", type=int, default=SIM_WARMUP_REQUESTS)
+    ap.add_argument("--probe-lead", type=float, default=0.0, metavar="S",
+                    help="each real probe runs S s at its rate before its scored window "
+                         "(measure_capacity's lead), as a simulated load runs its warm-up")
     ap.add_argument("--model", default=None)
     ap.add_argument("--profile", action="append", default=[], metavar="FILE",
                     help="a profile to compare (repeatable; default: the cached one)")
@@ -153,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         real = measure_capacity(settings, launch, load, slos, workdir=work / f"cap-{i}",
                                 start=start, warmup_requests=2, rel_tol=0.1, max_probes=7,
-                                warmup_load=args.sim_warmup_requests)
+                                warmup_load=args.sim_warmup_requests, lead=args.probe_lead)
         row["real_s"] = time.perf_counter() - t0
         row["real_cap"] = interpolated(real)
         rate = args.rate if args.rate_share is None else max(

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from loadtests.workloads.trace import TraceRequest, write_trace
-from tuner.measure.capacity import measure_capacity, search_capacity
+from tuner.measure.capacity import after_lead, measure_capacity, search_capacity
 from tuner.measure.loadgen import LoadSpec
 from tuner.measure.scoring import Samples
 from tuner.measure.local import EngineLaunch
@@ -141,3 +141,63 @@ def test_a_warm_up_load_precedes_the_first_probe_only(tmp_path, monkeypatch):
                      workdir=tmp_path / "c", start=2.0, trace_rate=10.0, warmup_load=12,
                      max_probes=2)
     assert [s[4] for s in sent] == ["probe-00", "probe-01"]
+
+
+def test_a_lead_runs_before_each_probes_scored_window(tmp_path, monkeypatch):
+    """lead: each probe's load runs `lead` s longer, first, and only what arrives after it
+    is scored, so the window finds the queue its own rate builds (a real probe otherwise
+    starts on an empty one); none for a trace."""
+    import tuner.measure.server_metrics as server_metrics
+    import tuner.measure.trial as trial
+
+    sent = []
+
+    def measure(url, load, slos, *, workdir, warmup_requests):
+        # a request every 0.5 s; those of the first 4 s miss their SLO, the rest meet it
+        sent.append((load.duration, workdir.name))
+        workdir.mkdir(parents=True)
+        t = [i / 2 for i in range(int(load.duration * 2))]
+        lines = [{"event": "start", "t": 50.0},
+                 *({"kind": "k", "start": 50.0 + s, "ok": True, "ttft": 0.1 if s >= 4 else 9.0,
+                    "e2e": 0.2} for s in t), {"event": "stop", "t": 50.0 + load.duration}]
+        (workdir / "samples.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+    class Engine:
+        url = "http://engine"
+
+        def start(self, timeout):
+            pass
+
+        def stop(self):
+            pass
+    monkeypatch.setattr(trial, "measure", measure)
+    monkeypatch.setattr(server_metrics, "wait_idle", lambda url: None)
+    launch = SimpleNamespace(process=lambda settings, log: Engine(), startup_timeout=1)
+    load = LoadSpec(workload="chat", duration=10, users=1, seed=7)
+    slos = {"k": {"ttft": 1.0}}
+    led = measure_capacity({}, launch, load, slos, workdir=tmp_path / "a", start=2.0,
+                           lead=4.0, max_probes=3)
+    assert sent == [(14.0, "probe-00"), (14.0, "probe-01"), (14.0, "probe-02")]
+    assert all(p["passed"] and p["attainment"] == 1.0 for p in led.probes)
+    sent.clear()
+    cold = measure_capacity({}, launch, load, slos, workdir=tmp_path / "b", start=2.0,
+                            max_probes=3)
+    assert [s[0] for s in sent] == [10, 10, 10]
+    assert not any(p["passed"] for p in cold.probes)
+    sent.clear()   # a trace: no lead
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, [TraceRequest(timestamp=i / 10, prompt_tokens=8, output_tokens=10)
+                        for i in range(30)])
+    measure_capacity({}, launch, LoadSpec(workload="trace", trace=str(trace), duration=10,
+                                          users=1), slos, workdir=tmp_path / "c", start=2.0,
+                     trace_rate=10.0, lead=4.0, max_probes=1)
+    assert [s[0] for s in sent] == [10]
+
+
+def test_after_lead_keeps_the_arrivals_from_the_leads_end():
+    samples = Samples(records=[{"start": 10.0 + s} for s in (0.0, 3.9, 4.0, 7.5)],
+                      start=10.0, stop=20.0)
+    window = after_lead(samples, 4.0)
+    assert [r["start"] for r in window.records] == [14.0, 17.5]
+    assert (window.start, window.stop) == (14.0, 20.0)
+    assert after_lead(samples, 0.0) is samples

@@ -137,9 +137,18 @@ def rate_load(load: LoadSpec, rate: float, *, trace_rate: float | None = None) -
     return dataclasses.replace(load, arrival="open", rate=rate)
 
 
+def after_lead(samples: Samples, lead: float) -> Samples:
+    """A probe's scored window: the requests that arrived `lead` s or more after its load
+    began, the window starting there."""
+    if lead <= 0 or samples.start is None:
+        return samples
+    begin = samples.start + lead
+    return Samples([r for r in samples.records if r["start"] >= begin], begin, samples.stop)
+
+
 def measure_capacity(settings: dict, launch, load: LoadSpec, slos: dict, *, workdir: Path,
                      start: float, trace_rate: float | None = None, warmup_requests: int = 0,
-                     warmup_load: int = 0,
+                     warmup_load: int = 0, lead: float = 0.0,
                      watch: Callable[[str], Callable[[], None]] | None = None,
                      **search) -> CapacityResult:
     """One engine with these settings (tuner.measure.local.EngineLaunch), probed at several
@@ -150,7 +159,12 @@ def measure_capacity(settings: dict, launch, load: LoadSpec, slos: dict, *, work
     and not scored, so that the first probe, as the later ones, finds the engine in the
     workload's steady state (a filled prefix cache), as the simulator's warm-up does
     (tuner/sim/simulate.py): SmolLM2's rag served 0 of 197 requests at 5.5 req/s within
-    its SLOs from a fresh engine, 143 after 40 s at 3 req/s. `watch(url)`,
+    its SLOs from a fresh engine, 143 after 40 s at 3 req/s. `lead`: each probe's load
+    runs that many seconds longer, first, and only the requests that arrive after it are
+    scored (`after_lead`): the window then finds the queue the probe's own rate builds, as
+    a simulated load after its warm-up does, where without it every probe starts on an
+    empty queue (the load client's stop drops what the previous one left running), a
+    transient that passes rates a little past the knee (none for a trace). `watch(url)`,
     once the engine is up, starts watching it and returns what stops the watch (called
     before the engine stops). Each probe records the engine's gauges' means during its
     load (`gauges`: num_requests_waiting_mean, ...), which an autoscaler's target is read
@@ -179,12 +193,15 @@ def measure_capacity(settings: dict, launch, load: LoadSpec, slos: dict, *, work
             done.append(workdir / "warmup")
         if done:   # an overrun probe's backlog must not slow this one down
             wait_idle(engine.url)
-        figures = measure(engine.url, rate_load(probe_load(load, k), rate,
-                                                trace_rate=trace_rate), slos,
-                          workdir=where, warmup_requests=warmup_requests if not done else 0)
+        run = rate_load(probe_load(load, k), rate, trace_rate=trace_rate)
+        if lead > 0 and load.trace is None:
+            run = dataclasses.replace(run, duration=run.duration + lead)
+        figures = measure(engine.url, run, slos, workdir=where,
+                          warmup_requests=warmup_requests if not done else 0)
         gauges[rate] = {k: figures[k] for k in sorted(means & set(figures or {}))}
         done.append(where)
-        return load_samples(where / "samples.jsonl")
+        samples = load_samples(where / "samples.jsonl")
+        return after_lead(samples, lead) if load.trace is None else samples
 
     try:
         try:
