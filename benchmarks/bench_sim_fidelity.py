@@ -34,8 +34,8 @@ from pathlib import Path
 from scipy.stats import kendalltau
 
 from loadtests.workloads import WORKLOAD_NAMES, get_workload
-from tuner.measure.capacity import (WARMUP_PROBE, interpolated, measure_capacity, probe_load,
-                                    rate_load)
+from tuner.measure.capacity import (WARMUP_PROBE, after_lead, interpolated, measure_capacity,
+                                    probe_load, rate_load)
 from tuner.measure.loadgen import LoadSpec
 from tuner.measure.local import EngineLaunch
 from tuner.measure.scoring import load_samples, score
@@ -110,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sim-duration", type=float, default=20.0)
     ap.add_argument("--sim-warmup-requests", type=int, default=SIM_WARMUP_REQUESTS)
     ap.add_argument("--probe-lead", type=float, default=0.0, metavar="S",
-                    help="each real probe runs S s at its rate before its scored window "
-                         "(measure_capacity's lead), as a simulated load runs its warm-up")
+                    help="each probe, real and simulated, runs S s at its rate before its "
+                         "scored window (measure_capacity's and simulate's lead)")
     ap.add_argument("--model", default=None)
     ap.add_argument("--profile", action="append", default=[], metavar="FILE",
                     help="a profile to compare (repeatable; default: the cached one)")
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     sims = {Path(f).stem if f else "cached": SimContext(
         load_profile(args.model, threads, path=f), slos, workload=spec, users=users,
         length_scale=scale, duration=args.sim_duration, model=args.model,
-        warmup_requests=args.sim_warmup_requests)
+        warmup_requests=args.sim_warmup_requests, lead=args.probe_lead)
         for f in (args.profile or [None])}
     base = {"cpu_memory_gib": prof["cpu_memory_gib"]} if "cpu_memory_gib" in prof else {}
     flags = ["--cpu-memory-gib", str(prof["cpu_memory_gib"])] if base else []
@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             fixed = sim.run({**base, **settings}, rate).figures
             row.update({f"{label}_{k}": fixed.get(k) for k in ("ttft_p50", "ttft_p90",
                                                                 "itl_p50")})
-        fixed_load = dataclasses.replace(rate_load(load, rate), seed=1)
+        fixed_load = dataclasses.replace(rate_load(load, rate), seed=1,
+                                         duration=load.duration + args.probe_lead)
         engine = launch.process(settings, work / f"fixed-{i}" / "engine.log")
         engine.start(timeout=launch.startup_timeout)
         try:
@@ -180,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                     warmup_requests=0 if args.sim_warmup_requests else 2)
         finally:
             engine.stop()
-        measured = score(load_samples(work / f"fixed-{i}" / "samples.jsonl"), slos)
+        measured = score(after_lead(load_samples(work / f"fixed-{i}" / "samples.jsonl"),
+                                    args.probe_lead), slos)
         row.update({f"real_{k}": measured.get(k) for k in ("ttft_p50", "ttft_p90", "itl_p50")})
         rows.append(row)
         print(f"{i:>2} {settings}: capacity real {row['real_cap']:.2f}, " + ", ".join(

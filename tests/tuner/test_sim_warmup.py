@@ -132,3 +132,27 @@ def test_the_windows_step_counters_are_the_runs_less_the_warm_up(hf_config):
     predicted = fit.coefficients["intercept"] * window["steps"] + sum(
         c * shape[k] for k, c in fit.coefficients.items() if k != "intercept")
     assert window["step_seconds"] == pytest.approx(predicted, rel=1e-9)
+
+
+def test_a_lead_follows_the_warm_up_whose_backlog_is_dropped(hf_config):
+    """lead: the warm-up fills the cache; what it leaves running is dropped at its end (as
+    the load client's stop drops a real probe's), then `lead` s at the rate build the
+    window's own queue, unscored; the window begins after both."""
+    def run(warmup: float, lead: float):
+        return simulate(PROFILE, SETTINGS, TraceStream(TRACE, rate=5.0, max_model_len=2048),
+                        duration=20.0, warmup=warmup, lead=lead, slos=TRACE_SLOS,
+                        hf_config=hf_config)
+    led, continued = run(20.0, 5.0), run(25.0, 0.0)   # both windows begin at 25 s
+    for result in (led, continued):
+        assert (result.samples.start, result.samples.stop) == (25.0, 45.0)
+        assert min(r["start"] for r in result.samples.records) >= 25.0
+        assert len(result.samples.records) == sum(25.0 <= i / 5.0 <= 45.0
+                                                  for i in range(len(TRACE)))
+
+    def first_ttft(result):   # 5 req/s past a knee of ~4: the queue grows, and decides it
+        return min(result.samples.records, key=lambda r: r["start"]).get("ttft") or 1e9
+    # the window's queue is the lead's 5 s, not the warm-up's 15 s
+    assert first_ttft(led) < first_ttft(continued) / 2
+    assert led.figures["completed"] > continued.figures["completed"]
+    with pytest.raises(ValueError, match="lead must be >= 0"):
+        run(10.0, -1.0)

@@ -72,6 +72,7 @@ class SimContext:
     length_scale: float = 1.0
     duration: float = DEFAULT_SIM_DURATION
     warmup_requests: int = 0              # the stream's first requests, served, not scored
+    lead: float = 0.0                     # s at the load's rate after them, not scored
     seed: int = 0
     acceptance: float | None = None       # None: per method, replayed on real replies
     attainment: float = 0.9
@@ -141,6 +142,7 @@ class SimContext:
                         slos=self.slos, hf_config=hf_config, acceptance=self.acceptance or 0.0,
                         drafts=self.draft_model if per_method else None,
                         seed=self.seed, front=self.front_seconds, warmup=warmup,
+                        lead=self.lead if warmup else 0.0,
                         probe_for=self.attainment if probe else None)
 
     def capacity(self, settings: dict, *, start: float = START_RATE, rel_tol: float = 0.05,

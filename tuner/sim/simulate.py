@@ -22,6 +22,17 @@ multi-turn sessions grow their histories. SmolLM2's rag on 2 cores (2026-12-05) 
 5.5 req/s for 40 s at a 0.60 prefix hit rate and 0 of 197 requests within the SLOs from a
 fresh engine, at 0.82 and 143 completed after 40 s at 3 req/s: the real capacity search's
 later probes run warm on one engine, so a cold simulated probe under-rated it 2.5x.
+
+A warm-up starts cold, so at a rate near the knee it builds a queue that a continuing
+window inherits; a real probe instead starts on an empty queue (the load client's stop
+drops the previous load's backlog). With `lead` both measure the same state: the
+warm-up's backlog is dropped, `lead` s at the load's rate build the window's own queue,
+and the real probe runs its lead too (tuner/measure/capacity.measure_capacity). SmolLM2's
+rag at 16 sequences (2026-12-05, 20-s lead and window): real 5.60 req/s, simulated 5.33;
+without the lead the simulator said 4.30 (its warm-up's queue) and the real search 5.18
+(a transient from an empty queue). Not the sweep's default yet (lead 0): at 4 sequences
+the lead over-rated (3.60 simulated, 2.56 real), the simulator's 200-request warm-up being
+warmer than the real search's, cut at one load (docs/benchmarks/tuning.md).
 """
 from __future__ import annotations
 
@@ -50,7 +61,7 @@ class SimResult:
 
 def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos: dict,
              hf_config, acceptance: float = 0.0, drafts=None, seed: int = 0,
-             front: float = 0.0, warmup: float = 0.0,
+             front: float = 0.0, warmup: float = 0.0, lead: float = 0.0,
              keep_schedule: bool = False, engine=None, probe_for: float | None = None
              ) -> SimResult:
     """Run `stream` (tuner/sim/stream.py) for `warmup` + `duration` virtual seconds, scoring
@@ -59,16 +70,23 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
     model runner on a virtual clock through the same loop). `probe_for`: the run is a
     capacity probe for that attainment: it stops once its verdict is decided
     (tuner/sim/settle.py), and only its settled requests' records are complete.
-    `drafts`: speculation per method (tuner/sim/engine.sim_engine)."""
+    `drafts`: speculation per method (tuner/sim/engine.sim_engine). `lead` (with a
+    warm-up): what the warm-up left running is dropped when it ends, and the stream runs
+    `lead` s more, unscored, before the window: the real probe's twin with
+    measure_capacity(lead=...) (the window finds a warm cache and its own rate's queue)."""
     if not duration > 0:
         raise ValueError(f"duration must be > 0 s, got {duration}")
     if not warmup >= 0:
         raise ValueError(f"the warm-up must be >= 0 s, got {warmup}")
-    end = warmup + duration
+    if not lead >= 0:
+        raise ValueError(f"the lead must be >= 0 s, got {lead}")
+    begin = warmup + lead          # the scored window: [begin, end]
+    end = begin + duration
     settling = None if probe_for is None else Settling(
-        slos, duration=duration, start=warmup, front=front, give_up_below=probe_for,
-        settled_arrivals=stream.arrivals_until(warmup + SETTLED_FRACTION * duration)
-        - (stream.arrivals_until(warmup) if warmup else 0))
+        slos, duration=duration, start=begin, front=front, give_up_below=probe_for,
+        settled_arrivals=stream.arrivals_until(begin + SETTLED_FRACTION * duration)
+        - (stream.arrivals_until(begin) if begin else 0))
+    dropped = not (warmup and lead)   # a warm-up's backlog is dropped before a lead
     wall = time.perf_counter()
     engine, clock = engine or sim_engine(profile, settings, hf_config=hf_config,
                                          acceptance=acceptance, drafts=drafts, seed=seed)
@@ -92,6 +110,14 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
             return batch
         engine.scheduler.schedule = schedule_and_keep
     while True:
+        if not dropped and clock.now >= warmup:
+            # the warm-up filled the cache; what it left running is dropped, as the load
+            # client's stop drops it before a real probe, and the lead builds the queue of
+            # the window's own rate
+            for rid in [rid for rid, (req, _, _) in live.items() if req.arrival < warmup]:
+                engine.abort_request(rid)
+                del live[rid]
+            dropped = True
         while stream.next_time() <= min(clock.now, end):
             req = stream.pop()
             count += 1
@@ -110,23 +136,23 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
         before = clock.now
         outputs = engine.step()
         steps += 1
-        if len(usage) * KV_SAMPLE_EVERY <= steps - warm_steps and clock.now >= warmup:
+        if len(usage) * KV_SAMPLE_EVERY <= steps - warm_steps and clock.now >= begin:
             usage.append(engine.kv.stats().usage)
         for req, record in collect(outputs, live, clock.now, front=front):
             stream.finished(req, record["output_tokens"])
-            if req.arrival < warmup:
-                continue   # a warm-up request: served, not scored
+            if req.arrival < begin:
+                continue   # a warm-up or lead request: served, not scored
             records.append(record)
             if settling:
                 settling.finished(record)
         if clock.now == before:   # nothing could run: wait for the next arrival
             clock.now = min(stream.next_time(), end)
-        if warmup and not cold and clock.now >= warmup:
+        if begin and not cold and clock.now >= begin:
             cold, warm_steps = engine.get_stats(), steps   # the window's counters start here
             warm_totals = dict(totals or {})
     stopped = min(clock.now, end)
     for rid, (req, record, times) in live.items():
-        if req.arrival >= warmup:
+        if req.arrival >= begin:
             record["error"] = "unfinished at end of run"
             records.append(record)
         engine.abort_request(rid)  # the client went away, as Locust's stop does
@@ -135,7 +161,7 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
         stats = dataclasses.replace(stats, **{
             name: getattr(stats, name) - getattr(cold, name) for name in
             ("prefix_cache_hits", "prefix_cache_queries", "num_preemptions", "evictions")})
-    samples = Samples(records=records, start=warmup, stop=end)
+    samples = Samples(records=records, start=begin, stop=end)
     figures = score(samples, slos)
     figures.update(
         prefix_cache_hit_rate=stats.prefix_cache_hits / max(1, stats.prefix_cache_queries),
