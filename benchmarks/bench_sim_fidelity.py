@@ -30,6 +30,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from scipy.stats import kendalltau
 
@@ -56,6 +57,26 @@ GRID = [{"max_num_seqs": s, "block_size": b, "max_num_batched_tokens": t,
                            (64, 128, 1024, 0.9), (256, 16, 2048, 0.9), (3, 64, 256, 0.8),
                            (12, 32, 1536, 0.9), (24, 16, 512, 0.5), (48, 32, 2048, 0.95),
                            (6, 8, 768, 0.9), (128, 64, 384, 0.9)]]
+
+
+def cpu_setup(workload: str, model: str | None) -> SimpleNamespace:
+    """The sweep's CPU profile for the model (tuner/arguments.py) applied to a workload:
+    its spec, scaled SLOs, users and length scale, the engine threads, the settings every
+    engine starts with (`base`) and the launch of a real engine with them."""
+    prof = workload_profile(model)
+    spec = get_workload(workload)
+    base = {"cpu_memory_gib": prof["cpu_memory_gib"]} if "cpu_memory_gib" in prof else {}
+    flags = ["--cpu-memory-gib", str(prof["cpu_memory_gib"])] if base else []
+    if "cpu_threads" in prof:
+        flags += ["--cpu-threads", str(prof["cpu_threads"])]
+    return SimpleNamespace(
+        spec=spec, slos={k: {n: v * prof.get("slo_scale", 1.0) for n, v in s.items()}
+                         for k, s in spec.slos.items()},
+        users=max(1, round(spec.users * prof.get("users_factor", 1))),
+        scale=prof.get("length_scale", 1.0), base=base,
+        threads=engine_threads({"cpu_threads": prof["cpu_threads"]} if "cpu_threads" in prof
+                               else {}),
+        launch=EngineLaunch(model=model, extra_flags=tuple(flags)))
 
 
 def rel(sim: float | None, real: float | None) -> float | None:
@@ -121,26 +142,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.rate_share is not None and not 0 < args.rate_share <= 1:
         ap.error(f"--rate-share must be in (0, 1], got {args.rate_share}")
-    prof = workload_profile(args.model)
-    spec = get_workload(args.workload)
-    slos = {k: {n: v * prof.get("slo_scale", 1.0) for n, v in s.items()}
-            for k, s in spec.slos.items()}
-    users = max(1, round(spec.users * prof.get("users_factor", 1)))
-    scale = prof.get("length_scale", 1.0)
-    threads = engine_threads({"cpu_threads": prof["cpu_threads"]} if "cpu_threads" in prof
-                             else {})
+    cpu = cpu_setup(args.workload, args.model)
+    slos, base, launch = cpu.slos, cpu.base, cpu.launch
     sims = {Path(f).stem if f else "cached": SimContext(
-        load_profile(args.model, threads, path=f), slos, workload=spec, users=users,
-        length_scale=scale, duration=args.sim_duration, model=args.model,
+        load_profile(args.model, cpu.threads, path=f), slos, workload=cpu.spec,
+        users=cpu.users, length_scale=cpu.scale, duration=args.sim_duration, model=args.model,
         warmup_requests=args.sim_warmup_requests, lead=args.probe_lead)
         for f in (args.profile or [None])}
-    base = {"cpu_memory_gib": prof["cpu_memory_gib"]} if "cpu_memory_gib" in prof else {}
-    flags = ["--cpu-memory-gib", str(prof["cpu_memory_gib"])] if base else []
-    if "cpu_threads" in prof:
-        flags += ["--cpu-threads", str(prof["cpu_threads"])]
-    launch = EngineLaunch(model=args.model, extra_flags=tuple(flags))
-    load = LoadSpec(workload=args.workload, duration=args.duration, users=users,
-                    arrival="open", rate=args.rate, length_scale=scale)
+    load = LoadSpec(workload=args.workload, duration=args.duration, users=cpu.users,
+                    arrival="open", rate=args.rate, length_scale=cpu.scale)
     rows = []
     work = Path(tempfile.mkdtemp(prefix="sim-fidelity-"))
     if args.pilot:

@@ -22,16 +22,16 @@ import dataclasses
 import tempfile
 from pathlib import Path
 
+from benchmarks.bench_sim_fidelity import cpu_setup
 from engine.step_shape import FIGURES
-from loadtests.workloads import WORKLOAD_NAMES, get_workload
+from loadtests.workloads import WORKLOAD_NAMES
 from tuner.measure.capacity import WARMUP_PROBE, probe_load, rate_load
 from tuner.measure.loadgen import LoadSpec
-from tuner.measure.local import EngineLaunch
 from tuner.measure.scoring import load_samples, score
 from tuner.measure.server_metrics import wait_idle
 from tuner.measure.trial import measure
-from tuner.sim.cli import parse_sets, workload_profile
-from tuner.sim.context import SIM_WARMUP_REQUESTS, SimContext, engine_threads, load_profile
+from tuner.sim.cli import parse_sets
+from tuner.sim.context import SIM_WARMUP_REQUESTS, SimContext, load_profile
 from tuner.sim.live_profile import scrape
 
 REQUEST_FIGURES = ("completed", "attainment", "ttft_p50", "ttft_p90", "itl_p50",
@@ -92,30 +92,18 @@ def main(argv: list[str] | None = None) -> int:
     if not args.rate > 0 or not args.duration > 0 or args.warmup_requests < 0:
         ap.error("--rate and --duration must be > 0, --warmup-requests >= 0")
     settings = parse_sets(args.set)
-    prof = workload_profile(args.model)
-    spec = get_workload(args.workload)
-    slos = {k: {n: v * prof.get("slo_scale", 1.0) for n, v in s.items()}
-            for k, s in spec.slos.items()}
-    users = max(1, round(spec.users * prof.get("users_factor", 1)))
-    scale = prof.get("length_scale", 1.0)
-    base = {"cpu_memory_gib": prof["cpu_memory_gib"]} if "cpu_memory_gib" in prof else {}
-    if "cpu_threads" in prof:
-        base["cpu_threads"] = prof["cpu_threads"]
-    profile = load_profile(args.model, engine_threads(base), path=args.profile)
-    sim = SimContext(profile, slos, workload=spec, users=users, length_scale=scale,
-                     duration=args.duration, model=args.model,
+    cpu = cpu_setup(args.workload, args.model)
+    profile = load_profile(args.model, cpu.threads, path=args.profile)
+    sim = SimContext(profile, cpu.slos, workload=cpu.spec, users=cpu.users,
+                     length_scale=cpu.scale, duration=args.duration, model=args.model,
                      warmup_requests=args.warmup_requests)
-    simulated = sim.run({**base, **settings}, args.rate)
+    simulated = sim.run({**cpu.base, **settings}, args.rate)
     sim_row = {"steps": simulated.figures["steps"],
                **{name: simulated.figures[f"step_{name}"] for name in ("seconds",) + FIGURES},
                **request_figures(simulated.figures, simulated.samples.records)}
-
-    flags = ["--cpu-memory-gib", str(prof["cpu_memory_gib"])] if "cpu_memory_gib" in prof else []
-    if "cpu_threads" in prof:
-        flags += ["--cpu-threads", str(prof["cpu_threads"])]
-    launch = EngineLaunch(model=args.model, extra_flags=tuple(flags))
-    load = LoadSpec(workload=args.workload, duration=args.duration, users=users,
-                    arrival="open", rate=args.rate, length_scale=scale)
+    slos, launch = cpu.slos, cpu.launch
+    load = LoadSpec(workload=args.workload, duration=args.duration, users=cpu.users,
+                    arrival="open", rate=args.rate, length_scale=cpu.scale)
     work = Path(tempfile.mkdtemp(prefix="sim-steps-"))
     engine = launch.process(settings, work / "engine.log")
     engine.start(timeout=launch.startup_timeout)

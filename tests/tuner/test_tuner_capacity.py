@@ -84,9 +84,17 @@ def test_every_probe_of_a_search_sends_its_own_requests(tmp_path, monkeypatch):
     assert [s[1] for s in sent] == [p["rate"] for p in result.probes]
 
 
-def _scripted_engine(monkeypatch):
-    """An engine whose every load passes at <= 5 req/s and fails above: -> (the loads sent,
-    as (seed, rate, duration, warmup_requests, workdir name), a launch of it)."""
+def _passing_below_5(load):
+    ok = load.rate <= 5.0
+    return [{"event": "start", "t": 0.0}, *({"kind": "k", "start": i / 10, "ok": ok,
+                                             "ttft": 0.1, "e2e": 0.2} for i in range(10)),
+            {"event": "stop", "t": 10.0}]
+
+
+def _scripted_engine(monkeypatch, samples=_passing_below_5):
+    """An engine whose loads write `samples(load)` (by default every load passes at <= 5
+    req/s and fails above): -> (the loads sent, as (seed, rate, duration, warmup_requests,
+    workdir name), a launch of it)."""
     import tuner.measure.server_metrics as server_metrics
     import tuner.measure.trial as trial
 
@@ -95,10 +103,7 @@ def _scripted_engine(monkeypatch):
     def measure(url, load, slos, *, workdir, warmup_requests):
         sent.append((load.seed, load.rate, load.duration, warmup_requests, workdir.name))
         workdir.mkdir(parents=True)
-        ok = load.rate <= 5.0
-        lines = [{"event": "start", "t": 0.0}, *({"kind": "k", "start": i / 10, "ok": ok,
-                                                  "ttft": 0.1, "e2e": 0.2} for i in range(10)),
-                 {"event": "stop", "t": 10.0}]
+        lines = samples(load)
         (workdir / "samples.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
     class Engine:
@@ -147,42 +152,23 @@ def test_a_lead_runs_before_each_probes_scored_window(tmp_path, monkeypatch):
     """lead: each probe's load runs `lead` s longer, first, and only what arrives after it
     is scored, so the window finds the queue its own rate builds (a real probe otherwise
     starts on an empty one); none for a trace."""
-    import tuner.measure.server_metrics as server_metrics
-    import tuner.measure.trial as trial
-
-    sent = []
-
-    def measure(url, load, slos, *, workdir, warmup_requests):
-        # a request every 0.5 s; those of the first 4 s miss their SLO, the rest meet it
-        sent.append((load.duration, workdir.name))
-        workdir.mkdir(parents=True)
+    def samples(load):   # a request every 0.5 s; those of the first 4 s miss their SLO
         t = [i / 2 for i in range(int(load.duration * 2))]
-        lines = [{"event": "start", "t": 50.0},
-                 *({"kind": "k", "start": 50.0 + s, "ok": True, "ttft": 0.1 if s >= 4 else 9.0,
-                    "e2e": 0.2} for s in t), {"event": "stop", "t": 50.0 + load.duration}]
-        (workdir / "samples.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-
-    class Engine:
-        url = "http://engine"
-
-        def start(self, timeout):
-            pass
-
-        def stop(self):
-            pass
-    monkeypatch.setattr(trial, "measure", measure)
-    monkeypatch.setattr(server_metrics, "wait_idle", lambda url: None)
-    launch = SimpleNamespace(process=lambda settings, log: Engine(), startup_timeout=1)
+        return [{"event": "start", "t": 50.0},
+                *({"kind": "k", "start": 50.0 + s, "ok": True, "ttft": 0.1 if s >= 4 else 9.0,
+                   "e2e": 0.2} for s in t), {"event": "stop", "t": 50.0 + load.duration}]
+    sent, launch = _scripted_engine(monkeypatch, samples)
     load = LoadSpec(workload="chat", duration=10, users=1, seed=7)
     slos = {"k": {"ttft": 1.0}}
     led = measure_capacity({}, launch, load, slos, workdir=tmp_path / "a", start=2.0,
                            lead=4.0, max_probes=3)
-    assert sent == [(14.0, "probe-00"), (14.0, "probe-01"), (14.0, "probe-02")]
+    assert [(s[2], s[4]) for s in sent] == [(14.0, "probe-00"), (14.0, "probe-01"),
+                                           (14.0, "probe-02")]
     assert all(p["passed"] and p["attainment"] == 1.0 for p in led.probes)
     sent.clear()
     cold = measure_capacity({}, launch, load, slos, workdir=tmp_path / "b", start=2.0,
                             max_probes=3)
-    assert [s[0] for s in sent] == [10, 10, 10]
+    assert [s[2] for s in sent] == [10, 10, 10]
     assert not any(p["passed"] for p in cold.probes)
     sent.clear()   # a trace: no lead
     trace = tmp_path / "t.jsonl"
@@ -191,7 +177,7 @@ def test_a_lead_runs_before_each_probes_scored_window(tmp_path, monkeypatch):
     measure_capacity({}, launch, LoadSpec(workload="trace", trace=str(trace), duration=10,
                                           users=1), slos, workdir=tmp_path / "c", start=2.0,
                      trace_rate=10.0, lead=4.0, max_probes=1)
-    assert [s[0] for s in sent] == [10]
+    assert [s[2] for s in sent] == [10]
 
 
 def test_after_lead_keeps_the_arrivals_from_the_leads_end():
