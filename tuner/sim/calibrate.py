@@ -104,8 +104,6 @@ def run_calibration(model: str | None, *, threads: int = 1, block_sizes=(16, 64)
                     max_num_batched_tokens: int = 1024, scale: float = 1.0, seed: int = 0,
                     log=print) -> Profile:
     """Time steps at each block size, fit, and return the profile (not saved)."""
-    import torch
-
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
     from engine.sampling_params import SamplingParams
