@@ -6,7 +6,7 @@ simulated capacity against one real one.
 
     python -m benchmarks.bench_sim_fidelity [--workload chat] [--settings 12]
         [--rate 4 | --rate-share 0.6] [--duration 8] [--sim-duration 20] [--model M]
-        [--profile FILE ...] [--pilot] [--probe-lead S]
+        [--profile FILE ...] [--pilot] [--serving] [--probe-lead S]
 
 The latencies are read at one rate for every setting (--rate), or at a share of each
 setting's own real capacity (--rate-share): a rate every setting serves, so that both
@@ -20,7 +20,9 @@ setting; the step-time profile is the cached one (python -m tuner profile), or e
 real runs. With --pilot the simulator is also set up as the capacity sweep sets it up: a
 real capacity search of the engine defaults first (not one of the compared settings),
 whose served steps refit the profile ("pilot"), then a light load on that engine that
-gives each profile its front-end time (TTFT outside the engine's steps: "+front").
+gives each profile its front-end time (TTFT outside the engine's steps: "+front"). With
+--serving the pilot's served steps also give each profile its serving term (what the
+server adds per delivered row: "+serving", tuner/sim/live_profile.serving_term).
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ from tuner.measure.server_metrics import wait_idle
 from tuner.measure.trial import measure
 from tuner.sim.cli import workload_profile
 from tuner.sim.context import SIM_WARMUP_REQUESTS, SimContext, engine_threads, load_profile
-from tuner.sim.live_profile import live_profile, read_steps
+from tuner.sim.live_profile import live_profile, read_steps, serving_term
 from tuner.search import capacity_front
 from tuner.search.capacity_sweep import LIGHT_SHARE
 from tuner.sim.simulate import front_seconds
@@ -85,13 +87,14 @@ def rel(sim: float | None, real: float | None) -> float | None:
     return abs(sim - real) / real
 
 
-def pilot_sims(sims: dict, base: dict, launch, load, slos, work: Path, duration: float
-               ) -> dict:
+def pilot_sims(sims: dict, base: dict, launch, load, slos, work: Path, duration: float,
+               *, front: bool = True, serving: bool = False) -> dict:
     """The capacity sweep's set-up (tuner/search/capacity_sweep.py): the defaults' real
-    capacity search with their steps read meanwhile, then a light load (a tenth of the
-    defaults' simulated capacity) on the same engine; -> each profile with the front-end
-    time that light load gives it ("LABEL+front"), and the live refit of the first one
-    with its own ("pilot+front")."""
+    capacity search with their steps read meanwhile; with `front`, then a light load (a
+    tenth of the defaults' simulated capacity) on the same engine; -> each profile with the
+    front-end time that light load gives it ("LABEL+front") and the live refit of the
+    first one with its own ("pilot+front"); with `serving`, each profile with the serving
+    term the pilot's steps give it ("LABEL+serving": tuner/sim/live_profile.serving_term)."""
     series: list = []
     first = next(iter(sims.values()))
     simulated = interpolated(first.capacity(dict(base), rel_tol=0.05))
@@ -101,21 +104,34 @@ def pilot_sims(sims: dict, base: dict, launch, load, slos, work: Path, duration:
         stop_reading = read_steps(url, series, max(0.5, duration / 5))
 
         def stop() -> None:
-            light["records"] = capacity_front.light_load(
-                url, rate_load(load, rate), slos, work / "light")
+            if front:
+                light["records"] = capacity_front.light_load(
+                    url, rate_load(load, rate), slos, work / "light")
             stop_reading()
         return stop
     pilot = measure_capacity({}, launch, load, slos, workdir=work, start=simulated / 2,
                              warmup_requests=2, rel_tol=0.1, max_probes=7, watch=watch,
                              warmup_load=first.warmup_requests)
-    out = {f"{label}+front": dataclasses.replace(sim) for label, sim in sims.items()}
-    out["pilot+front"] = dataclasses.replace(first, profile=live_profile(first.profile, series))
-    for label, sim in out.items():
-        sim.front_seconds = front_seconds(light["records"],
-                                          sim.run(dict(base), rate).samples.records)
-        print(f"{label}: front-end time {sim.front_seconds * 1000:.1f} ms (light load at "
-              f"{rate:.2f} req/s; defaults' real capacity {interpolated(pilot):.2f})",
-              flush=True)
+    out = {}
+    if serving:
+        for label, sim in sims.items():
+            profile, info = serving_term(sim.profile, series)
+            out[f"{label}+serving"] = dataclasses.replace(sim, profile=profile)
+            print(f"{label}+serving: {info['seconds_per_row'] * 1000:.3f} ms per served row "
+                  f"from the pilot's {info['windows']} windows ({info['steps']} steps; their "
+                  f"median error {info['error_before']:.1%} -> {info['error_after']:.1%}); "
+                  f"defaults' real capacity {interpolated(pilot):.2f}", flush=True)
+    if front:
+        fronted = {f"{label}+front": dataclasses.replace(sim) for label, sim in sims.items()}
+        fronted["pilot+front"] = dataclasses.replace(
+            first, profile=live_profile(first.profile, series))
+        for label, sim in fronted.items():
+            sim.front_seconds = front_seconds(light["records"],
+                                              sim.run(dict(base), rate).samples.records)
+            print(f"{label}: front-end time {sim.front_seconds * 1000:.1f} ms (light load at "
+                  f"{rate:.2f} req/s; defaults' real capacity {interpolated(pilot):.2f})",
+                  flush=True)
+        out |= fronted
     return out
 
 
@@ -139,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pilot", action="store_true",
                     help="also the sweep's set-up: a pilot of the defaults refits the profile "
                          "and measures the front-end time")
+    ap.add_argument("--serving", action="store_true",
+                    help="also each profile with the serving term of a pilot of the "
+                         "defaults' served steps (without --pilot: no front-end time)")
     args = ap.parse_args(argv)
     if args.rate_share is not None and not 0 < args.rate_share <= 1:
         ap.error(f"--rate-share must be in (0, 1], got {args.rate_share}")
@@ -153,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                     arrival="open", rate=args.rate, length_scale=cpu.scale)
     rows = []
     work = Path(tempfile.mkdtemp(prefix="sim-fidelity-"))
-    if args.pilot:
-        sims |= pilot_sims(sims, base, launch, load, slos, work / "pilot", args.duration)
+    if args.pilot or args.serving:
+        sims |= pilot_sims(sims, base, launch, load, slos, work / "pilot", args.duration,
+                           front=args.pilot, serving=args.serving)
     for i, settings in enumerate(GRID[:args.settings]):
         row: dict = {"settings": settings}
         for label, sim in sims.items():

@@ -94,3 +94,58 @@ def test_read_steps_collects_a_series_until_stopped_and_nothing_from_a_foreign_e
     nothing = []
     read_steps("http://127.0.0.1:9", nothing, 0.05)()
     assert nothing == []
+
+
+SERVING = 3e-4   # seconds a served step adds per row it delivers
+
+
+def _served_series(rng, windows=30, serving=SERVING):
+    """Counters of a served engine: the in-process law plus `serving` per delivered row."""
+    metrics = ServerMetrics(model_name="m", max_model_len=4096)
+    series = [parse_totals(generate_latest(metrics.registry).decode(), t=0)]
+    for w in range(windows):
+        for _ in range(rng.randint(MIN_WINDOW_STEPS, 60)):
+            shape = _step(rng)
+            metrics.observe_step(shape, _seconds(shape) + serving * (
+                shape.decode_seqs + shape.prefill_seqs))
+        series.append(parse_totals(generate_latest(metrics.registry).decode(), t=w + 1))
+    return series
+
+
+def _calibrated(coefficients=None):
+    from tuner.sim.profile import Fit, Identity, Memory, Profile
+    return Profile(Identity("m", "f", "hw", "t", 1),
+                   Fit("rows", dict(coefficients or TRUE), 0.05),
+                   Memory(0, 1e6, 1000, 0, 0, 2048, 100), num_steps=100)
+
+
+def test_the_serving_term_recovers_what_serving_adds_per_delivered_row(tmp_path):
+    from tuner.sim.live_profile import serving_term
+    from tuner.sim.profile import SERVED_ROWS, Profile
+
+    profile, info = serving_term(_calibrated(), _served_series(random.Random(4)))
+    assert info["seconds_per_row"] == pytest.approx(SERVING, rel=1e-6)
+    assert info["error_after"] < 1e-6 < info["error_before"]
+    assert info["windows"] == 30
+    # the calibration's shape kept, the term added: a step costs what the served one did
+    shape = StepShape(prefill_tokens=200, prefill_seqs=2, decode_seqs=30)
+    assert profile.step_seconds(shape) == pytest.approx(_seconds(shape) + SERVING * 32)
+    assert {k: v for k, v in profile.fit.coefficients.items() if k != SERVED_ROWS} == TRUE
+    # saved and read back with it; a profile that has one is refitted, not stacked
+    profile.save(tmp_path / "p.json")
+    again = Profile.load(tmp_path / "p.json")
+    assert again.fit.coefficients[SERVED_ROWS] == pytest.approx(SERVING)
+    twice, _ = serving_term(again, _served_series(random.Random(4)))
+    assert twice.fit.coefficients[SERVED_ROWS] == pytest.approx(SERVING, rel=1e-6)
+
+
+def test_served_steps_cheaper_than_the_calibration_add_nothing_and_few_windows_are_an_error():
+    from tuner.sim.live_profile import serving_term
+    from tuner.sim.profile import SERVED_ROWS
+
+    dearer = {k: 1.5 * v for k, v in TRUE.items()}
+    profile, info = serving_term(_calibrated(dearer), _served_series(random.Random(5),
+                                                                      serving=0.0))
+    assert info["seconds_per_row"] == 0.0 and profile.fit.coefficients[SERVED_ROWS] == 0.0
+    with pytest.raises(ValueError, match=r"1 busy window\(s\).*serving term needs at least 2"):
+        serving_term(_calibrated(), _served_series(random.Random(6), windows=1))

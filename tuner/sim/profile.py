@@ -37,7 +37,12 @@ HOLDOUT_EVERY = 4
 SIMPLER_SLACK = 0.05  # a form with more terms must cut the held-out error by more than 5 %
 
 
-def _feature(shape: StepShape | dict, name: str) -> float:
+SERVED_ROWS = "served_rows"  # the serving term's figure: rows a step delivers (serving_term)
+
+
+def feature(shape: StepShape | dict, name: str) -> float:
+    if name == SERVED_ROWS:
+        return feature(shape, "decode_seqs") + feature(shape, "prefill_seqs")
     if isinstance(shape, dict):
         if name == "num_tokens":
             return shape["prefill_tokens"] + shape["decode_seqs"] + shape["draft_tokens"]
@@ -49,7 +54,7 @@ def design(shapes: list, names: tuple[str, ...]) -> np.ndarray:
     """[steps, 1 + len(names)]: an intercept column, then each figure."""
     x = np.ones((len(shapes), 1 + len(names)))
     for j, name in enumerate(names, start=1):
-        x[:, j] = [_feature(s, name) for s in shapes]
+        x[:, j] = [feature(s, name) for s in shapes]
     return x
 
 
@@ -86,7 +91,7 @@ class Fit:
         t = self.coefficients["intercept"]
         for name, c in self.coefficients.items():
             if name != "intercept":
-                t += c * _feature(shape, name)
+                t += c * feature(shape, name)
         return t
 
 
