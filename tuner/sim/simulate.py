@@ -127,7 +127,7 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
                 max_tokens=req.max_tokens, ignore_eos=True, temperature=0.0),
                 arrival_time=req.arrival)
             live[rid] = (req, {"kind": req.kind, "start": req.arrival, "ok": False,
-                               "output_tokens": 0, "itl": []}, [])
+                               "prompt_tokens": len(ids), "output_tokens": 0, "itl": []}, [])
         if clock.now >= end or (settling and settling.decided(live, clock.now)):
             break
         if not engine.has_unfinished_requests():

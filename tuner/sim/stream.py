@@ -32,6 +32,9 @@ class SimRequest:
     temperature: float | None = None   # the request's own; None: the server's default
 
 
+WORD_SAMPLE = 480   # words the tokens-per-word figure is measured on
+
+
 class Renderer:
     """A workload request's prompt as the server tokenizes it (the chat template, then the
     tokenizer), remembered: every probe and setting of a sweep replays the same sessions,
@@ -42,6 +45,17 @@ class Renderer:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self._cache: dict = {}
+        self._tokens_per_word: float | None = None
+
+    @property
+    def tokens_per_word(self) -> float:
+        """What one of the workloads' words (loadtests.workloads.base.words) costs in this
+        tokenizer's tokens, measured once on a fixed sample of them."""
+        if self._tokens_per_word is None:
+            sample = words(random.Random(0), WORD_SAMPLE)
+            ids = self.tokenizer.encode(sample, add_special_tokens=False)
+            self._tokens_per_word = max(len(ids), 1) / WORD_SAMPLE
+        return self._tokens_per_word
 
     def __call__(self, request) -> list[int]:
         body = request.body
@@ -112,9 +126,14 @@ class WorkloadStream:
 
     def finished(self, request: SimRequest, output_tokens: int) -> None:
         if request.session is not None:
-            # the reply's words: seeded by the request, so a sweep's settings see one history
+            # the reply as words of about the tokens it was written in (the next turn reads
+            # it back: a reply of n tokens lengthens the history by about n, not by the 2.5
+            # n that n x 3/4 of the workloads' words cost the embedded model's tokenizer);
+            # seeded by the request, so a sweep's settings see one history
             rng = random.Random(f"{self.seed}:{request.number}")
-            request.session.record_response(words(rng, max(1, output_tokens * 3 // 4)))
+            per_word = getattr(self.render, "tokens_per_word", 4 / 3)  # a bare render: ~English
+            n = max(1, round(output_tokens / per_word))
+            request.session.record_response(words(rng, n))
             self.idle[request.user].append(request.session)
 
 
