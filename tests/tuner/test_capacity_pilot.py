@@ -41,10 +41,12 @@ def test_the_search_runs_on_the_pilots_served_steps(tmp_path, monkeypatch):
     assert coef["intercept"] == pytest.approx(0.002, rel=0.02)
     assert coef["decode_seqs"] == pytest.approx(7e-4, rel=0.02)
     assert plan.sim.profile.identity == calibrated.profile.identity   # memory, identity kept
-    # the pilot started from the calibration; the whole search ran on the live profile
+    # the pilot started from the calibration, which was simulated once more with the
+    # pilot's serving term (to compete with the refit); the whole search ran on the refit
     assert calibrated.fits[0] is calibrated.profile.fit
-    assert len(calibrated.fits) > 2 and all(f is plan.sim.profile.fit
-                                            for f in calibrated.fits[1:])
+    assert "served_rows" in calibrated.fits[1].coefficients
+    assert len(calibrated.fits) > 3 and all(f is plan.sim.profile.fit
+                                            for f in calibrated.fits[2:])
     assert len(calls) == 1 + 2 * 2
     assert any("refitted from the pilot's" in line for line in logs)
 

@@ -43,6 +43,44 @@ def test_the_refit_is_kept_only_when_it_predicts_the_pilot_better(
                for line in logs)
 
 
+@pytest.mark.parametrize("refit_scale, factor, kept", [
+    (3.0, 1.0, "calibration"),               # the calibration with its serving term stays
+    (0.5, 0.5, "live (the pilot's steps)"),  # the refit: its own fit, no serving term on it
+])
+def test_the_calibration_gets_the_serving_term_of_the_pilots_steps(
+        tmp_path, monkeypatch, refit_scale, factor, kept):
+    """The pilot's served steps cost the calibration's law plus 3e-4 s per decode row: the
+    calibration kept searches with that term (and the record says it); a refit kept has
+    its own fit of the same steps instead."""
+    from tuner.sim.profile import SERVED_ROWS, Fit, Profile
+
+    _real(monkeypatch, factor=factor, noise=0.0)
+    monkeypatch.setattr(cs, "read_steps", lambda url, series, interval: (
+        _steps_law(series), lambda: None)[1])
+    measure = cs.measure_capacity
+    monkeypatch.setattr(cs, "measure_capacity", lambda *a, watch=None, **k: (
+        watch and watch("http://engine:8000")(), measure(*a, **k))[1])
+    base = FakeSim().profile
+    calibrated = Profile(base.identity, Fit("rows", {"intercept": 0.002, "prefill_tokens": 2e-5,
+                                                     "decode_seqs": 4e-4}, 0.05),
+                         base.memory, num_steps=100)
+    logs = []
+    plan = cs.CapacityPlan(sim=FakeSim(profile=calibrated, refit_scale=refit_scale),
+                           sim_base={}, trials=4, real_probes=4, log=logs.append)
+    record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
+    assert record["profile"]["source"] == kept
+    assert record["profile"]["serving"]["seconds_per_row"] == pytest.approx(3e-4, rel=1e-3)
+    assert record["profile"]["serving"]["error_after"] < 1e-3
+    assert any("0.300 ms per served row" in line for line in logs)
+    coefficients = record["profile"]["coefficients"]
+    if kept == "calibration":
+        assert record["profile"]["anchor"]["factor"] == 1.0
+        assert coefficients[SERVED_ROWS] == pytest.approx(3e-4, rel=1e-3)
+        assert coefficients["decode_seqs"] == 4e-4      # the calibration's shape kept
+    else:
+        assert SERVED_ROWS not in coefficients
+
+
 @pytest.mark.parametrize("factor", [0.4, 2.5])
 def test_the_step_times_are_scaled_until_the_baseline_simulates_at_its_pilot(
         tmp_path, monkeypatch, factor):

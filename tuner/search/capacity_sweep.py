@@ -73,6 +73,7 @@ class CapacityPlan:
     source: str = "calibration"    # where plan.sim's profile came from, until a live refit
     pool: dict | None = None       # the pilot's KV pool against the profile's (fit_pool)
     anchor: dict | None = None     # the step times' factor from the pilot's capacity
+    serving: dict | None = None    # the serving term the pilot's steps gave (live_refit)
 
 
 def confirm_for_real(plan: CapacityPlan, config, arms: list[dict], pilot: dict,
@@ -291,6 +292,7 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
                              "infeasible": p.infeasible, "wall_s": round(p.wall_s, 3)}
                             for p in points],
               "sim_baseline": base.capacity, "sim_wall_s": sim_wall,
+              "sim_duration_s": plan.sim.duration,
               "attainment": plan.sim.attainment, "target_rate": plan.target_rate,
               "profile": {"form": plan.sim.profile.fit.form,
                           "heldout_error": plan.sim.profile.fit.heldout_error,
@@ -299,7 +301,8 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
                           "front_s": plan.sim.front_seconds,
                           "source": "live (the pilot's steps)" if plan.live
                           else plan.source, "check": plan.profile_check,
-                          "pool": plan.pool, "anchor": plan.anchor}}
+                          "pool": plan.pool, "anchor": plan.anchor,
+                          "serving": plan.serving}}
     if len(arms) == 1 or config.confirm_rounds < 2:
         record.update(arms=arms, rounds=0, winner=None,
                       reason="no candidate differs from the baseline" if len(arms) == 1
