@@ -5,7 +5,7 @@ simulated and real capacity (what the search needs: the ranking), plus the cost 
 simulated capacity against one real one.
 
     python -m benchmarks.bench_sim_fidelity [--workload chat] [--settings 12]
-        [--rate 4 | --rate-share 0.6] [--duration 8] [--sim-duration 20] [--model M]
+        [--rate 4 | --rate-share 0.6] [--duration 8] [--sim-duration S] [--model M]
         [--profile FILE ...] [--pilot] [--serving] [--probe-lead S]
 
 The latencies are read at one rate for every setting (--rate), or at a share of each
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
 import tempfile
 import time
@@ -46,7 +47,7 @@ from tuner.measure.server_metrics import wait_idle
 from tuner.measure.trial import measure
 from tuner.sim.cli import workload_profile
 from tuner.sim.context import SIM_WARMUP_REQUESTS, SimContext, engine_threads, load_profile
-from tuner.sim.live_profile import live_profile, read_steps, serving_term
+from tuner.sim.live_profile import Totals, live_profile, read_steps, serving_term
 from tuner.search import capacity_front
 from tuner.search.capacity_sweep import LIGHT_SHARE
 from tuner.sim.simulate import front_seconds
@@ -88,15 +89,20 @@ def rel(sim: float | None, real: float | None) -> float | None:
 
 
 def pilot_sims(sims: dict, base: dict, launch, load, slos, work: Path, duration: float,
-               *, front: bool = True, serving: bool = False) -> dict:
+               *, front: bool = True, serving: bool = False, series: list | None = None
+               ) -> dict:
     """The capacity sweep's set-up (tuner/search/capacity_sweep.py): the defaults' real
     capacity search with their steps read meanwhile; with `front`, then a light load (a
     tenth of the defaults' simulated capacity) on the same engine; -> each profile with the
     front-end time that light load gives it ("LABEL+front") and the live refit of the
     first one with its own ("pilot+front"); with `serving`, each profile with the serving
-    term the pilot's steps give it ("LABEL+serving": tuner/sim/live_profile.serving_term)."""
-    series: list = []
+    term the pilot's steps give it ("LABEL+serving": tuner/sim/live_profile.serving_term).
+    A saved pilot's `series` (--real-from) is used as read, without a real run (and
+    without a front-end time). The series read is appended to `series`."""
     first = next(iter(sims.values()))
+    saved = bool(series)
+    front = front and not saved
+    series = series if series is not None else []
     simulated = interpolated(first.capacity(dict(base), rel_tol=0.05))
     rate, light = max(LIGHT_SHARE * simulated, 0.5), {}
 
@@ -109,9 +115,10 @@ def pilot_sims(sims: dict, base: dict, launch, load, slos, work: Path, duration:
                     url, rate_load(load, rate), slos, work / "light")
             stop_reading()
         return stop
-    pilot = measure_capacity({}, launch, load, slos, workdir=work, start=simulated / 2,
-                             warmup_requests=2, rel_tol=0.1, max_probes=7, watch=watch,
-                             warmup_load=first.warmup_requests)
+    pilot = None if saved else measure_capacity(
+        {}, launch, load, slos, workdir=work, start=simulated / 2, warmup_requests=2,
+        rel_tol=0.1, max_probes=7, watch=watch, warmup_load=first.warmup_requests)
+    real = f"{interpolated(pilot):.2f}" if pilot else "(saved)"
     out = {}
     if serving:
         for label, sim in sims.items():
@@ -120,7 +127,7 @@ def pilot_sims(sims: dict, base: dict, launch, load, slos, work: Path, duration:
             print(f"{label}+serving: {info['seconds_per_row'] * 1000:.3f} ms per served row "
                   f"from the pilot's {info['windows']} windows ({info['steps']} steps; their "
                   f"median error {info['error_before']:.1%} -> {info['error_after']:.1%}); "
-                  f"defaults' real capacity {interpolated(pilot):.2f}", flush=True)
+                  f"defaults' real capacity {real}", flush=True)
     if front:
         fronted = {f"{label}+front": dataclasses.replace(sim) for label, sim in sims.items()}
         fronted["pilot+front"] = dataclasses.replace(
@@ -129,10 +136,43 @@ def pilot_sims(sims: dict, base: dict, launch, load, slos, work: Path, duration:
             sim.front_seconds = front_seconds(light["records"],
                                               sim.run(dict(base), rate).samples.records)
             print(f"{label}: front-end time {sim.front_seconds * 1000:.1f} ms (light load at "
-                  f"{rate:.2f} req/s; defaults' real capacity {interpolated(pilot):.2f})",
+                  f"{rate:.2f} req/s; defaults' real capacity {real})",
                   flush=True)
         out |= fronted
     return out
+
+
+def real_figures(i: int, settings: dict, start: float, args, cpu, load, work: Path) -> dict:
+    """One setting's real capacity (its search starting at `start`), then its latencies at
+    the fixed rate (--rate, or --rate-share of that capacity) after the same warm-up as
+    the simulated run's: real_s, real_cap, rate, real_ttft_p50/p90, real_itl_p50."""
+    launch, slos = cpu.launch, cpu.slos
+    t0 = time.perf_counter()
+    real = measure_capacity(settings, launch, load, slos, workdir=work / f"cap-{i}",
+                            start=start, warmup_requests=2, rel_tol=0.1, max_probes=7,
+                            warmup_load=args.sim_warmup_requests, lead=args.probe_lead)
+    row = {"real_s": time.perf_counter() - t0, "real_cap": interpolated(real)}
+    rate = row["rate"] = args.rate if args.rate_share is None else max(
+        args.rate_share * row["real_cap"], 0.1)
+    fixed_load = dataclasses.replace(rate_load(load, rate), seed=1,
+                                     duration=load.duration + args.probe_lead)
+    engine = launch.process(settings, work / f"fixed-{i}" / "engine.log")
+    engine.start(timeout=launch.startup_timeout)
+    try:
+        if args.sim_warmup_requests:   # the same steady state as the simulated run's
+            warm = rate_load(probe_load(load, WARMUP_PROBE), rate)
+            measure(engine.url, dataclasses.replace(
+                warm, duration=args.sim_warmup_requests / rate), slos,
+                workdir=work / f"fixed-{i}" / "warmup")
+            wait_idle(engine.url)
+        measure(engine.url, fixed_load, slos, workdir=work / f"fixed-{i}",
+                warmup_requests=0 if args.sim_warmup_requests else 2)
+    finally:
+        engine.stop()
+    measured = score(after_lead(load_samples(work / f"fixed-{i}" / "samples.jsonl"),
+                                args.probe_lead), slos)
+    row.update({f"real_{k}": measured.get(k) for k in ("ttft_p50", "ttft_p90", "itl_p50")})
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     rates.add_argument("--rate-share", type=float, default=None, metavar="F",
                        help="the latencies at F x each setting's real capacity instead")
     ap.add_argument("--duration", type=float, default=8.0, help="seconds per real load")
-    ap.add_argument("--sim-duration", type=float, default=20.0)
+    ap.add_argument("--sim-duration", type=float, default=None,
+                    help="virtual seconds per simulated load (default: --duration, as the "
+                         "sweep)")
     ap.add_argument("--sim-warmup-requests", type=int, default=SIM_WARMUP_REQUESTS)
     ap.add_argument("--probe-lead", type=float, default=0.0, metavar="S",
                     help="each probe, real and simulated, runs S s at its rate before its "
@@ -158,23 +200,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serving", action="store_true",
                     help="also each profile with the serving term of a pilot of the "
                          "defaults' served steps (without --pilot: no front-end time)")
+    ap.add_argument("--save", default=None, metavar="FILE",
+                    help="write the rows (real and simulated) and the pilot's series as JSON")
+    ap.add_argument("--real-from", default=None, metavar="FILE",
+                    help="the real side from a --save of an earlier run (same settings, "
+                         "rates and pilot): simulator variants against one set of real runs")
     args = ap.parse_args(argv)
+    saved = json.loads(Path(args.real_from).read_text()) if args.real_from else None
+    if saved and args.pilot:
+        ap.error("--pilot needs a real engine for its light load; not with --real-from")
     if args.rate_share is not None and not 0 < args.rate_share <= 1:
         ap.error(f"--rate-share must be in (0, 1], got {args.rate_share}")
     cpu = cpu_setup(args.workload, args.model)
     slos, base, launch = cpu.slos, cpu.base, cpu.launch
     sims = {Path(f).stem if f else "cached": SimContext(
         load_profile(args.model, cpu.threads, path=f), slos, workload=cpu.spec,
-        users=cpu.users, length_scale=cpu.scale, duration=args.sim_duration, model=args.model,
+        users=cpu.users, length_scale=cpu.scale, duration=args.sim_duration or args.duration,
+        model=args.model,
         warmup_requests=args.sim_warmup_requests, lead=args.probe_lead)
         for f in (args.profile or [None])}
     load = LoadSpec(workload=args.workload, duration=args.duration, users=cpu.users,
                     arrival="open", rate=args.rate, length_scale=cpu.scale)
     rows = []
     work = Path(tempfile.mkdtemp(prefix="sim-fidelity-"))
+    series = [Totals(**t) for t in saved["pilot_series"]] if saved else []
     if args.pilot or args.serving:
         sims |= pilot_sims(sims, base, launch, load, slos, work / "pilot", args.duration,
-                           front=args.pilot, serving=args.serving)
+                           front=args.pilot, serving=args.serving, series=series)
     for i, settings in enumerate(GRID[:args.settings]):
         row: dict = {"settings": settings}
         for label, sim in sims.items():
@@ -182,38 +234,20 @@ def main(argv: list[str] | None = None) -> int:
             cap_sim = sim.capacity({**base, **settings}, rel_tol=0.05)
             row[f"{label}_s"] = time.perf_counter() - t0
             row[f"{label}_cap"] = interpolated(cap_sim)
-        start = max(min(row[f"{label}_cap"] for label in sims) / 2, 0.5)
-        t0 = time.perf_counter()
-        real = measure_capacity(settings, launch, load, slos, workdir=work / f"cap-{i}",
-                                start=start, warmup_requests=2, rel_tol=0.1, max_probes=7,
-                                warmup_load=args.sim_warmup_requests, lead=args.probe_lead)
-        row["real_s"] = time.perf_counter() - t0
-        row["real_cap"] = interpolated(real)
-        rate = args.rate if args.rate_share is None else max(
-            args.rate_share * row["real_cap"], 0.1)
-        row["rate"] = rate
+        if saved:
+            if saved["rows"][i]["settings"] != settings:
+                raise SystemExit(f"--real-from {args.real_from}: row {i} holds "
+                                 f"{saved['rows'][i]['settings']}, not {settings}")
+            row.update({k: v for k, v in saved["rows"][i].items()
+                        if k.startswith("real_") or k == "rate"})
+        else:
+            row.update(real_figures(i, settings, max(min(
+                row[f"{label}_cap"] for label in sims) / 2, 0.5), args, cpu, load, work))
+        rate = row["rate"]
         for label, sim in sims.items():
             fixed = sim.run({**base, **settings}, rate).figures
             row.update({f"{label}_{k}": fixed.get(k) for k in ("ttft_p50", "ttft_p90",
                                                                 "itl_p50")})
-        fixed_load = dataclasses.replace(rate_load(load, rate), seed=1,
-                                         duration=load.duration + args.probe_lead)
-        engine = launch.process(settings, work / f"fixed-{i}" / "engine.log")
-        engine.start(timeout=launch.startup_timeout)
-        try:
-            if args.sim_warmup_requests:   # the same steady state as the simulated run's
-                warm = rate_load(probe_load(load, WARMUP_PROBE), rate)
-                measure(engine.url, dataclasses.replace(
-                    warm, duration=args.sim_warmup_requests / rate), slos,
-                    workdir=work / f"fixed-{i}" / "warmup")
-                wait_idle(engine.url)
-            measure(engine.url, fixed_load, slos, workdir=work / f"fixed-{i}",
-                    warmup_requests=0 if args.sim_warmup_requests else 2)
-        finally:
-            engine.stop()
-        measured = score(after_lead(load_samples(work / f"fixed-{i}" / "samples.jsonl"),
-                                    args.probe_lead), slos)
-        row.update({f"real_{k}": measured.get(k) for k in ("ttft_p50", "ttft_p90", "itl_p50")})
         rows.append(row)
         print(f"{i:>2} {settings}: capacity real {row['real_cap']:.2f}, " + ", ".join(
             f"{label} {row[f'{label}_cap']:.2f}" for label in sims)
@@ -235,6 +269,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Kendall tau (capacity, sim vs real): {tau:.2f} over {len(rows)} settings")
         print(f"real / simulated capacity, median: {ratio:.2f}")
         print(f"cost: one real capacity search / one simulated, median: {speed:.1f}x")
+    if args.save:
+        Path(args.save).write_text(json.dumps({
+            "argv": argv, "rows": rows,
+            "pilot_series": [dataclasses.asdict(t) for t in series]}, indent=1))
+        print(f"saved to {args.save}")
     return 0
 
 if __name__ == "__main__":

@@ -89,8 +89,9 @@ def build_parser(more=()) -> argparse.ArgumentParser:
                        help="capacity: the share of requests that must meet every SLO")
     sweep.add_argument("--target-rate", type=float, default=None, metavar="REQ_PER_S",
                        help="capacity: also print the replicas this rate needs")
-    sweep.add_argument("--sim-duration", type=float, default=20.0,
-                       help="capacity: virtual seconds per simulated load")
+    sweep.add_argument("--sim-duration", type=float, default=None,
+                       help="capacity: virtual seconds per simulated load (default: --duration,"
+                            " the real loads' window: both sides score the same window)")
     sweep.add_argument("--sim-warmup-requests", type=int, default=None, metavar="N",
                        help="capacity: requests served before each simulated load's scored "
                             "window, its steady state (default 200; 0: a cold engine)")

@@ -78,6 +78,7 @@ class FakeSim:
     fits: list = field(default_factory=list)     # the profile's fit of each call
     front_seconds: float = 0.0
     warmup_requests: int = 0    # served before each load's window (SimContext)
+    duration: float = 10.0      # virtual seconds per load (SimContext)
     refit_scale: float = 1.0    # capacities x this on any profile but the first (a refit)
     calibration: Profile | None = None
     levels: dict = field(default_factory=dict)   # each fit's first intercept (unscaled)
@@ -333,6 +334,22 @@ def test_the_default_objective_is_capacity_except_for_another_server():
     assert objective(parse(["sweep", "--workload", "chat", "--target-url", "u"])) == "goodput"
     assert objective(parse(["sweep", "--workload", "chat", "--objective", "pareto"])) == \
         "pareto"
+
+
+def test_a_simulated_load_scores_the_window_a_real_one_does():
+    """The sweep's simulated loads last as long as its real ones (--duration) unless
+    --sim-duration says otherwise, and `tuner simulate`'s default is the real default."""
+    from tuner.arguments import DEFAULT_DURATION, build_parser
+    from tuner.search.capacity_cli import sim_duration
+    from tuner.sim.context import DEFAULT_SIM_DURATION
+    parse = build_parser().parse_args
+    args = parse(["sweep", "--workload", "chat", "--duration", "7"])
+    assert sim_duration(args.sim_duration, args.duration) == 7.0
+    args = parse(["sweep", "--workload", "chat", "--duration", "7", "--sim-duration", "20"])
+    assert sim_duration(args.sim_duration, args.duration) == 20.0
+    args = parse(["sweep", "--workload", "chat"])
+    assert sim_duration(args.sim_duration, args.duration) == DEFAULT_DURATION
+    assert DEFAULT_SIM_DURATION == DEFAULT_DURATION
 
 
 def _steps_law(series, windows=30):

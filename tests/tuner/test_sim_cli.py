@@ -121,6 +121,7 @@ def test_the_capacity_sweep_end_to_end_on_the_embedded_model(profile_file, tmp_p
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((out / "capacity.json").read_text())
     assert len(record["simulated"]) == 2 and record["real_engines"] == 5
+    assert record["sim_duration_s"] == 8.0    # given; else the real loads' 3 s
     assert sorted(p.parent.name for p in out.rglob("engine.log")) == sorted(
         ["baseline", "C1"] * 2 + ["pilot"])         # no engine started for the search
     assert "the baseline's pilot" in done.stdout
@@ -267,6 +268,7 @@ def test_without_a_cached_profile_the_planner_calibrates_nothing_and_waits_for_a
                       name="svc", namespace="team")
     predictor = run.sim_predictor(spec)
     profile = predictor.ctx.profile
+    assert predictor.ctx.duration == run.PLANNER_SIM_DURATION == 60.0   # sustained traffic
     predictor.ctx = dataclasses.replace(predictor.ctx, duration=8.0)   # short loads: faster
     config = json.loads((resolve_model_path(None) / "config.json").read_text())
     assert profile.fit.form == UNFITTED and profile.num_steps == 0

@@ -75,10 +75,17 @@ def sim_predictor(spec: ServiceSpec):
     # acceptance 0: the planner runs no model, so no replies to replay a speculative
     # method on (tuner/sim/drafts.py); its drafts are simulated as verified and rejected
     ctx = SimContext(profile=profile, slos=dict(auto.planner.slos), model=profile.identity.model,
-                     attainment=auto.planner.target_attainment, acceptance=0.0)
+                     attainment=auto.planner.target_attainment, acceptance=0.0,
+                     duration=PLANNER_SIM_DURATION)
     live = LiveSteps(PrometheusReader(auto.prometheus_server_address, timeout=30),
                      selector(spec))
     return SimPredictor(ctx, settings, live=live)
+
+
+# virtual seconds per simulated load: a replica's capacity under traffic sustained for a
+# planning interval and more, not over a sweep's 10-s probe (a short window lets a rate past
+# capacity pass while its queue builds: tuner/search/capacity_cli.sim_duration)
+PLANNER_SIM_DURATION = 60.0
 
 
 class ServiceScale:

@@ -23,7 +23,9 @@ from tuner.sim.profile import Profile
 from tuner.sim.simulate import SimResult, sim_capacity, simulate
 from tuner.sim.stream import Renderer, TraceStream, WorkloadStream
 
-DEFAULT_SIM_DURATION = 60.0   # virtual seconds per simulated load
+# virtual seconds per simulated load: the real capacity probes' window (tuner/arguments.py's
+# DEFAULT_DURATION), so a simulated capacity is the figure a real search reads
+DEFAULT_SIM_DURATION = 10.0
 # requests of a workload's stream served before each simulated load's scored window: its
 # steady state (tuner/sim/simulate.py). SmolLM2's rag, simulated capacity of the defaults
 # by warm-up: 0 2.11, 50 2.87, 100 3.52, 200 4.20, 400 4.38 req/s (2026-12-05)
