@@ -336,6 +336,20 @@ def test_the_default_objective_is_capacity_except_for_another_server():
         "pareto"
 
 
+@pytest.mark.parametrize("truth", [0.3, 45.0, 700.0])
+def test_a_simulated_capacity_from_1_req_s_is_bracketed_however_high(truth):
+    """The sweep simulates the baseline from 1 req/s: its search brackets and bisects to
+    within 10 % wherever the capacity lies (it once stopped at 1.5^9 = 38.44 req/s)."""
+    from tuner.search.capacity_search import simulate_point
+
+    class Sim:
+        def capacity(self, settings, **search):
+            return search_capacity(_knee(truth), {"chat": {"ttft": 1.0}}, **search)
+    point = simulate_point(SimpleNamespace(sim=Sim(), sim_base={}), {}, start=1.0)
+    assert point.result.upper is not None                       # a failing probe found
+    assert truth / 1.1 <= point.capacity <= truth
+
+
 def test_a_simulated_load_scores_the_window_a_real_one_does():
     """The sweep's simulated loads last as long as its real ones (--duration) unless
     --sim-duration says otherwise, and `tuner simulate`'s default is the real default."""

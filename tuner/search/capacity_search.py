@@ -16,6 +16,11 @@ from tuner.measure.capacity import CapacityResult, interpolated
 SIM_UNMODELLED = ("kv_offloading_size",)   # tiers are not simulated (tuner/sim/engine.py)
 SIM_REL_TOL = 0.1       # a simulated capacity is known to 10 %
 SIM_GROWTH = 1.5        # bracketing step from the warm start
+# probes per simulated capacity: a bracket from 1 req/s at 1.5x reaches 985 req/s in 17,
+# then bisection to SIM_REL_TOL. At 10, a search from 1 req/s stopped at 1.5^9 = 38.44
+# without a failing probe, and that was the embedded model's simulated chat baseline in
+# every sweep (its pilot served 40-49 req/s; docs/benchmarks/tuning.md, 2026-12-05).
+SIM_MAX_PROBES = 24
 
 
 @dataclass
@@ -37,7 +42,8 @@ def simulate_point(plan, settings: dict, *, start: float) -> SimPoint:
     try:
         engine_settings.check_rules(settings)
         result = plan.sim.capacity({**plan.sim_base, **settings}, start=start,
-                                   rel_tol=SIM_REL_TOL, growth=SIM_GROWTH, max_probes=10)
+                                   rel_tol=SIM_REL_TOL, growth=SIM_GROWTH,
+                                   max_probes=SIM_MAX_PROBES)
     except ValueError as exc:   # the engine would refuse these settings
         return SimPoint(settings, None, infeasible=str(exc),
                         wall_s=time.perf_counter() - wall)
