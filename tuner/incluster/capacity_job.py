@@ -138,7 +138,6 @@ def build(run, baseline, log):
     """(SweepConfig, CapacityPlan) of the Job's capacity sweep; `baseline`: a
     tuner.search.confirm.Baseline of the target's settings."""
     from loadtests.workloads.trace import read_trace
-    from tuner.search.capacity_cli import sim_duration
     from tuner.search.capacity_sweep import CapacityPlan
     from tuner.search.sweep import SweepConfig
     from tuner.sim.calibrate import config_profile
@@ -157,7 +156,7 @@ def build(run, baseline, log):
                      users=run.load.users, length_scale=run.load.length_scale,
                      seed=spec.seed, attainment=attainment, model=model, log=log,
                      warmup_requests=SIM_WARMUP_REQUESTS,
-                     duration=sim_duration(None, run.load.duration))  # the real probes' window
+                     duration=run.load.duration)  # the real probes' window (sim_duration)
     source = "the target's served steps (Prometheus)" if profile.num_steps else "config.json"
     plan = CapacityPlan(sim=sim, sim_base=base, trials=spec.trials, source=source,
                         real_probes=max(2, params.max_probes if params else 4),

@@ -56,7 +56,8 @@ def with_serving_term(plan, series: list, predict: Callable[[object], float | No
                       ) -> float | None:
     """plan.sim's (calibrated) profile with the serving term of the pilot's served steps
     (tuner/sim/live_profile.serving_term; plan.serving records it); -> the baseline's
-    simulated capacity on it (None: too few busy windows, the profile unchanged). On the
+    simulated capacity on it (None: too few busy windows, or the baseline does not simulate
+    with it; the profile then unchanged). On the
     embedded model's 12 chat settings (docs/benchmarks/tuning.md, 2026-12-05) it put their
     level at 1.00x the real capacities where the calibration alone said 1.35x, and after
     one common factor (the anchor's) their median error at 4.4 % where the calibration's
@@ -67,13 +68,18 @@ def with_serving_term(plan, series: list, predict: Callable[[object], float | No
     except ValueError as exc:
         plan.log(f"profile: no serving term ({exc})")
         return None
-    plan.sim = dataclasses.replace(plan.sim, profile=profile)
-    plan.serving = {k: round(v, 6) for k, v in info.items()}
-    plan.log(f"profile: the calibration + {info['seconds_per_row'] * 1000:.3f} ms per served "
-             f"row, the serving term of the pilot's {info['windows']} busy windows (their "
-             f"step time's median error {info['error_before']:.1%} -> "
-             f"{info['error_after']:.1%})")
-    return predict(plan.sim)
+    served = dataclasses.replace(plan.sim, profile=profile)
+    capacity = predict(served)
+    term = (f"{info['seconds_per_row'] * 1000:.3f} ms per served row, the serving term of the "
+            f"pilot's {info['windows']} busy windows (their step time's median error "
+            f"{info['error_before']:.1%} -> {info['error_after']:.1%})")
+    if not capacity:
+        plan.log(f"profile: the calibration stays without {term}: the baseline does not "
+                 "simulate with it")
+        return None
+    plan.sim, plan.serving = served, {k: round(v, 6) for k, v in info.items()}
+    plan.log(f"profile: the calibration + {term}")
+    return capacity
 
 
 def pool_blocks(url: str, *, timeout: float = 10.0) -> int | None:

@@ -151,7 +151,7 @@ def serving_term(base: Profile, series: list[Totals]) -> tuple[Profile, dict]:
     engine alone; a server's steps also deliver every token to its stream while the HTTP
     loop shares the cores (one token's chunk, detokenised and written), which the
     calibration never saw (chat on the embedded model, 2026-12-05: the calibration priced
-    the served steps at 0.72-0.87 of their time, about 0.3-0.5 ms per row). One
+    the served steps at 0.72-0.87 of their time, about 0.3-0.6 ms per row). One
     coefficient, the least-squares slope through the origin of each busy window's mean
     step time left over by `base` against its mean rows, at least 0; the rest of the
     calibration's shape stays. -> (profile, {"seconds_per_row", "windows",
