@@ -9,7 +9,7 @@ Request stream (lengths in words at --length-scale 1; every length scales with i
   reuse the earlier turns' KV (prefix reuse within a conversation); a conversation also
   ends once its history passes 1500 words.
 Endpoint: /v1/chat/completions, streamed.
-Default SLOs: TTFT <= 1.0 s and TPOT (mean inter-token gap of a request) <= 0.1 s.
+Default SLOs: TTFT <= 1.0 s and TPOT (a request's time per output token after the first) <= 0.1 s.
 Default load: 8 closed-loop users.
 """
 from __future__ import annotations

@@ -229,3 +229,35 @@ def test_counters_of_one_draft_length_are_the_replay_exactly():
     none = from_counters("ngram", 3, steps=50, drafts=0, draft_tokens=0,
                          accepted_per_pos=[])
     assert none.tokens_per_step == 1.0 and none.offered == (0, 0, 0)
+
+
+def test_simulated_gaps_are_per_step_and_tpot_per_token(hf_config):
+    """A step's accepted drafts arrive together, as one chunk of a real stream: a simulated
+    record has one gap per step that delivered tokens (none of zero length), and its TPOT
+    is its decode time over its tokens after the first, the figure the real side scores
+    (tuner/measure/scoring.tpot): the two sides read speculation alike."""
+    from tuner.measure.scoring import meets_slo, tpot
+    from tuner.sim.engine import sim_engine
+
+    model = DraftModel("ngram", steps=1, drafting=1, length_counts=(0, 0, 1),
+                       offered=(1, 1, 1), accepted=(1, 1, 1))   # every draft, all of it
+    settings = {**SETTINGS, "num_gpu_blocks_override": 200, "max_num_batched_tokens": 128,
+                "speculative_config": _checked(NGRAM)}
+    engine, clock = sim_engine(_profile(), settings, hf_config=hf_config,
+                               drafts=lambda s: model)
+    result = simulate(_profile(), settings, TraceStream(_trace(), max_model_len=256),
+                      duration=60.0, slos={}, hf_config=hf_config, engine=(engine, clock))
+    records = [r for r in result.samples.records if r.get("ok")]
+    assert len(records) == len(_trace())
+    chunked = 0
+    for r in records:
+        assert all(g > 0 for g in r["itl"])
+        assert len(r["itl"]) <= r["output_tokens"] - 1
+        chunked += len(r["itl"]) < r["output_tokens"] - 1
+        decode = r["e2e"] - r["ttft"]
+        assert tpot(r) == pytest.approx(decode / (r["output_tokens"] - 1))
+    assert chunked == len(records)      # each of them took drafted tokens in some step
+    # a TPOT limit between the per-token time and the mean gap per step: met
+    r = records[0]
+    per_step = sum(r["itl"]) / len(r["itl"])
+    assert meets_slo(r, {"tpot": (tpot(r) + per_step) / 2})

@@ -24,6 +24,28 @@ def test_meets_slo_checks_every_threshold_of_the_kind():
     assert tpot(_rec("chat", itl=())) == 0.0
 
 
+def test_tpot_is_per_token_when_a_chunk_carries_a_steps_drafted_tokens():
+    """With speculation one streamed chunk carries every token a step accepted: the gaps
+    are per step. TPOT is per output token after the first (DistServe's), as the simulator
+    and a reply of one token per chunk both read it."""
+    # 7 tokens in 3 chunks: the first token, then 3 + 3 (two steps of accepted drafts)
+    chunked = _rec("chat", itl=(0.15, 0.15), tokens=7)
+    assert tpot(chunked) == pytest.approx(0.05)
+    assert meets_slo(chunked, {"tpot": 0.1})          # the mean gap (0.15) would fail it
+    assert not meets_slo(_rec("chat", itl=(0.35, 0.35), tokens=7), {"tpot": 0.1})  # 0.117
+    # one token per chunk: the mean gap, as before
+    assert tpot(_rec("chat", itl=(0.05, 0.2), tokens=3)) == pytest.approx(0.125)
+    # no token count (a server without usage), or one below the chunks: the chunks count
+    assert tpot(_rec("chat", itl=(0.1, 0.3), tokens=0)) == pytest.approx(0.2)
+    assert tpot(_rec("chat", itl=(0.1, 0.3), tokens=2)) == pytest.approx(0.2)
+    # batched with rows that stream one token per chunk: each request by its own count
+    figures = score(Samples([chunked, _rec("chat", itl=(0.05, 0.05), tokens=3),
+                             _rec("chat", itl=(0.3,), tokens=2)], start=0.0, stop=1.0),
+                    {"chat": {"tpot": 0.1}})
+    assert figures["slo_met"] == 2
+    assert figures["tpot_p50"] == pytest.approx(0.05)
+
+
 def test_goodput_counts_only_requests_meeting_their_own_kinds_slos():
     records = [_rec("chat"), _rec("chat", ttft=2.0), _rec("summarize", e2e=6.0),
                _rec("summarize", e2e=4.0), _rec("chat", ok=False),

@@ -184,7 +184,10 @@ def collect(outputs, live: dict, now: float, *, front: float = 0.0) -> list[tupl
     """One step's outputs into the running requests' records: each new token timed at
     `now`; a finished request leaves `live` (request id -> (request, record, token
     times)) with its record completed (TTFT and E2E plus `front`, inter-token gaps,
-    tokens, `done`). -> [(request, record)] of those that finished."""
+    tokens, `done`). The gaps are between the steps that delivered tokens, as a real
+    client's are between streamed chunks (a step's accepted drafts arrive in one chunk);
+    TPOT divides their sum by the tokens (tuner/measure/scoring.tpot), both sides alike.
+    -> [(request, record)] of those that finished."""
     finished = []
     for out in outputs:
         req, record, times = live[out.request_id]
@@ -193,7 +196,7 @@ def collect(outputs, live: dict, now: float, *, front: float = 0.0) -> list[tupl
             del live[out.request_id]
             record.update(ok=True, ttft=times[0] - req.arrival + front,
                           e2e=now - req.arrival + front, output_tokens=len(times),
-                          itl=[b - a for a, b in zip(times, times[1:])], done=now)
+                          itl=[b - a for a, b in zip(times, times[1:]) if b > a], done=now)
             finished.append((req, record))
     return finished
 
