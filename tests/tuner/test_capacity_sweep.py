@@ -75,6 +75,7 @@ class FakeSim:
     attainment: float = 0.9
     profile: Profile = field(default_factory=_profile)
     calls: list = field(default_factory=list)
+    starts: list = field(default_factory=list)   # each call's first probed rate
     fits: list = field(default_factory=list)     # the profile's fit of each call
     front_seconds: float = 0.0
     warmup_requests: int = 0    # served before each load's window (SimContext)
@@ -93,6 +94,7 @@ class FakeSim:
 
     def capacity(self, settings, *, start, **search):
         self.calls.append(settings)
+        self.starts.append(start)
         self.fits.append(self.profile.fit)
         if "kv_offloading_size" in settings:
             raise AssertionError("the simulator was given a setting it does not model")
@@ -182,6 +184,26 @@ def test_only_the_best_k_and_the_baseline_run_for_real_and_the_better_one_wins(
     assert of["C1"][0]["start"] == pytest.approx(c1["sim"] * statistics.median(
         [record["pilot"]["capacity"] / base["sim"], base["capacity"][0] / base["sim"]]))
     assert of["C1"][1]["start"] == pytest.approx(c1["capacity"][0])   # its own ratio
+
+
+def test_every_simulation_of_the_baseline_after_its_pilot_starts_at_the_pilots_rate(
+        tmp_path, monkeypatch):
+    """Near its knee a short window's attainment is not monotone in the rate, so a simulated
+    capacity depends on where its search starts (agentic, 2026-12-05: the defaults at 1.47
+    req/s from their pilot's 1.54, at 1.22 from 1 req/s). The profile's check, the anchor and
+    the search all read the baseline from the pilot's rate: the figure the candidates are
+    ranked against is the one compared with the real pilot."""
+    _real(monkeypatch, factor=1.0)
+    sim = FakeSim()
+    plan = cs.CapacityPlan(sim=sim, sim_base={}, trials=6, real_probes=4, log=lambda s: None)
+    record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
+    baseline = {"max_num_seqs": 8}
+    starts = [st for c, st in zip(sim.calls, sim.starts) if c == baseline]
+    first, later = starts[0], starts[1:]
+    assert first == 1.0                      # before the pilot: from 1 req/s
+    assert len(later) >= 2                   # the anchor's and the search's, at least
+    assert later == [pytest.approx(record["pilot"]["capacity"])] * len(later)
+    assert record["sim_baseline"] == pytest.approx(plan.anchor["simulated"])
 
 
 def test_a_failed_pilot_leaves_the_first_round_to_bracket_widely(tmp_path, monkeypatch):

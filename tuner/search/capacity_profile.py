@@ -11,20 +11,19 @@ from typing import Callable
 from tuner.sim.live_profile import live_profile, serving_term
 
 
-def live_refit(plan, series: list, *, real: float, calibrated: float | None,
+def live_refit(plan, series: list, *, real: float, calibrated: bool,
                predict: Callable[[object], float | None]) -> None:
     """The simulator's profile (plan: a CapacityPlan) refitted from the pilot's steps when
     they are enough (else the calibration stays, and the log says why), and kept only if it
-    predicts the pilot's real capacity `real` at least as well as the calibration did
-    (`calibrated`; `predict(sim)`: the baseline's simulated capacity on that SimContext): a
+    predicts the pilot's real capacity `real` at least as well as the calibration does
+    (`calibrated`: plan.sim is a calibration, which then competes; `predict(sim)`: the
+    baseline's simulated capacity on that SimContext): a
     step-time fit can be close on the steps it saw and still miss the capacity
     (docs/benchmarks/tuning.md: the live refit was 27-38 % off where the calibration was
-    14-18 %). Without a real capacity the refit is kept. A calibration (`calibrated` given)
-    first gets its serving term from the same steps (what the server adds per delivered
-    row, which the in-process calibration never timed: serving_term), and competes with
-    it."""
-    if calibrated:
-        calibrated = with_serving_term(plan, series, predict) or calibrated
+    14-18 %). Without a real capacity the refit is kept. A calibration first gets its
+    serving term from the same steps (what the server adds per delivered row, which the
+    in-process calibration never timed: serving_term), and competes with it."""
+    figure = with_serving_term(plan, series, predict) if calibrated else None
     try:
         profile = live_profile(plan.sim.profile, series)
     except ValueError as exc:
@@ -36,14 +35,15 @@ def live_refit(plan, series: list, *, real: float, calibrated: float | None,
              f"{plan.sim.profile.fit.heldout_error:.1%})")
     refit = dataclasses.replace(plan.sim, profile=profile)
     if real > 0 and calibrated:
+        figure = figure or predict(plan.sim)
         live = predict(refit)
-        errors = {"calibration": abs(calibrated - real) / real,
+        errors = {"calibration": abs(figure - real) / real if figure else math.inf,
                   "live": abs(live - real) / real if live else math.inf}
-        plan.profile_check = {"pilot": real, "calibration": calibrated, "live": live,
+        plan.profile_check = {"pilot": real, "calibration": figure, "live": live,
                               "errors": errors}
         keep = errors["live"] <= errors["calibration"]
         plan.log(f"profile: the pilot's real capacity {real:.2f} req/s, simulated "
-                 f"{calibrated:.2f} by the calibration ({errors['calibration']:.0%} off) and "
+                 f"{figure or 0:.2f} by the calibration ({errors['calibration']:.0%} off) and "
                  f"{live or 0:.2f} by the refit ({errors['live']:.0%} off): the "
                  f"{'refit' if keep else 'calibration'} is kept")
         if not keep:

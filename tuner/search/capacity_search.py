@@ -50,11 +50,12 @@ def simulate_point(plan, settings: dict, *, start: float) -> SimPoint:
     return SimPoint(settings, interpolated(result), result, wall_s=time.perf_counter() - wall)
 
 
-def simulated_search(plan, space: list[Param], *, fixed: dict,
-                     baseline: dict, seed: int) -> tuple[SimPoint, list[SimPoint]]:
-    """(the baseline's simulated point, every searched point in order)."""
+def simulated_search(plan, space: list[Param], *, fixed: dict, baseline: dict, seed: int,
+                     start: float = 1.0) -> tuple[SimPoint, list[SimPoint]]:
+    """(the baseline's simulated point, its search from `start` req/s; every searched
+    point in order, each from the best capacity so far)."""
     space = [p for p in space if p.name not in SIM_UNMODELLED]
-    base = simulate_point(plan, _sim_settings(baseline), start=1.0)
+    base = simulate_point(plan, _sim_settings(baseline), start=start)
     if base.capacity is None:
         raise ValueError(f"the baseline settings are refused: {base.infeasible}")
     plan.log(f"simulated baseline {_describe(base.params)}: {base.capacity:.2f} req/s "
