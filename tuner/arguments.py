@@ -10,7 +10,11 @@ DEFAULT_STORAGE = "sqlite:///tuner-out/tuner.db"
 # (4 search trials, then baseline + 1 candidate over 3 interleaved rounds: 10 engines
 # of ~23 s each). Real tuning wants more: --trials 30 --remeasure 2 --confirm-rounds 5.
 DEFAULT_TRIALS = 4
-DEFAULT_SIM_TRIALS = 16   # --objective capacity: simulated settings (~10 s each here)
+# --objective capacity: simulated settings (seconds each). 16 left TPE six guided points
+# after its ten random ones: SmolLM2's agentic sweep at 16 simulated no speculative setting
+# with a small batch and kept a 1.24x one; at 48 its best were suffix:8 with 6-12 sequences
+# at 2.0x the defaults (docs/benchmarks/tuning.md, 2026-12-05)
+DEFAULT_SIM_TRIALS = 48
 DEFAULT_DURATION = 10.0
 DEFAULT_REMEASURE = 1
 DEFAULT_CONFIRM_ROUNDS = 3
