@@ -266,20 +266,18 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
         # compared, the one the search reads and the one the candidates beat the same
         # (agentic, 2026-12-05: 1.47 req/s from the pilot's 1.54, 1.22 from 1 req/s)
         base_start = pilot["capacity"] or first.capacity
-        live_refit(plan, pilot.pop("series"), real=pilot["capacity"],
-                   calibrated=timed,
-                   predict=lambda sim: simulate_point(
-                       dataclasses.replace(plan, sim=sim), _sim_settings(baseline.settings),
-                       start=base_start).capacity)
+
+        def predict(sim) -> float | None:   # the baseline's simulated capacity on `sim`
+            return simulate_point(dataclasses.replace(plan, sim=sim),
+                                  _sim_settings(baseline.settings), start=base_start).capacity
+        live_refit(plan, pilot.pop("series"), real=pilot["capacity"], calibrated=timed,
+                   predict=predict)
         if plan.front:
             capacity_front.calibrate_front(
                 plan, {**plan.sim_base, **_sim_settings(baseline.settings)}, light)
         if plan.sim.profile.fit.form != UNFITTED:
-            anchor_time(plan, real=pilot["capacity"], simulated=simulate_point(
-                plan, _sim_settings(baseline.settings), start=base_start).capacity,
-                predict=lambda sim: simulate_point(
-                    dataclasses.replace(plan, sim=sim), _sim_settings(baseline.settings),
-                    start=base_start).capacity)
+            anchor_time(plan, real=pilot["capacity"], simulated=predict(plan.sim),
+                        predict=predict)
     if plan.sim.profile.fit.form == UNFITTED:
         raise ValueError("no step-time profile: none is cached for this model, and the "
                          "pilot's served steps were too few to fit one; lengthen the trials' "
