@@ -63,3 +63,21 @@ def test_the_memory_table_levels_off_at_the_cached_request_bound(capsys):
         assert 0 < int(nodes) <= 24 * int(tokens)
         assert abs(float(mib) * 2**20 / int(tokens) - int(per_token)) <= 0.05 * 2**20 / int(
             tokens) + 1
+
+
+def test_bfloat16_counts_identical_outputs_where_float32_asserts_them(capsys):
+    from benchmarks.bench_spec_decode import main
+
+    common = ["--workloads", "summarize", "--concurrency", "1", "--k", "2", "--rounds", "1",
+              "--max-tokens", "6", "--warmup", "0", "--requests", "2", "--threads", "1"]
+    main(common + ["--dtype", "bfloat16"])
+    out = capsys.readouterr().out
+    assert "bfloat16, greedy" in out.splitlines()[0]
+    tally = out.split("(greedy): ")[1].strip()
+    counts = dict(part.rsplit(" ", 1) for part in tally.split("; "))
+    assert set(counts) == {"summarize 1 off", "summarize 1 k=2"}
+    # off is the round's first configuration: its outputs equal themselves
+    assert counts["summarize 1 off"] == "2/2"
+    assert int(counts["summarize 1 k=2"].split("/")[0]) <= 2
+    main(common)                                    # float32: asserted, nothing counted
+    assert "(greedy)" not in capsys.readouterr().out
