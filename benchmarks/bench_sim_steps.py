@@ -36,6 +36,12 @@ from tuner.sim.live_profile import scrape
 
 REQUEST_FIGURES = ("completed", "attainment", "ttft_p50", "ttft_p90", "itl_p50",
                    "prefix_cache_hit_rate")
+# the engine's own histograms over the window (tuner.measure.trial differences /metrics):
+# against the client's figures above they say how much of a latency the engine saw; the
+# simulated side has no HTTP, so its client figures stand against these too
+SERVER_FIGURES = {"server_ttft_p50": "ttft_p50", "server_ttft_p90": "ttft_p90",
+                  "server_queue_p50": None, "server_queue_p90": None,
+                  "server_itl_p50": "itl_p50"}
 
 
 def window_steps(before, after) -> dict[str, float]:
@@ -55,7 +61,8 @@ def request_figures(figures: dict, records: list[dict]) -> dict[str, float]:
     return {"completed": float(len(done)), "attainment": figures.get("slo_attainment"),
             "ttft_p50": figures.get("ttft_p50"), "ttft_p90": figures.get("ttft_p90"),
             "itl_p50": figures.get("itl_p50"),
-            "prefix_cache_hit_rate": figures.get("prefix_cache_hit_rate")}
+            "prefix_cache_hit_rate": figures.get("prefix_cache_hit_rate"),
+            **{name: figures.get(name) for name in SERVER_FIGURES}}
 
 
 def table(real: dict, sim: dict, fit) -> str:
@@ -74,6 +81,9 @@ def table(real: dict, sim: dict, fit) -> str:
     line("the real steps at the profile's price (s)", real["seconds"], profile_seconds(fit, real))
     for name in REQUEST_FIGURES:
         line(name, real[name], sim[name])
+    for name, twin in SERVER_FIGURES.items():
+        line(f"{name} (engine's histogram; simulated: {twin or '-'})", real[name],
+             sim[twin] if twin else None)
     return "\n".join(lines)
 
 
