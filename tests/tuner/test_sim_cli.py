@@ -311,3 +311,23 @@ def test_without_a_cached_profile_the_planner_calibrates_nothing_and_waits_for_a
     assert predictor.ctx.drafts_given is Live.model and predictor.ctx.acceptance is None
     # three tokens a step for little more than one step's cost
     assert predictor(fitted, 2.0).capacity > 1.5 * rejected
+
+
+def test_a_benchmarks_own_namespace_gets_the_default_warmup(profile_file):
+    """benchmarks/bench_planner.py and bench_sim_cost.py build their contexts from their
+    own namespaces, without the CLIs' warm-up options (they raised AttributeError)."""
+    from types import SimpleNamespace
+
+    from tuner.sim.cli import context_for
+    from tuner.sim.context import SIM_WARMUP_REQUESTS
+
+    bare = dict(model=None, trace=None, workload="chat", slo=[], users=None,
+                length_scale=None, seed=0, duration=8.0, profile=str(profile_file))
+    assert context_for(SimpleNamespace(**bare), fixed={}).warmup_requests == SIM_WARMUP_REQUESTS
+    # the CLIs' own options still decide, and a negative one is refused by name
+    assert context_for(SimpleNamespace(**bare, warmup_requests=7), fixed={}
+                       ).warmup_requests == 7
+    assert context_for(SimpleNamespace(**bare, sim_warmup_requests=0), fixed={}
+                       ).warmup_requests == 0
+    with pytest.raises(ValueError, match="--sim-warmup-requests -1"):
+        context_for(SimpleNamespace(**bare, sim_warmup_requests=-1), fixed={})

@@ -104,9 +104,10 @@ def parse_sets(items: list[str]) -> dict:
 
 
 def warmup_requests(args) -> int:
-    """--sim-warmup-requests (sweep) or --warmup-requests (simulate); ValueError below 0."""
+    """--sim-warmup-requests (sweep) or --warmup-requests (simulate), SIM_WARMUP_REQUESTS
+    where `args` has neither (a benchmark's own namespace); ValueError below 0."""
     sweep = hasattr(args, "sim_warmup_requests")   # its --warmup-requests: real engines'
-    given = args.sim_warmup_requests if sweep else args.warmup_requests
+    given = getattr(args, "sim_warmup_requests" if sweep else "warmup_requests", None)
     count = SIM_WARMUP_REQUESTS if given is None else given
     if count < 0:
         flag = "--sim-warmup-requests" if sweep else "--warmup-requests"
