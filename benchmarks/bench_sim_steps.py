@@ -32,7 +32,7 @@ from tuner.measure.server_metrics import wait_idle
 from tuner.measure.trial import measure
 from tuner.sim.cli import parse_sets
 from tuner.sim.context import SIM_WARMUP_REQUESTS, SimContext, load_profile
-from tuner.sim.live_profile import scrape
+from tuner.sim.live_profile import scrape, steps_price
 
 REQUEST_FIGURES = ("completed", "attainment", "ttft_p50", "ttft_p90", "itl_p50",
                    "prefix_cache_hit_rate")
@@ -50,10 +50,6 @@ def window_steps(before, after) -> dict[str, float]:
             **{k: after.figures[k] - before.figures[k] for k in FIGURES}}
 
 
-def profile_seconds(fit, steps: dict[str, float]) -> float:
-    """A linear profile's time for summed steps: intercept x steps + sum c_i F_i."""
-    return fit.predict({k: steps[k] for k in FIGURES}) + fit.coefficients["intercept"] * (
-        steps["steps"] - 1)
 
 
 def request_figures(figures: dict, records: list[dict]) -> dict[str, float]:
@@ -78,7 +74,8 @@ def table(real: dict, sim: dict, fit) -> str:
         line(f"step {name}", real[name], sim[name])
     line("seconds per step", real["seconds"] / max(real["steps"], 1),
          sim["seconds"] / max(sim["steps"], 1))
-    line("the real steps at the profile's price (s)", real["seconds"], profile_seconds(fit, real))
+    line("the real steps at the profile's price (s)", real["seconds"],
+         steps_price(fit, real["steps"], {k: real[k] for k in FIGURES}))
     for name in REQUEST_FIGURES:
         line(name, real[name], sim[name])
     for name, twin in SERVER_FIGURES.items():

@@ -35,7 +35,8 @@ def test_the_search_runs_on_the_pilots_served_steps(tmp_path, monkeypatch):
     measure = cs.measure_capacity
     monkeypatch.setattr(cs, "measure_capacity", measured)
     record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
-    assert real_launch == [0] and watched == [("http://engine:8000", 2.0)]  # the pilot only
+    # every engine watched: the pilot (seed 0), then both arms in each round
+    assert real_launch == [0, 1, 1, 2, 2] and watched == [("http://engine:8000", 2.0)] * 5
     assert record["profile"]["source"] == "live (the pilot's steps)"
     coef = plan.sim.profile.fit.coefficients
     assert coef["intercept"] == pytest.approx(0.002, rel=0.02)
@@ -146,3 +147,40 @@ def test_without_the_flag_the_pilot_serves_no_light_load(tmp_path, monkeypatch):
     record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
     assert asked == [] and record["profile"]["front_s"] == 0.0
     assert not any(line.startswith("front-end time") for line in logs)
+
+
+def test_each_arms_served_steps_are_priced_by_the_profile_the_search_ran_on(tmp_path,
+                                                                           monkeypatch):
+    """Every confirmation engine's step counters are read; the profile the search ran on
+    (refitted on the pilot's steps) prices the baseline's steps at their time and a
+    candidate whose engine steps 1.25x slower at 0.8 of theirs: a step-time error told
+    apart from a scheduling one, per arm and round, in the record and the table."""
+    from tuner.search.capacity_report import confirmation_table
+
+    _real(monkeypatch)
+    slower = {"http://pilot": 1.0, "http://8": 1.0}   # the baseline (8 sequences); else 1.25
+
+    def read_steps(url, series, interval):
+        _steps_law(series, slower=slower.get(url, 1.25))
+        return lambda: None
+    monkeypatch.setattr(cs, "read_steps", read_steps)
+    measure, pilot_done = cs.measure_capacity, []
+
+    def measured(settings, launch, load, slos, *, watch=None, **kwargs):
+        url = "http://pilot" if not pilot_done else f"http://{settings['max_num_seqs']}"
+        pilot_done.append(True)
+        if watch is not None:
+            watch(url)()
+        return measure(settings, launch, load, slos, **kwargs)
+    monkeypatch.setattr(cs, "measure_capacity", measured)
+    plan = cs.CapacityPlan(sim=FakeSim(refit_scale=0.5), sim_base={}, trials=6,
+                           real_probes=4, log=lambda s: None)
+    record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=3), plan)
+    base, cand = record["arms"]
+    assert cand["params"]["max_num_seqs"] != 8 and len(base["step_price"]) == 3
+    assert base["step_price"] == pytest.approx([1.0] * 3, abs=0.02)
+    assert cand["step_price"] == pytest.approx([0.8] * 3, abs=0.02)
+    table = confirmation_table(record)
+    assert "steps priced" in table.splitlines()[0]
+    # arm, simulated, three rounds, median, then the steps priced
+    assert [line.split()[6] for line in table.splitlines()[1:3]] == ["1.00", "0.80"]

@@ -388,8 +388,9 @@ def test_a_simulated_load_scores_the_window_a_real_one_does():
     assert DEFAULT_SIM_DURATION == DEFAULT_DURATION
 
 
-def _steps_law(series, windows=30):
-    """What read_steps would collect from an engine whose steps follow a known law."""
+def _steps_law(series, windows=30, slower=1.0):
+    """What read_steps would collect from an engine whose steps follow a known law (each
+    step `slower` times longer)."""
     import random
 
     from prometheus_client import generate_latest
@@ -404,6 +405,6 @@ def _steps_law(series, windows=30):
         for _ in range(20):
             shape = StepShape(prefill_tokens=rng.choice([0, 0, 100 * (w % 3)]),
                               decode_seqs=rng.randint(max(1, rows - 3), rows))
-            metrics.observe_step(shape, 0.002 + 2e-5 * shape.prefill_tokens
-                                 + 7e-4 * shape.decode_seqs)
+            metrics.observe_step(shape, slower * (0.002 + 2e-5 * shape.prefill_tokens
+                                                  + 7e-4 * shape.decode_seqs))
         series.append(parse_totals(generate_latest(metrics.registry).decode(), t=w))

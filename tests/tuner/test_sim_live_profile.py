@@ -149,3 +149,26 @@ def test_served_steps_cheaper_than_the_calibration_add_nothing_and_few_windows_a
     assert info["seconds_per_row"] == 0.0 and profile.fit.coefficients[SERVED_ROWS] == 0.0
     with pytest.raises(ValueError, match=r"1 busy window\(s\).*serving term needs at least 2"):
         serving_term(_calibrated(), _served_series(random.Random(6), windows=1))
+
+
+def test_a_profile_prices_an_engines_served_steps_against_their_time():
+    from tuner.sim.live_profile import priced_share
+    from tuner.sim.profile import UNFITTED, Fit
+
+    rng = random.Random(5)
+    series = _series(rng, windows=12)
+    exact = Fit("attention", dict(TRUE), 0.0)
+    assert priced_share(exact, series) == pytest.approx(1.0, rel=1e-6)
+    # a profile 20 % cheaper per decode row and per step under-prices them
+    cheap = Fit("attention", {k: 0.8 * v for k, v in TRUE.items()}, 0.0)
+    assert priced_share(cheap, series) == pytest.approx(0.8, rel=1e-6)
+    # one term dropped: the steps' drafts left unpriced count
+    no_drafts = Fit("attention", {k: v for k, v in TRUE.items() if k != "draft_tokens"}, 0.0)
+    assert priced_share(no_drafts, series) < 0.999
+    # from the first reading to the last: the middle readings do not matter
+    assert priced_share(cheap, [series[0], series[-1]]) == priced_share(cheap, series)
+    # nothing to price: one reading, no step between two, a restart, no fit
+    assert priced_share(exact, series[:1]) is None
+    assert priced_share(exact, [series[3], series[3]]) is None
+    assert priced_share(exact, [series[-1], series[0]]) is None
+    assert priced_share(Fit(UNFITTED, {}, float("inf")), series) is None

@@ -33,14 +33,20 @@ def simulated_table(record: dict, *, top: int = 5) -> str:
 def confirmation_table(record: dict) -> str | None:
     if not record.get("rounds"):
         return None
-    lines = [f"  {'arm':>8}  {'simulated':>9}  {'real per round (req/s)':<28}  {'median':>7}  gain"]
+    lines = [f"  {'arm':>8}  {'simulated':>9}  {'real per round (req/s)':<28}  {'median':>7}  "
+             f"{'steps priced':>12}  gain"]
     for arm in record["arms"]:
         rounds = ", ".join(f"{c:.2f}" for c in arm["capacity"])
         gain = arm.get("gain")
         text = (f"{gain['ratio']:.2f}x [{gain['low']:.2f}, {gain['high']:.2f}]" if gain
                 else ("-" if arm["label"] == "baseline" else "failed in a round"))
+        priced = [p for p in arm.get("step_price", []) if p is not None]
+        price = f"{statistics.median(priced):.2f}" if priced else "-"
         lines.append(f"  {arm['label']:>8}  {arm['sim']:>9.2f}  {rounds:<28}  "
-                     f"{statistics.median(arm['capacity']):>7.2f}  {text}")
+                     f"{statistics.median(arm['capacity']):>7.2f}  {price:>12}  {text}")
+    if any(p is not None for arm in record["arms"] for p in arm.get("step_price", [])):
+        lines.append("  (steps priced: what the simulator's profile charges for the steps "
+                     "each arm's engines served, over what they took; median of rounds)")
     pilot = record.get("pilot")
     if pilot:
         lines.append("  (before the rounds, not scored: the baseline's pilot "

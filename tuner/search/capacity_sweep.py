@@ -42,7 +42,7 @@ from tuner.search import capacity_front
 from tuner.search.capacity_search import (SIM_UNMODELLED, SimPoint, _describe, _sim_settings,
                                           candidates, simulate_point, simulated_search)
 from tuner.search.capacity_profile import anchor_time, fit_pool, live_refit, pool_blocks
-from tuner.sim.live_profile import read_steps
+from tuner.sim.live_profile import priced_share, read_steps
 from tuner.sim.profile import UNFITTED
 
 REAL_REL_TOL = 0.1
@@ -89,7 +89,7 @@ def confirm_for_real(plan: CapacityPlan, config, arms: list[dict], pilot: dict,
     ratios: dict[str, list[float]] = {}   # per arm: real / simulated capacity
     spares = list(spares or [])
     for arm in arms:
-        arm.update(capacity=[], failed=[], probes=[], refused=[])
+        arm.update(capacity=[], failed=[], probes=[], refused=[], step_price=[])
     if pilot["capacity"] > 0 and arms[0]["sim"] > 0:
         ratios[arms[0]["label"]] = [pilot["capacity"] / arms[0]["sim"]]
     for r in range(config.confirm_rounds):
@@ -98,8 +98,10 @@ def confirm_for_real(plan: CapacityPlan, config, arms: list[dict], pilot: dict,
             workdir = config.out_dir / "confirm" / f"round-{r}" / arm["label"]
             try:
                 while True:
+                    series: list = []
                     try:
-                        result = _measure_arm(plan, config, arm, load, ratios, workdir)
+                        result = _measure_arm(plan, config, arm, load, ratios, workdir,
+                                              series)
                         break
                     except _infeasible() as exc:
                         if r > 0 or arm is arms[0] or not spares:
@@ -115,6 +117,7 @@ def confirm_for_real(plan: CapacityPlan, config, arms: list[dict], pilot: dict,
                 arm["capacity"].append(0.0)
                 arm["failed"].append(exc.reason)
                 arm["probes"].append([])
+                arm["step_price"].append(None)
                 plan.log(f"round {r + 1} {arm['label']:>8}: failed: {exc.reason}")
                 continue
             rate = interpolated(result)
@@ -123,10 +126,15 @@ def confirm_for_real(plan: CapacityPlan, config, arms: list[dict], pilot: dict,
             arm["probes"].append(result.probes)
             if rate > 0 and arm["sim"] > 0:
                 ratios.setdefault(arm["label"], []).append(rate / arm["sim"])
+            price = priced_share(plan.sim.profile.fit, series)
+            arm["step_price"].append(price)
             plan.log(f"round {r + 1}/{config.confirm_rounds} {arm['label']:>8}: "
                      f"{rate:.2f} req/s real (simulated {arm['sim']:.2f}; probes "
                      + ", ".join(f"{p['rate']:.2f}{'+' if p['passed'] else '-'}"
-                                 for p in result.probes) + ")")
+                                 for p in result.probes)
+                     + ("" if price is None else
+                        f"; the profile prices its served steps at {price:.2f} of their time")
+                     + ")")
     base = arms[0]
     gains = {}
     for arm in arms[1:]:
@@ -140,12 +148,15 @@ def confirm_for_real(plan: CapacityPlan, config, arms: list[dict], pilot: dict,
 
 
 def _measure_arm(plan: CapacityPlan, config, arm: dict, load, ratios: dict[str, list[float]],
-                 workdir) -> CapacityResult:
+                 workdir, series: list) -> CapacityResult:
     """One real capacity search of `arm`, started at its simulated capacity times its own
     real/simulated ratio so far, in small steps; an arm not yet measured starts at the
     other arms' ratio and brackets widely: the simulator can be off by another factor for
     other settings (a profile fitted on one sequence at a time put 8 sequences at 91 req/s,
-    their engine served 40: three probes of 1.25x steps down from 96 all failed)."""
+    their engine served 40: three probes of 1.25x steps down from 96 all failed). Its
+    engine's step counters are read into `series` meanwhile: what the simulator's profile
+    charges for the steps it served, against what they took (live_profile.priced_share),
+    tells a step-time error from a scheduling one for each arm."""
     own = ratios.get(arm["label"])
     pooled = [r for rs in ratios.values() for r in rs]
     scale = statistics.median(own or pooled) if own or pooled else 1.0
@@ -157,7 +168,8 @@ def _measure_arm(plan: CapacityPlan, config, arm: dict, load, ratios: dict[str, 
         warmup_requests=config.warmup_requests, warmup_load=plan.sim.warmup_requests,
         attainment=plan.sim.attainment, rel_tol=REAL_REL_TOL,
         growth=2.0 if wide else REAL_GROWTH,
-        max_probes=plan.real_probes + (3 if wide else 0))
+        max_probes=plan.real_probes + (3 if wide else 0),
+        watch=lambda url: read_steps(url, series, max(0.5, config.load.duration / 5)))
 
 
 def _floor(config) -> float:

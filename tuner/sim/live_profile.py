@@ -27,7 +27,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.entrypoints.metrics import STEP_FIGURES
-from tuner.sim.profile import (FORMS, SERVED_ROWS, Fit, Profile, feature, fit,
+from tuner.sim.profile import (FORMS, SERVED_ROWS, UNFITTED, Fit, Profile, feature, fit,
                                median_relative_error)
 
 STEP_SECONDS = "paged:engine_step_duration_seconds"
@@ -120,6 +120,29 @@ def windows(series: list[Totals], *, min_steps: int = MIN_WINDOW_STEPS
         seconds.append((b.seconds - a.seconds) / n)
         total += int(n)
     return shapes, seconds, total
+
+
+def steps_price(fit: Fit, steps: float, figures: dict[str, float]) -> float:
+    """What a linear profile charges for `steps` steps whose shape figures sum to `figures`:
+    intercept x steps + sum c_i F_i (seconds)."""
+    return fit.coefficients.get("intercept", 0.0) * steps + sum(
+        c * feature(figures, name) for name, c in fit.coefficients.items()
+        if name != "intercept")
+
+
+def priced_share(fit: Fit, series: list[Totals]) -> float | None:
+    """The profile's price of every step an engine served between the first and the last
+    reading of `series`, over what they measured: 1.0 where the profile times this
+    engine's steps right, below 1 where it under-prices them. None without a step in
+    between, for an unfitted profile, or when a counter went down (a restart)."""
+    if len(series) < 2 or fit.form == UNFITTED:
+        return None
+    a, b = series[0], series[-1]
+    steps, seconds = b.steps - a.steps, b.seconds - a.seconds
+    figures = {k: b.figures.get(k, 0.0) - a.figures.get(k, 0.0) for k in STEP_FIGURES}
+    if steps <= 0 or seconds <= 0 or min(figures.values()) < 0:
+        return None
+    return steps_price(fit, steps, figures) / seconds
 
 
 def fit_live(series: list[Totals], forms: dict = FORMS) -> tuple[Fit, int]:
