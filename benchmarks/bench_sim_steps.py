@@ -50,8 +50,6 @@ def window_steps(before, after) -> dict[str, float]:
             **{k: after.figures[k] - before.figures[k] for k in FIGURES}}
 
 
-
-
 def request_figures(figures: dict, records: list[dict]) -> dict[str, float]:
     done = [r for r in records if r.get("ok")]
     return {"completed": float(len(done)), "attainment": figures.get("slo_attainment"),

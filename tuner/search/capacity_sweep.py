@@ -169,7 +169,12 @@ def _measure_arm(plan: CapacityPlan, config, arm: dict, load, ratios: dict[str, 
         attainment=plan.sim.attainment, rel_tol=REAL_REL_TOL,
         growth=2.0 if wide else REAL_GROWTH,
         max_probes=plan.real_probes + (3 if wide else 0),
-        watch=lambda url: read_steps(url, series, max(0.5, config.load.duration / 5)))
+        watch=lambda url: read_steps(url, series, _step_interval(config)))
+
+
+def _step_interval(config) -> float:
+    """Seconds between two readings of an engine's step counters: five per load window."""
+    return max(0.5, config.load.duration / 5)
 
 
 def _floor(config) -> float:
@@ -193,7 +198,7 @@ def _pilot(plan: CapacityPlan, config, settings: dict, sim: float) -> dict:
     def watch(url: str) -> Callable[[], None]:
         if plan.pool_from_pilot:
             light["blocks"] = pool_blocks(url)
-        stop_reading = read_steps(url, series, max(0.5, config.load.duration / 5))
+        stop_reading = read_steps(url, series, _step_interval(config))
 
         def stop() -> None:
             if not plan.front:
