@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from tuner.__main__ import main
+from tuner.search.capacity_sweep import HEADROOM
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -104,7 +105,9 @@ def test_the_capacity_sweep_end_to_end_on_the_embedded_model(profile_file, tmp_p
     one on real engines over two rounds: five engines in all, and the result names
     capacity, gain and replicas. The baseline serves one sequence at a time, so that the
     candidates (8-32) simulate with headroom and the rounds run (against the engine
-    defaults two settings may simulate within 3 % of them: no rounds, CI 2026-12-05)."""
+    defaults two settings may simulate within 3 % of them: no rounds, CI 2026-12-05).
+    On a loaded machine the pilot's refit can still rate them level (CI 2026-12-06, twice):
+    then the sweep must end on its pilot alone, saying so, and that path is checked."""
     import os
     out = tmp_path / "out"
     baseline = tmp_path / "baseline.yaml"
@@ -120,11 +123,17 @@ def test_the_capacity_sweep_end_to_end_on_the_embedded_model(profile_file, tmp_p
         capture_output=True, text=True, timeout=280, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((out / "capacity.json").read_text())
-    assert len(record["simulated"]) == 2 and record["real_engines"] == 5
+    assert len(record["simulated"]) == 2
     assert record["sim_duration_s"] == 8.0    # given; else the real loads' 3 s
-    assert sorted(p.parent.name for p in out.rglob("engine.log")) == sorted(
-        ["baseline", "C1"] * 2 + ["pilot"])         # no engine started for the search
-    assert "the baseline's pilot" in done.stdout
+    flat = record["reason"].startswith("no headroom in simulation")
+    assert ("real, the pilot" if flat else "the baseline's pilot") in done.stdout
+    engines = ["pilot"] if flat else ["baseline", "C1"] * 2 + ["pilot"]
+    assert record["real_engines"] == len(engines)
+    assert sorted(p.parent.name for p in out.rglob("engine.log")) == sorted(engines)
+    if flat:    # the best candidate within HEADROOM of the baseline, as the record says
+        assert max(p["capacity"] for p in record["simulated"]) <= (
+            HEADROOM * record["sim_baseline"])
+        assert record["winner"] is None and len(record["arms"]) == 1
     # the pilot's served steps were refitted (read from its /metrics meanwhile), and the
     # search ran on whichever profile predicted the pilot's real capacity better
     assert "refitted from the pilot's" in done.stderr
@@ -137,13 +146,13 @@ def test_the_capacity_sweep_end_to_end_on_the_embedded_model(profile_file, tmp_p
     assert pool["pilot_blocks"] > 0 and pool["block_size"] == 16
     assert f"the pilot's pool, {pool['pilot_blocks']} blocks of 16 tokens" in done.stderr
     base = record["arms"][0]
-    assert len(base["capacity"]) == 2 and all(c >= 0 for c in base["capacity"])
+    assert len(base["capacity"]) == (1 if flat else 2) and all(c >= 0 for c in base["capacity"])
     assert re.search(r"baseline: [\d.]+ req/s per replica \(real", done.stdout)
     assert re.search(r"replicas for 40 req/s: (\d+|none meets the SLOs) with the baseline",
                      done.stdout)
     assert (out / "capacity.png").stat().st_size > 0
     # real against simulated latency distributions where the last round's probe passed
-    for arm in record["arms"]:
+    for arm in [] if flat else record["arms"]:
         compared = record["latency"][arm["label"]]
         if any(p["passed"] for p in arm["probes"][-1]):
             for kind in ("real", "sim"):
