@@ -30,23 +30,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-class FixedDrafts:
-    """A Proposer (engine/spec_decode/proposer.py) that offers `k` tokens every step."""
-
-    def __init__(self, k: int, token: int) -> None:
-        self.num_speculative_tokens, self.token = k, token
-
-    def draft(self, seq, room: int, batch_size: int) -> list[int]:
-        return [self.token] * min(self.num_speculative_tokens, room)
-
-    def finished(self, seq) -> None:
-        pass
-
-
 def step_times(engine, k: int, *, batch: int, context: int, steps: int, seed: int) -> list[tuple]:
     """(shape, seconds) of `steps` decode steps of `batch` sequences, each verifying `k`
     drafts (after 3 unmeasured ones); fewer when the sequences ended first."""
     from engine.sampling_params import SamplingParams
+    from tuner.sim.calibrate import FixedDrafts
 
     rng = random.Random(seed)
     vocab = engine.info.vocab_size

@@ -8,7 +8,9 @@ time from the same figures of a batch the engine's own scheduler formed.
   attention reads the chunk against everything before it, so its cost grows with
   chunk length x context;
 - a *decode* row computes one token (plus any speculative drafts it verifies) against
-  its whole context.
+  its whole context; a row that verifies drafts costs more than its query rows (the
+  verifier's per-row work: on the embedded model about 0.3 ms per row besides 0.1 ms per
+  draft, benchmarks/bench_verify_cost.py, 2026-12-06), so such rows are counted too.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ class StepShape:
     decode_context: int = 0    # sum over decode rows of their context (tokens attended)
     draft_tokens: int = 0      # speculative tokens verified beyond one per decode row
     blocks_read: int = 0       # KV blocks every row's attention walks (its block table)
+    draft_seqs: int = 0        # decode rows that verify at least one draft
 
     @property
     def num_tokens(self) -> int:
@@ -37,7 +40,7 @@ class StepShape:
     def of(cls, batch: ScheduledBatch) -> StepShape:
         """The shape of a scheduled batch, before the step runs (num_computed_tokens is
         each row's context so far)."""
-        pt = pa = ps = ds = dc = dr = blocks = 0
+        pt = pa = ps = ds = dc = dr = blocks = dq = 0
         drafts = batch.draft_token_ids or [[]] * len(batch.seqs)
         for seq, n, d in zip(batch.seqs, batch.num_new_tokens, drafts):
             end = seq.num_computed_tokens + n
@@ -45,8 +48,8 @@ class StepShape:
             if n - len(d) > 1 or seq.num_computed_tokens < seq.num_prompt_tokens:
                 pt, pa, ps = pt + n, pa + n * end, ps + 1
             else:
-                ds, dc, dr = ds + 1, dc + end, dr + len(d)
-        return cls(pt, pa, ps, ds, dc, dr, blocks)
+                ds, dc, dr, dq = ds + 1, dc + end, dr + len(d), dq + bool(d)
+        return cls(pt, pa, ps, ds, dc, dr, blocks, dq)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -172,3 +172,52 @@ def test_a_profile_prices_an_engines_served_steps_against_their_time():
     assert priced_share(exact, [series[3], series[3]]) is None
     assert priced_share(exact, [series[-1], series[0]]) is None
     assert priced_share(Fit(UNFITTED, {}, float("inf")), series) is None
+
+
+def _law_series(rng, law, *, drafts: bool, windows=30):
+    """Counters of steps timed by `law` (a Fit); with `drafts`, some rows verify 1-8."""
+    metrics = ServerMetrics(model_name="m", max_model_len=4096)
+    series = [parse_totals(generate_latest(metrics.registry).decode(), t=0)]
+    for w in range(windows):
+        for _ in range(rng.randint(MIN_WINDOW_STEPS, 60)):
+            seqs = rng.randint(1, 48)
+            spec = rng.randint(0, seqs) if drafts else 0
+            shape = StepShape(prefill_tokens=rng.choice([0, 0, 32, 200, 512]), prefill_seqs=1,
+                              decode_seqs=seqs, draft_seqs=spec,
+                              draft_tokens=spec * rng.randint(1, 8))
+            metrics.observe_step(shape, law.predict(shape))
+        series.append(parse_totals(generate_latest(metrics.registry).decode(), t=w + 1))
+    return series
+
+
+def test_a_series_without_drafts_takes_the_calibrations_draft_terms_at_its_own_scale():
+    """A pilot that never speculated cannot time verification: its refit carries the
+    calibration's draft terms, scaled by how much slower it finds the same steps; a draft
+    token never below the refit's own price. A series that verified drafts times them."""
+    from tuner.sim.live_profile import carry_drafts, live_profile
+    from tuner.sim.profile import Fit
+
+    calibration = {"intercept": 0.002, "prefill_tokens": 1e-5, "decode_seqs": 3e-4,
+                   "draft_tokens": 1.5e-4, "draft_seqs": 2e-4}
+    base = _calibrated(calibration)
+    served = Fit("rows", {k: 2 * v for k, v in calibration.items()}, 0.0)   # 2x slower
+    plain = live_profile(base, _law_series(random.Random(7), served, drafts=False)).fit
+    for name, value in served.coefficients.items():
+        assert plain.coefficients[name] == pytest.approx(value, rel=1e-3), name
+    spec = StepShape(decode_seqs=16, draft_seqs=16, draft_tokens=64)
+    assert plain.predict(spec) == pytest.approx(served.predict(spec), rel=1e-3)
+    # drafts timed by the series itself: its own fit (here: verification free)
+    cheap = Fit("rows", {**served.coefficients, "draft_tokens": 2e-5, "draft_seqs": 0.0}, 0.0)
+    timed = live_profile(base, _law_series(random.Random(8), cheap, drafts=True)).fit
+    assert timed.coefficients["draft_seqs"] == pytest.approx(0.0, abs=1e-7)
+    assert timed.coefficients["draft_tokens"] == pytest.approx(2e-5, rel=1e-3)
+    # the tokens form prices a draft as a token already: only the rest is added
+    tokens = Fit("tokens", {"intercept": 0.004, "num_tokens": 1e-4}, 0.0)
+    shapes = [StepShape(decode_seqs=n).as_dict() for n in (4, 8, 16)]
+    carried = carry_drafts(tokens, base.fit, shapes)
+    scale = tokens.predict(shapes[1]) / base.fit.predict(shapes[1])
+    assert carried.coefficients["draft_tokens"] == pytest.approx(1.5e-4 * scale - 1e-4)
+    assert carried.coefficients["draft_seqs"] == pytest.approx(2e-4 * scale)
+    # nothing to carry from a base without draft terms
+    bare = Fit("rows", {k: v for k, v in calibration.items() if "draft" not in k}, 0.0)
+    assert carry_drafts(tokens, bare, shapes) is tokens

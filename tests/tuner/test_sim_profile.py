@@ -19,15 +19,16 @@ def _shapes(n: int, seed: int = 0) -> list[StepShape]:
         pt = rng.choice([0, 0, rng.randint(1, 1024)])
         ds = rng.randint(0, 48)
         dc = ds * rng.randint(16, 1500)
+        dq = rng.choice([0, 0, ds, ds // 2])      # rows verifying drafts, 1-4 drafts each
         out.append(StepShape(prefill_tokens=pt, prefill_attention=pt * rng.randint(pt, 2048),
                              prefill_seqs=int(pt > 0), decode_seqs=ds, decode_context=dc,
-                             draft_tokens=rng.choice([0, 0, ds * 2]),
+                             draft_tokens=dq * rng.randint(1, 4), draft_seqs=dq,
                              blocks_read=rng.randint(1, 200)))
     return out
 
 
 TRUE = {"intercept": 0.004, "prefill_tokens": 1.5e-4, "prefill_attention": 3e-8,
-        "decode_seqs": 6e-4, "decode_context": 3e-6, "draft_tokens": 2e-4}
+        "decode_seqs": 6e-4, "decode_context": 3e-6, "draft_tokens": 2e-4, "draft_seqs": 3e-4}
 
 
 def _time(shape: StepShape, coef=TRUE) -> float:
@@ -174,4 +175,36 @@ def test_step_shape_counts_prefill_decode_and_drafts():
                            draft_token_ids=[[], [], [7, 8, 9]])
     assert StepShape.of(batch) == StepShape(
         prefill_tokens=48, prefill_attention=48 * 80, prefill_seqs=1, decode_seqs=2,
-        decode_context=41 + 64, draft_tokens=3, blocks_read=14)
+        decode_context=41 + 64, draft_tokens=3, blocks_read=14, draft_seqs=1)
+
+
+def test_the_calibration_times_steps_that_verify_drafts_at_several_widths(monkeypatch):
+    """The calibration's steps (the real engine, the embedded model, a short run) include
+    decode steps verifying 1, 3 and 8 drafts per row at 1-16 rows, so that every term of
+    the richest form, the draft terms included, is told apart: a known law over the
+    calibration's own shapes is recovered term by term. Its cache name carries the
+    calibration's version (a profile cached without the draft phase is not reused)."""
+    from tuner.sim import calibrate
+
+    seen = {}
+
+    def capture(shapes, seconds, forms=FORMS):
+        seen["shapes"] = shapes
+        return fit(shapes, seconds, forms)
+
+    monkeypatch.setattr(calibrate, "fit", capture)
+    calibrate.run_calibration(None, block_sizes=(16,), scale=0.1, log=lambda s: None)
+    shapes = seen["shapes"]
+    widths = {(s.draft_seqs, s.draft_tokens // s.draft_seqs) for s in shapes
+              if s.draft_seqs and not s.prefill_tokens and s.draft_tokens % s.draft_seqs == 0}
+    assert {k for _, k in widths} >= {1, 3, 8} and {n for n, _ in widths} >= {1, 4, 16}
+    assert all(s.draft_seqs <= s.decode_seqs for s in shapes)
+    law = {"intercept": 0.003, "prefill_tokens": 9e-5, "prefill_attention": 4e-8,
+           "prefill_seqs": 5e-4, "decode_seqs": 1.2e-4, "decode_context": 1.3e-6,
+           "draft_tokens": 1e-4, "draft_seqs": 2.3e-4, "blocks_read": 2e-5}
+    recovered = fit(shapes, [_time(s, law) for s in shapes],
+                    forms={"attention+blocks": FORMS["attention+blocks"]})
+    for name, value in law.items():
+        assert recovered.coefficients[name] == pytest.approx(value, rel=1e-3), name
+    ident = _profile().identity
+    assert calibrate.cached_path(ident).name == f"{ident.key()}-cal{calibrate.CALIBRATION}.json"

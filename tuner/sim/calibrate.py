@@ -5,9 +5,13 @@ through batches chosen to spread the step shapes the simulator will ask about: s
 prompts of growing length (prefills, chunked past the token budget), decode batches of
 growing size at short and long contexts, and a mixed phase where prompts arrive while
 others decode (chunked prefill beside decodes). Each step is timed by the engine itself
-(LLMEngine.step_observer: scheduling, model, sampling and output processing). The first
-steps of each engine (warm-up) are not used. Profiles are cached per identity under
-$PAGED_PROFILE_DIR (default ~/.cache/paged-inference/profiles).
+(LLMEngine.step_observer: scheduling, model, sampling and output processing). A last
+phase decodes batches that verify a fixed number of drafts per row (1, 3 or 8; a
+proposer that always offers them, FixedDrafts), so that a profile prices what
+verification costs (per draft, and per row that verifies any) before any service ever
+speculated. The first steps of each engine (warm-up) are not used. Profiles are cached per
+identity and CALIBRATION (what the phases time) under $PAGED_PROFILE_DIR (default
+~/.cache/paged-inference/profiles).
 """
 from __future__ import annotations
 
@@ -23,6 +27,23 @@ from engine.step_shape import StepShape
 from tuner.sim.profile import UNFITTED, Fit, Identity, Memory, Profile, fit
 
 WARMUP_STEPS = 3
+CALIBRATION = 2   # 2: the phase with drafts; a profile cached by an older one is not reused
+DRAFT_PHASES = ((1, 1), (1, 8), (4, 3), (16, 1), (16, 3), (16, 8))  # (rows, drafts per row)
+
+
+class FixedDrafts:
+    """A Proposer (engine/spec_decode/proposer.py) that offers `k` copies of `token` every
+    step (as many as the scheduler leaves room for): verification timed at a known width,
+    whatever the model would accept."""
+
+    def __init__(self, k: int, token: int = 3) -> None:
+        self.num_speculative_tokens, self.token = k, token
+
+    def draft(self, seq, room: int, batch_size: int) -> list[int]:
+        return [self.token] * min(self.num_speculative_tokens, room)
+
+    def finished(self, seq) -> None:
+        pass
 
 
 def profile_dir() -> Path:
@@ -82,7 +103,7 @@ def config_profile(model: str | None, threads: int) -> Profile:
 
 
 def cached_path(ident: Identity) -> Path:
-    return profile_dir() / f"{ident.key()}.json"
+    return profile_dir() / f"{ident.key()}-cal{CALIBRATION}.json"
 
 
 def _phases(rng: random.Random, vocab: int, max_len: int, scale: float):
@@ -116,7 +137,10 @@ def run_calibration(model: str | None, *, threads: int = 1, block_sizes=(16, 64)
         engine = LLMEngine(EngineConfig(
             model=model, block_size=block_size, max_num_seqs=64, cpu_threads=threads,
             max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=False,
-            num_gpu_blocks_override=64 * 2048 // block_size, seed=seed))
+            num_gpu_blocks_override=64 * 2048 // block_size, seed=seed,
+            speculative_config={"method": "ngram", "num_speculative_tokens": max(
+                k for _, k in DRAFT_PHASES)}))
+        engine.scheduler.proposer = None    # drafts only in the draft phases
         vocab, max_len = engine.info.vocab_size, engine.info.max_model_len
         timed: list[tuple[StepShape, float]] = []
         engine.step_observer = lambda shape, s: timed.append((shape, s))
@@ -131,6 +155,17 @@ def run_calibration(model: str | None, *, threads: int = 1, block_sizes=(16, 64)
                     engine.step()
             while engine.has_unfinished_requests():
                 engine.step()
+        for rows, k in DRAFT_PHASES:
+            engine.scheduler.proposer = FixedDrafts(k)
+            for _ in range(rows):
+                count += 1
+                ids = [rng.randrange(3, vocab) for _ in range(rng.choice((32, 384)))]
+                engine.add_request(f"cal-{count}", ids, SamplingParams(
+                    max_tokens=max(4, round(8 * scale)) + 4 + k, ignore_eos=True,
+                    temperature=0.0))
+            while engine.has_unfinished_requests():
+                engine.step()
+        engine.scheduler.proposer = None
         shapes += [s for s, _ in timed[WARMUP_STEPS:]]
         seconds += [t for _, t in timed[WARMUP_STEPS:]]
         log(f"block_size {block_size}: {len(timed)} steps timed in "

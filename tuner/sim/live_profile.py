@@ -158,10 +158,44 @@ def fit_live(series: list[Totals], forms: dict = FORMS) -> tuple[Fit, int]:
             "it serves traffic") from None
 
 
+DRAFT_TERMS = ("draft_tokens", "draft_seqs")
+
+
+def carry_drafts(live: Fit, base: Fit, shapes: list[dict]) -> Fit:
+    """`live` (fitted on windows that verified no draft: a service that never speculated,
+    the capacity sweep's pilot of the defaults) with the draft terms of `base` (the
+    calibration, which times them), scaled by how much slower `live` finds these windows
+    (the median of live / base over them): windows without drafts leave both terms
+    unknown, and a simulator that charges verification nothing or a prompt token's price
+    rates speculation too high (the embedded model's chat sweep, 2026-12-06: a candidate
+    with n-gram 8 simulated at 1.18x the defaults, measured 0.87x; its served steps priced
+    at 0.63-0.75 of their time). A draft token is charged at least what `live` charges
+    one (its floor, the prompt token's price). Windows that did verify drafts, an unfitted
+    base, or one without draft terms: `live` as it is."""
+    if base.form == UNFITTED or not any(base.coefficients.get(k) for k in DRAFT_TERMS) or \
+            any(feature(s, k) for s in shapes for k in DRAFT_TERMS):
+        return live
+    scale = float(np.median([live.predict(s) / max(base.predict(s), 1e-9) for s in shapes]))
+    coefficients = dict(live.coefficients)
+    if "num_tokens" in coefficients:      # the tokens form charges a draft as a token
+        own = coefficients["num_tokens"]
+    else:
+        own = coefficients.get("draft_tokens", 0.0)
+    extra = max(0.0, scale * base.coefficients.get("draft_tokens", 0.0) - own)
+    if "num_tokens" in coefficients:
+        coefficients["draft_tokens"] = extra
+    else:
+        coefficients["draft_tokens"] = own + extra
+    coefficients["draft_seqs"] = scale * base.coefficients.get("draft_seqs", 0.0)
+    return dataclasses.replace(live, coefficients=coefficients)
+
+
 def live_profile(base: Profile, series: list[Totals]) -> Profile:
     """`base` (a calibrated profile of the same model) with its step-time fit replaced by
-    the live series' fit."""
+    the live series' fit (the draft terms carried from `base` where the series verified
+    no draft: carry_drafts)."""
     live, steps = fit_live(series)
+    live = carry_drafts(live, base.fit, windows(series)[0])
     return dataclasses.replace(base, fit=live, num_steps=steps,
                                created=f"live: {len(series) - 1} windows, "
                                        f"{time.strftime('%Y-%m-%dT%H:%M:%S')}")

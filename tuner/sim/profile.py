@@ -26,11 +26,12 @@ from engine.step_shape import StepShape
 # each form: the shape's figures (besides the intercept) step time is linear in
 FORMS: dict[str, tuple[str, ...]] = {
     "tokens": ("num_tokens",),
-    "rows": ("prefill_tokens", "decode_seqs", "draft_tokens"),
+    "rows": ("prefill_tokens", "decode_seqs", "draft_tokens", "draft_seqs"),
     "attention": ("prefill_tokens", "prefill_attention", "decode_seqs", "decode_context",
-                  "draft_tokens"),
+                  "draft_tokens", "draft_seqs"),
     "attention+blocks": ("prefill_tokens", "prefill_attention", "prefill_seqs",
-                         "decode_seqs", "decode_context", "draft_tokens", "blocks_read"),
+                         "decode_seqs", "decode_context", "draft_tokens", "draft_seqs",
+                         "blocks_read"),
 }
 UNFITTED = "unfitted"   # a profile's form before any step was timed (calibrate.config_profile)
 HOLDOUT_EVERY = 4
@@ -46,7 +47,7 @@ def feature(shape: StepShape | dict, name: str) -> float:
     if isinstance(shape, dict):
         if name == "num_tokens":
             return shape["prefill_tokens"] + shape["decode_seqs"] + shape["draft_tokens"]
-        return shape[name]
+        return shape.get(name, 0.0)   # an engine older than a figure never counted it
     return getattr(shape, name)
 
 
