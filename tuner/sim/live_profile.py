@@ -167,10 +167,9 @@ def carry_drafts(live: Fit, base: Fit, shapes: list[dict]) -> Fit:
     calibration, which times them), scaled by how much slower `live` finds these windows
     (the median of live / base over them): windows without drafts leave both terms
     unknown, and a simulator that charges verification nothing or a prompt token's price
-    rates speculation too high (the embedded model's chat sweep, 2026-12-06: a candidate
-    with n-gram 8 simulated at 1.18x the defaults, measured 0.87x; its served steps priced
-    at 0.63-0.75 of their time). A draft token is charged at least what `live` charges
-    one (its floor, the prompt token's price). Windows that did verify drafts, an unfitted
+    rates speculation too high (a row verifying drafts costs 0.1-0.2 ms besides its draft
+    tokens on the embedded model: the calibration's draft phase). A draft token is charged
+    at least what `live` charges one (its floor, the prompt token's price). Windows that did verify drafts, an unfitted
     base, or one without draft terms: `live` as it is."""
     if base.form == UNFITTED or not any(base.coefficients.get(k) for k in DRAFT_TERMS) or \
             any(feature(s, k) for s in shapes for k in DRAFT_TERMS):
