@@ -37,6 +37,9 @@ class ScheduledBatch:
     # per sequence, the draft tokens its row verifies after its last token ([]: none);
     # they are included in num_new_tokens
     draft_token_ids: list[list[int]] = field(default_factory=list)
+    # decode rows the proposer was asked for drafts and offered none (its lookup ran:
+    # a cost of its own, engine/step_shape.py)
+    lookups: int = 0
     # KV tiers (engine/kv_offload/): (block, hash) the pool evicted, to copy below it before
     # this step writes them, and (tier hit, block) of the loads admitted in this step,
     # started after that copy (they finish in a later step; no sequence of this batch)
@@ -104,10 +107,11 @@ class Scheduler:
         """After a speculative step's commit: free the blocks only rejected drafts used."""
         self.kv.trim(seq)
 
-    def _drafts(self, seq: Sequence, budget: int) -> list[int]:
+    def _drafts(self, seq: Sequence, budget: int, batch: ScheduledBatch) -> list[int]:
         """Drafts for a running decode (one uncomputed token after >= 1 output token), within
         `budget` extra tokens and never past max_tokens or max_model_len (the step also
-        samples one token after the accepted drafts)."""
+        samples one token after the accepted drafts); a proposer asked and offering none
+        counts in batch.lookups."""
         if self.proposer is None or seq.num_output_tokens == 0 or (
                 seq.num_tokens - seq.num_computed_tokens != 1):
             return []
@@ -119,7 +123,11 @@ class Scheduler:
             room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
         if self.max_model_len is not None:
             room = min(room, self.max_model_len - seq.num_tokens - 1)
-        return self.proposer.draft(seq, room, len(self.running)) if room > 0 else []
+        if room <= 0:
+            return []
+        drafts = self.proposer.draft(seq, room, len(self.running))
+        batch.lookups += not drafts
+        return drafts
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """At the end of its prompt a request's sample 0 (`parent`) forks into a running
@@ -199,7 +207,7 @@ class Scheduler:
             seq = self.running[i]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             # drafts leave one token of budget to each running sequence after this one
-            drafts = self._drafts(seq, budget - num_new - (len(self.running) - i - 1))
+            drafts = self._drafts(seq, budget - num_new - (len(self.running) - i - 1), batch)
             if drafts and not self.kv.can_append(seq, num_new + len(drafts)):
                 drafts = []  # speculation never preempts
             num_new += len(drafts)

@@ -56,6 +56,39 @@ def test_a_registered_method_is_built_by_name_and_driven_by_the_scheduler(monkey
     assert proposer.left == ["a"]
 
 
+def test_a_batch_counts_the_rows_the_proposer_was_asked_for_and_offered_none():
+    """batch.lookups (engine/step_shape.py's lookup_seqs): decode rows whose proposer ran
+    and drafted nothing; rows that drafted, prefill rows and rows with no room (one token
+    left of max_tokens) are not counted."""
+    class EveryOther(FixedDrafts):
+        def draft(self, seq, room, batch_size):
+            self.calls.append((room, batch_size))
+            return [] if seq.request_id in "ac" else [7, 8, 9][:room]
+
+    proposer = EveryOther()
+    kv = KVCacheManager(64, 4, True)
+    sched = Scheduler(kv, max_num_seqs=8, max_num_batched_tokens=64, proposer=proposer)
+    seqs = [Sequence(request_id=r, token_ids=[1, 2, 3, 4, 5], num_prompt_tokens=5,
+                     params=SamplingParams(max_tokens=2 if r == "d" else 100)) for r in "abcd"]
+    for s in seqs:
+        sched.add(s)
+    batch = sched.schedule()
+    assert batch.lookups == 0
+    for s, n in zip(batch.seqs, batch.num_new_tokens):
+        sched.advance(s, n)
+        s.token_ids.append(6)
+    late = Sequence(request_id="e", token_ids=[1, 2, 3], num_prompt_tokens=3,
+                    params=SamplingParams(max_tokens=100))
+    sched.add(late)
+    batch = sched.schedule()
+    assert [s.request_id for s in batch.seqs] == list("abcde")
+    assert batch.draft_token_ids == [[], [7, 8, 9], [], [], []]
+    assert len(proposer.calls) == 3 and batch.lookups == 2     # a and c; d had no room
+    from engine.step_shape import StepShape
+    shape = StepShape.of(batch)
+    assert (shape.lookup_seqs, shape.draft_seqs, shape.decode_seqs) == (2, 1, 4)
+
+
 def test_the_built_in_methods_are_proposers_and_an_unknown_one_is_refused():
     assert make_proposer(None) is None
     ngram = make_proposer({"method": "ngram", "num_speculative_tokens": 2,

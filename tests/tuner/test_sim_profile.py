@@ -102,6 +102,24 @@ def test_a_draft_token_never_costs_less_than_a_prefill_token(tmp_path):
     assert Profile.load(tmp_path / "t.json").fit.coefficients == tokens.fit.coefficients
 
 
+def test_fit_weighs_each_step_by_its_relative_error():
+    """A few long prefills with a 10 % error of their own do not bend the per-row terms of
+    many short decodes: the fit minimises relative error (what picks the form), so the
+    decodes' law is recovered; an absolute fit would shift it toward the prefills."""
+    law = {"intercept": 0.004, "prefill_tokens": 1e-4, "decode_seqs": 2e-4,
+           "lookup_seqs": 1.5e-4}
+    shapes = [StepShape(decode_seqs=n, lookup_seqs=n * (i % 2)) for i in range(40)
+              for n in (1, 4, 16)]
+    seconds = [_time(s, law) for s in shapes]
+    prefills = [StepShape(prefill_tokens=t, prefill_seqs=1) for t in (2048, 1024, 1536, 1800)]
+    shapes += prefills
+    seconds += [_time(s, law) * f for s, f in zip(prefills, (1.1, 0.9, 1.1, 0.9))]
+    result = fit(shapes, seconds, forms={"rows": ("prefill_tokens", "decode_seqs",
+                                                  "lookup_seqs")})
+    for name in ("intercept", "decode_seqs", "lookup_seqs"):
+        assert result.coefficients[name] == pytest.approx(law[name], rel=0.02), name
+
+
 def test_fit_keeps_coefficients_non_negative():
     shapes = _shapes(200, seed=4)
     # time falls with decode context (nonsense): the fit must not learn a negative cost
@@ -180,7 +198,8 @@ def test_step_shape_counts_prefill_decode_and_drafts():
 
 def test_the_calibration_times_steps_that_verify_drafts_at_several_widths(monkeypatch):
     """The calibration's steps (the real engine, the embedded model, a short run) include
-    decode steps verifying 1, 3 and 8 drafts per row at 1-16 rows, so that every term of
+    decode steps verifying 1, 3 and 8 drafts per row at 1-16 rows and steps whose rows an
+    n-gram proposer looked up in vain, so that every term of
     the richest form, the draft terms included, is told apart: a known law over the
     calibration's own shapes is recovered term by term. Its cache name carries the
     calibration's version (a profile cached without the draft phase is not reused)."""
@@ -198,10 +217,14 @@ def test_the_calibration_times_steps_that_verify_drafts_at_several_widths(monkey
     widths = {(s.draft_seqs, s.draft_tokens // s.draft_seqs) for s in shapes
               if s.draft_seqs and not s.prefill_tokens and s.draft_tokens % s.draft_seqs == 0}
     assert {k for _, k in widths} >= {1, 3, 8} and {n for n, _ in widths} >= {1, 4, 16}
-    assert all(s.draft_seqs <= s.decode_seqs for s in shapes)
+    # rows whose n-gram lookup found nothing, alone in their step, at 1 to 16 rows
+    looked = {s.lookup_seqs for s in shapes if s.lookup_seqs == s.decode_seqs}
+    assert {1, 4, 16} <= looked
+    assert all(s.draft_seqs + s.lookup_seqs <= s.decode_seqs for s in shapes)
     law = {"intercept": 0.003, "prefill_tokens": 9e-5, "prefill_attention": 4e-8,
            "prefill_seqs": 5e-4, "decode_seqs": 1.2e-4, "decode_context": 1.3e-6,
-           "draft_tokens": 1e-4, "draft_seqs": 2.3e-4, "blocks_read": 2e-5}
+           "draft_tokens": 1e-4, "draft_seqs": 2.3e-4, "lookup_seqs": 1.5e-4,
+           "blocks_read": 2e-5}
     recovered = fit(shapes, [_time(s, law) for s in shapes],
                     forms={"attention+blocks": FORMS["attention+blocks"]})
     for name, value in law.items():

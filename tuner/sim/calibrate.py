@@ -7,8 +7,9 @@ growing size at short and long contexts, and a mixed phase where prompts arrive 
 others decode (chunked prefill beside decodes). Each step is timed by the engine itself
 (LLMEngine.step_observer: scheduling, model, sampling and output processing). A last
 phase decodes batches that verify a fixed number of drafts per row (1, 3 or 8; a
-proposer that always offers them, FixedDrafts), so that a profile prices what
-verification costs (per draft, and per row that verifies any) before any service ever
+proposer that always offers them, FixedDrafts), then batches whose n-gram lookups find
+nothing in random prompts, so that a profile prices what speculation costs (per draft,
+per row that verifies any, per row looked up in vain) before any service ever
 speculated. The first steps of each engine (warm-up) are not used. Profiles are cached per
 identity and CALIBRATION (what the phases time) under $PAGED_PROFILE_DIR (default
 ~/.cache/paged-inference/profiles).
@@ -29,6 +30,7 @@ from tuner.sim.profile import UNFITTED, Fit, Identity, Memory, Profile, fit
 WARMUP_STEPS = 3
 CALIBRATION = 2   # 2: the phase with drafts; a profile cached by an older one is not reused
 DRAFT_PHASES = ((1, 1), (1, 8), (4, 3), (16, 1), (16, 3), (16, 8))  # (rows, drafts per row)
+LOOKUP_PHASES = ((1, 384), (4, 32), (4, 1024), (16, 384))   # (rows, prompt tokens)
 
 
 class FixedDrafts:
@@ -140,7 +142,7 @@ def run_calibration(model: str | None, *, threads: int = 1, block_sizes=(16, 64)
             num_gpu_blocks_override=64 * 2048 // block_size, seed=seed,
             speculative_config={"method": "ngram", "num_speculative_tokens": max(
                 k for _, k in DRAFT_PHASES)}))
-        engine.scheduler.proposer = None    # drafts only in the draft phases
+        ngram, engine.scheduler.proposer = engine.scheduler.proposer, None  # drafts: below
         vocab, max_len = engine.info.vocab_size, engine.info.max_model_len
         timed: list[tuple[StepShape, float]] = []
         engine.step_observer = lambda shape, s: timed.append((shape, s))
@@ -155,13 +157,17 @@ def run_calibration(model: str | None, *, threads: int = 1, block_sizes=(16, 64)
                     engine.step()
             while engine.has_unfinished_requests():
                 engine.step()
-        for rows, k in DRAFT_PHASES:
-            engine.scheduler.proposer = FixedDrafts(k)
+        # decodes verifying k drafts per row, then decodes whose n-gram lookups (random
+        # prompts) mostly find nothing
+        for proposer, rows, length in (
+                [(FixedDrafts(k), rows, rng.choice((32, 384))) for rows, k in DRAFT_PHASES]
+                + [(ngram, rows, min(length, max_len - 40)) for rows, length in LOOKUP_PHASES]):
+            engine.scheduler.proposer = proposer
             for _ in range(rows):
                 count += 1
-                ids = [rng.randrange(3, vocab) for _ in range(rng.choice((32, 384)))]
+                ids = [rng.randrange(3, vocab) for _ in range(length)]
                 engine.add_request(f"cal-{count}", ids, SamplingParams(
-                    max_tokens=max(4, round(8 * scale)) + 4 + k, ignore_eos=True,
+                    max_tokens=max(4, round(8 * scale)) + 12, ignore_eos=True,
                     temperature=0.0))
             while engine.has_unfinished_requests():
                 engine.step()

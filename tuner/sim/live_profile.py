@@ -158,7 +158,7 @@ def fit_live(series: list[Totals], forms: dict = FORMS) -> tuple[Fit, int]:
             "it serves traffic") from None
 
 
-DRAFT_TERMS = ("draft_tokens", "draft_seqs")
+DRAFT_TERMS = ("draft_tokens", "draft_seqs", "lookup_seqs")
 
 
 def carry_drafts(live: Fit, base: Fit, shapes: list[dict]) -> Fit:
@@ -185,7 +185,8 @@ def carry_drafts(live: Fit, base: Fit, shapes: list[dict]) -> Fit:
         coefficients["draft_tokens"] = extra
     else:
         coefficients["draft_tokens"] = own + extra
-    coefficients["draft_seqs"] = scale * base.coefficients.get("draft_seqs", 0.0)
+    for name in DRAFT_TERMS[1:]:
+        coefficients[name] = scale * base.coefficients.get(name, 0.0)
     return dataclasses.replace(live, coefficients=coefficients)
 
 

@@ -26,12 +26,12 @@ from engine.step_shape import StepShape
 # each form: the shape's figures (besides the intercept) step time is linear in
 FORMS: dict[str, tuple[str, ...]] = {
     "tokens": ("num_tokens",),
-    "rows": ("prefill_tokens", "decode_seqs", "draft_tokens", "draft_seqs"),
+    "rows": ("prefill_tokens", "decode_seqs", "draft_tokens", "draft_seqs", "lookup_seqs"),
     "attention": ("prefill_tokens", "prefill_attention", "decode_seqs", "decode_context",
-                  "draft_tokens", "draft_seqs"),
+                  "draft_tokens", "draft_seqs", "lookup_seqs"),
     "attention+blocks": ("prefill_tokens", "prefill_attention", "prefill_seqs",
                          "decode_seqs", "decode_context", "draft_tokens", "draft_seqs",
-                         "blocks_read"),
+                         "lookup_seqs", "blocks_read"),
 }
 UNFITTED = "unfitted"   # a profile's form before any step was timed (calibrate.config_profile)
 HOLDOUT_EVERY = 4
@@ -60,9 +60,13 @@ def design(shapes: list, names: tuple[str, ...]) -> np.ndarray:
 
 
 def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with every coefficient >= 0 (a step never gets faster with more work):
+    """Least squares of the relative error (each step weighted by 1 / its time: the error
+    a form is chosen by, so a 100 ms prefill does not drown the sub-millisecond terms of
+    4 ms decodes) with every coefficient >= 0 (a step never gets faster with more work):
     refit without the most negative coefficient until none is negative. Columns are scaled
     to unit maximum first, so figures of very different sizes fit alike."""
+    weight = 1.0 / np.maximum(np.abs(y), 1e-9)
+    x, y = x * weight[:, None], y * weight
     scale = np.abs(x).max(axis=0)
     scale[scale == 0] = 1.0
     xs = x / scale
