@@ -30,7 +30,7 @@ from tuner.sim.profile import UNFITTED, Fit, Identity, Memory, Profile, fit
 WARMUP_STEPS = 3
 CALIBRATION = 2   # 2: the phase with drafts; a profile cached by an older one is not reused
 DRAFT_PHASES = ((1, 1), (1, 8), (4, 3), (16, 1), (16, 3), (16, 8))  # (rows, drafts per row)
-LOOKUP_PHASES = ((1, 384), (4, 32), (4, 1024), (16, 384))   # (rows, prompt tokens)
+LOOKUP_PHASES = ((1, 384), (4, 32), (4, 512), (16, 128))   # (rows, prompt tokens)
 
 
 class FixedDrafts:
@@ -158,16 +158,18 @@ def run_calibration(model: str | None, *, threads: int = 1, block_sizes=(16, 64)
             while engine.has_unfinished_requests():
                 engine.step()
         # decodes verifying k drafts per row, then decodes whose n-gram lookups (random
-        # prompts) mostly find nothing
+        # prompts) mostly find nothing; prompts of at most 512 tokens (a 135M model
+        # prefills ~2.5 ms per token on one thread; the context's cost is the decode
+        # phases' to time)
         for proposer, rows, length in (
-                [(FixedDrafts(k), rows, rng.choice((32, 384))) for rows, k in DRAFT_PHASES]
+                [(FixedDrafts(k), rows, rng.choice((32, 256))) for rows, k in DRAFT_PHASES]
                 + [(ngram, rows, min(length, max_len - 40)) for rows, length in LOOKUP_PHASES]):
             engine.scheduler.proposer = proposer
             for _ in range(rows):
                 count += 1
                 ids = [rng.randrange(3, vocab) for _ in range(length)]
                 engine.add_request(f"cal-{count}", ids, SamplingParams(
-                    max_tokens=max(4, round(8 * scale)) + 12, ignore_eos=True,
+                    max_tokens=max(4, round(8 * scale)) + 8, ignore_eos=True,
                     temperature=0.0))
             while engine.has_unfinished_requests():
                 engine.step()
