@@ -28,7 +28,7 @@ from engine.step_shape import StepShape
 from tuner.sim.profile import UNFITTED, Fit, Identity, Memory, Profile, fit
 
 WARMUP_STEPS = 3
-CALIBRATION = 2   # 2: the phase with drafts; a profile cached by an older one is not reused
+CALIBRATION = 2   # 2: the draft and lookup phases; a profile cached by an older one is not reused
 DRAFT_PHASES = ((1, 1), (1, 8), (4, 3), (16, 1), (16, 3), (16, 8))  # (rows, drafts per row)
 LOOKUP_PHASES = ((1, 384), (4, 32), (4, 512), (16, 128))   # (rows, prompt tokens)
 

@@ -169,22 +169,17 @@ def carry_drafts(live: Fit, base: Fit, shapes: list[dict]) -> Fit:
     unknown, and a simulator that charges verification nothing or a prompt token's price
     rates speculation too high (a row verifying drafts costs 0.1-0.2 ms besides its draft
     tokens on the embedded model: the calibration's draft phase). A draft token is charged
-    at least what `live` charges one (its floor, the prompt token's price). Windows that did verify drafts, an unfitted
-    base, or one without draft terms: `live` as it is."""
+    at least what `live` charges one (its floor, the prompt token's price). Windows that
+    did verify drafts, an unfitted base, or one without draft terms: `live` as it is."""
     if base.form == UNFITTED or not any(base.coefficients.get(k) for k in DRAFT_TERMS) or \
             any(feature(s, k) for s in shapes for k in DRAFT_TERMS):
         return live
     scale = float(np.median([live.predict(s) / max(base.predict(s), 1e-9) for s in shapes]))
     coefficients = dict(live.coefficients)
-    if "num_tokens" in coefficients:      # the tokens form charges a draft as a token
-        own = coefficients["num_tokens"]
-    else:
-        own = coefficients.get("draft_tokens", 0.0)
-    extra = max(0.0, scale * base.coefficients.get("draft_tokens", 0.0) - own)
-    if "num_tokens" in coefficients:
-        coefficients["draft_tokens"] = extra
-    else:
-        coefficients["draft_tokens"] = own + extra
+    tokens_form = "num_tokens" in coefficients    # it charges a draft as a token already
+    own = coefficients["num_tokens"] if tokens_form else coefficients.get("draft_tokens", 0.0)
+    price = max(own, scale * base.coefficients.get("draft_tokens", 0.0))
+    coefficients["draft_tokens"] = price - own if tokens_form else price
     for name in DRAFT_TERMS[1:]:
         coefficients[name] = scale * base.coefficients.get(name, 0.0)
     return dataclasses.replace(live, coefficients=coefficients)
