@@ -12,6 +12,7 @@ from pathlib import Path
 from tuner.measure.scoring import load_samples
 
 QUANTILES = tuple(q / 20 for q in range(1, 20))   # 5 % .. 95 %
+SIM_REQUESTS = 64   # the simulated twin's window holds this many arrivals at least
 
 
 def _quantiles(values: list[float]) -> list[float] | None:
@@ -27,7 +28,9 @@ def distributions(records: list[dict]) -> dict:
 
 
 def compare_arm(run, settings: dict, workdir: Path, probes: list[dict]) -> dict | None:
-    """`run(settings, rate)`: the simulator (SimContext.run); None when no real probe
+    """`run(settings, rate, duration)`: the simulator (SimContext.run) for at least
+    `duration` virtual s, which at the rate brings SIM_REQUESTS arrivals: a short window at
+    a low rate (a one-sequence baseline's knee) can hold none. None when no real probe
     passed or its samples are gone."""
     passed = [(i, p) for i, p in enumerate(probes) if p["passed"]]
     if not passed:
@@ -37,14 +40,14 @@ def compare_arm(run, settings: dict, workdir: Path, probes: list[dict]) -> dict 
     if not path.exists():
         return None
     real = load_samples(path).records
-    sim = run(settings, probe["rate"]).samples.records
+    sim = run(settings, probe["rate"], SIM_REQUESTS / probe["rate"]).samples.records
     return {"rate": probe["rate"], "quantiles": list(QUANTILES),
             "real": distributions(real), "sim": distributions(sim)}
 
 
 def latency_comparison(run, round_dir: Path, arms: list[dict], last: int) -> dict:
-    """Each arm's round `last` (its probes under round_dir/<label>): `run(settings, rate)`
-    simulates the arm's settings."""
+    """Each arm's round `last` (its probes under round_dir/<label>): `run(settings, rate,
+    duration)` simulates the arm's settings."""
     return {arm["label"]: compare_arm(
         run, arm["settings"], round_dir / arm["label"],
         arm["probes"][last] if len(arm["probes"]) > last else []) for arm in arms}

@@ -345,7 +345,9 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
     record.update(confirm_for_real(plan, config, arms, pilot, spares))
     record["real_engines"] = 1 + sum(len(a["capacity"]) for a in arms)   # the pilot too
     record["latency"] = latency_comparison(
-        lambda settings, rate: plan.sim.run({**plan.sim_base, **_sim_settings(settings)}, rate),
+        lambda settings, rate, duration: plan.sim.run(
+            {**plan.sim_base, **_sim_settings(settings)}, rate,
+            duration=max(plan.sim.duration, duration)),
         config.out_dir / "confirm" / f"round-{config.confirm_rounds - 1}", arms,
         config.confirm_rounds - 1)
     return record

@@ -133,14 +133,17 @@ class SimContext:
                      f"{model.tokens_per_step:.2f} tokens per step")
         return self._drafts[key]
 
-    def run(self, settings: dict, rate: float | None, *, probe: bool = False) -> SimResult:
-        """One simulated load; `probe`: a capacity probe, stopped once its verdict at
-        this context's attainment is decided (tuner/sim/settle.py)."""
+    def run(self, settings: dict, rate: float | None, *, probe: bool = False,
+            duration: float | None = None) -> SimResult:
+        """One simulated load (`duration`: its window, this context's by default);
+        `probe`: a capacity probe, stopped once its verdict at this context's attainment is
+        decided (tuner/sim/settle.py)."""
         _, hf_config = self._model_parts()
         per_method = self.acceptance is None
         # a workload's steady state (a trace replays from its own beginning)
         warmup = self.warmup_requests / rate if self.trace is None and rate else 0.0
-        return simulate(self.profile, settings, self.stream(rate), duration=self.duration,
+        return simulate(self.profile, settings, self.stream(rate),
+                        duration=duration or self.duration,
                         slos=self.slos, hf_config=hf_config, acceptance=self.acceptance or 0.0,
                         drafts=self.draft_model if per_method else None,
                         seed=self.seed, front=self.front_seconds, warmup=warmup,
