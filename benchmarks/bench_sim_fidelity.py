@@ -89,22 +89,29 @@ def rel(sim: float | None, real: float | None) -> float | None:
 
 
 def pilot_sims(sims: dict, base: dict, launch, load, slos, work: Path, duration: float,
-               *, front: bool = True, serving: bool = False, series: list | None = None
-               ) -> dict:
+               *, front: bool = True, serving: bool = False, series: list | None = None,
+               light: dict | None = None) -> dict:
     """The capacity sweep's set-up (tuner/search/capacity_sweep.py): the defaults' real
     capacity search with their steps read meanwhile; with `front`, then a light load (a
     tenth of the defaults' simulated capacity) on the same engine; -> each profile with the
     front-end time that light load gives it ("LABEL+front") and the live refit of the
     first one with its own ("pilot+front"); with `serving`, each profile with the serving
-    term the pilot's steps give it ("LABEL+serving": tuner/sim/live_profile.serving_term).
-    A saved pilot's `series` (--real-from) is used as read, without a real run (and
-    without a front-end time). The series read is appended to `series`."""
+    term the pilot's steps give it ("LABEL+serving": tuner/sim/live_profile.serving_term);
+    with both, each serving profile with its own front-end time too ("LABEL+serving+front":
+    the sweep's simulator, which takes the front-end time after the serving term). A saved
+    pilot's `series` and `light` load (--real-from) are used as read, without a real run
+    (without a saved light load, no front-end time). The series read is appended to
+    `series`, the light load's rate and records put in `light`."""
     first = next(iter(sims.values()))
     saved = bool(series)
-    front = front and not saved
+    light = light if light is not None else {}
+    front = front and (not saved or bool(light.get("records")))
     series = series if series is not None else []
-    simulated = interpolated(first.capacity(dict(base), rel_tol=0.05))
-    rate, light = max(LIGHT_SHARE * simulated, 0.5), {}
+    if saved:
+        rate = light.get("rate")
+    else:
+        simulated = interpolated(first.capacity(dict(base), rel_tol=0.05))
+        rate = light["rate"] = max(LIGHT_SHARE * simulated, 0.5)
 
     def watch(url: str):
         stop_reading = read_steps(url, series, max(0.5, duration / 5))
@@ -129,7 +136,8 @@ def pilot_sims(sims: dict, base: dict, launch, load, slos, work: Path, duration:
                   f"median error {info['error_before']:.1%} -> {info['error_after']:.1%}); "
                   f"defaults' real capacity {real}", flush=True)
     if front:
-        fronted = {f"{label}+front": dataclasses.replace(sim) for label, sim in sims.items()}
+        fronted = {f"{label}+front": dataclasses.replace(sim)
+                   for label, sim in (sims | out).items()}
         fronted["pilot+front"] = dataclasses.replace(
             first, profile=live_profile(first.profile, series))
         for label, sim in fronted.items():
@@ -207,8 +215,9 @@ def main(argv: list[str] | None = None) -> int:
                          "rates and pilot): simulator variants against one set of real runs")
     args = ap.parse_args(argv)
     saved = json.loads(Path(args.real_from).read_text()) if args.real_from else None
-    if saved and args.pilot:
-        ap.error("--pilot needs a real engine for its light load; not with --real-from")
+    if saved and args.pilot and not saved.get("light"):
+        ap.error("--pilot needs a real engine for its light load, and the --real-from run "
+                 "saved none; not with --real-from")
     if args.rate_share is not None and not 0 < args.rate_share <= 1:
         ap.error(f"--rate-share must be in (0, 1], got {args.rate_share}")
     cpu = cpu_setup(args.workload, args.model)
@@ -224,9 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     work = Path(tempfile.mkdtemp(prefix="sim-fidelity-"))
     series = [Totals(**t) for t in saved["pilot_series"]] if saved else []
+    light = dict(saved.get("light") or {}) if saved else {}
     if args.pilot or args.serving:
         sims |= pilot_sims(sims, base, launch, load, slos, work / "pilot", args.duration,
-                           front=args.pilot, serving=args.serving, series=series)
+                           front=args.pilot or bool(light), serving=args.serving,
+                           series=series, light=light)
     for i, settings in enumerate(GRID[:args.settings]):
         row: dict = {"settings": settings}
         for label, sim in sims.items():
@@ -272,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.save:
         Path(args.save).write_text(json.dumps({
             "argv": argv, "rows": rows,
-            "pilot_series": [dataclasses.asdict(t) for t in series]}, indent=1))
+            "pilot_series": [dataclasses.asdict(t) for t in series], "light": light},
+            indent=1))
         print(f"saved to {args.save}")
     return 0
 
