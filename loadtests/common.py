@@ -151,7 +151,7 @@ class StreamingUser(User):
         self.current = None
 
     def _new_session(self):
-        return self.workload.new_session(self.rng, self.scale)
+        return self.workload.start_session(self.rng, self.scale)
 
     def _send(self, session, request) -> None:
         sample = Sample(kind=request.kind, start=time.time())

@@ -25,6 +25,7 @@ Default load: 6 closed-loop users.
 """
 from __future__ import annotations
 
+import functools
 import json
 import random
 
@@ -59,6 +60,7 @@ TOOLS = (
 _TYPES = {"string": str, "integer": int}
 
 
+@functools.lru_cache(maxsize=16)
 def system_prompt(scale: float = 1.0) -> str:
     rules = words(random.Random(_SYSTEM_SEED), max(1, round(INSTRUCTION_WORDS * scale)))
     schemas = "\n".join(json.dumps(t["function"], sort_keys=True) for t in TOOLS)

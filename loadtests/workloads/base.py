@@ -146,6 +146,13 @@ class WorkloadSpec:
     extra: dict = field(default_factory=dict)
     tune_also: tuple[str, ...] = ()
 
+    def start_session(self, user_rng: random.Random, scale: float = 1.0) -> Session:
+        """A user's next session, on a generator of its own drawn from the user's: a user's
+        k-th session is the same conversation whichever of its sessions ran in between
+        (an open loop interleaves them in the order the server's speed decides), so every
+        rate, probe and setting of one seed replays the same sessions."""
+        return self.new_session(random.Random(user_rng.getrandbits(64)), scale)
+
     def __post_init__(self) -> None:
         for kind, slo in self.slos.items():
             unknown = set(slo) - set(SLO_NAMES)

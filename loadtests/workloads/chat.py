@@ -14,6 +14,7 @@ Default load: 8 closed-loop users.
 """
 from __future__ import annotations
 
+import functools
 import random
 
 from loadtests.workloads.base import Request, WorkloadSpec, uniform, words
@@ -26,7 +27,10 @@ MAX_HISTORY_WORDS = 1500
 _SYSTEM_SEED = 20240601  # fixed: the system prompt is the same for every user
 
 
+@functools.lru_cache(maxsize=16)
 def system_prompt(scale: float = 1.0) -> str:
+    """The same text every time for a scale: drawn once (the simulator starts thousands of
+    sessions a capacity search)."""
     body = words(random.Random(_SYSTEM_SEED), max(1, round(SYSTEM_WORDS * scale)))
     return "You are a helpful assistant. Follow these house rules: " + body
 

@@ -24,12 +24,11 @@ def test_a_reply_lengthens_the_history_by_about_the_tokens_it_was_written_in(out
     stream = WorkloadStream(get_workload("chat"), rate=1.0, users=1, render=render, seed=3,
                             max_model_len=4096)
     lengths = []
-    for number in range(1, 21):
-        session = get_workload("chat").new_session(random.Random(number), 1.0)
-        first = session.next_request()
-        stream.finished(SimRequest(0.0, first.kind, render(first), 16, 0, session, number),
-                        output_tokens)
-        following = session.next_request()
+    for _ in range(20):
+        stream.idle[0].clear()     # each arrival a new session
+        first = stream.pop()
+        stream.finished(first, output_tokens)
+        following = first.session.next_request()
         if following is None:
             continue
         reply = [m for m in following.body["messages"] if m["role"] == "assistant"][-1]
@@ -39,3 +38,60 @@ def test_a_reply_lengthens_the_history_by_about_the_tokens_it_was_written_in(out
     assert 0.75 * output_tokens - 1 <= mean <= 1.25 * output_tokens + 2
     # the figure it rests on: this tokenizer's tokens per word of the workloads' words
     assert 1.5 < render.tokens_per_word < 4.0
+
+
+def _turns(rate: float, finish_order, requests: int = 120) -> dict:
+    """(user, its k-th session, turn) -> the prompt's token ids, for a stream whose
+    requests finish in batches in `finish_order` (a function of the batch)."""
+    render = Renderer(_tokenizer())
+    stream = WorkloadStream(get_workload("chat"), rate=rate, users=2, render=render, seed=5,
+                            max_model_len=4096)
+    seen: dict = {}
+    keys: dict = {}         # id(session) -> (user, k)
+    started = [0, 0]
+    sessions = []           # kept alive, so that no id is reused
+    batch: list[SimRequest] = []
+    for _ in range(requests):
+        request = stream.pop()
+        if id(request.session) not in keys:
+            keys[id(request.session)] = (request.user, started[request.user])
+            started[request.user] += 1
+            sessions.append(request.session)
+        user, k = keys[id(request.session)]
+        turn = sum(m["role"] == "user" for m in request.session.messages)
+        seen[(user, k, turn)] = request.prompt_ids
+        batch.append(request)
+        if len(batch) == 3:
+            for done in finish_order(batch):
+                stream.finished(done, 16)
+            batch = []
+    return seen
+
+
+def test_a_sessions_turns_are_the_same_whatever_the_rate_and_the_finishing_order():
+    """An open loop interleaves a user's sessions in the order the server's speed decides;
+    a session's j-th turn still reads the same prompt (its own generator: its user's words
+    and its replies), so the Renderer renders each once for every probe and setting of a
+    sweep, and two settings are measured on the same conversations."""
+    slow = _turns(1.0, lambda batch: batch)
+    fast = _turns(40.0, lambda batch: batch[::-1])
+    common = set(slow) & set(fast)
+    assert len(common) >= 40 and any(turn > 1 for _, _, turn in common)
+    assert all(slow[key] == fast[key] for key in common)
+
+
+def test_a_users_kth_session_does_not_depend_on_the_turns_drawn_before_it():
+    """WorkloadSpec.start_session, which the Locust users call too: the k-th session of a
+    user is the same conversation however many turns its earlier sessions took."""
+    spec = get_workload("chat")
+
+    def second_session(turns_of_first: int) -> list:
+        rng = random.Random(11)
+        first = spec.start_session(rng, 1.0)
+        for _ in range(turns_of_first):
+            if first.next_request() is not None:
+                first.record_response("a reply")
+        second = spec.start_session(rng, 1.0)
+        return [second.next_request().body for _ in range(2)]
+
+    assert second_session(0) == second_session(3)

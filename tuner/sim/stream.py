@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import weakref
 from dataclasses import dataclass, field
 
 from loadtests.workloads.base import OpenLoop, WorkloadSpec, words
@@ -89,6 +90,9 @@ class WorkloadStream:
         self.user_rate = rate / users
         self.arrivals = [OpenLoop(seed, u, self.user_rate) for u in range(users)]
         self.sessions = [random.Random(seed * 100_003 + u) for u in range(users)]
+        self.started = [0] * users          # sessions each user has begun
+        # each session's replies' words, on a generator of its own (see finished)
+        self._replies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.idle: list[list] = [[] for _ in range(users)]
         self.count = 0
         self._next = [(loop.gap(), u) for u, loop in enumerate(self.arrivals)]
@@ -114,7 +118,9 @@ class WorkloadStream:
         session = self.arrivals[u].pick(self.idle[u])
         request = session.next_request() if session else None
         if request is None:
-            session = self.workload.new_session(self.sessions[u], self.scale)
+            session = self.workload.start_session(self.sessions[u], self.scale)
+            self._replies[session] = random.Random(f"{self.seed}:{u}:{self.started[u]}")
+            self.started[u] += 1
             request = session.next_request()
         ids = self.render(request)
         max_tokens = int(request.body.get("max_tokens") or 16)
@@ -129,11 +135,12 @@ class WorkloadStream:
             # the reply as words of about the tokens it was written in (the next turn reads
             # it back: a reply of n tokens lengthens the history by about n, not by the 2.5
             # n that n x 3/4 of the workloads' words cost the embedded model's tokenizer);
-            # seeded by the request, so a sweep's settings see one history
-            rng = random.Random(f"{self.seed}:{request.number}")
+            # drawn from the session's own generator, so a session's j-th turn reads the
+            # same history at every rate, probe and setting that replies as long (and the
+            # Renderer renders it once)
             per_word = getattr(self.render, "tokens_per_word", 4 / 3)  # a bare render: ~English
             n = max(1, round(output_tokens / per_word))
-            request.session.record_response(words(rng, n))
+            request.session.record_response(words(self._replies[request.session], n))
             self.idle[request.user].append(request.session)
 
 
