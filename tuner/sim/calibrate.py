@@ -10,9 +10,9 @@ phase decodes batches that verify a fixed number of drafts per row (1, 3 or 8; a
 proposer that always offers them, FixedDrafts), then batches whose n-gram lookups find
 nothing in random prompts, so that a profile prices what speculation costs (per draft,
 per row that verifies any, per row looked up in vain) before any service ever
-speculated. The first steps of each engine (warm-up) are not used. Profiles are cached per
-identity and CALIBRATION (what the phases time) under $PAGED_PROFILE_DIR (default
-~/.cache/paged-inference/profiles).
+speculated (at the first block size only). The first steps of each engine (warm-up) are
+not used. Profiles are cached per identity and CALIBRATION (what the phases time) under
+$PAGED_PROFILE_DIR (default ~/.cache/paged-inference/profiles).
 """
 from __future__ import annotations
 
@@ -160,10 +160,14 @@ def run_calibration(model: str | None, *, threads: int = 1, block_sizes=(16, 64)
         # decodes verifying k drafts per row, then decodes whose n-gram lookups (random
         # prompts) mostly find nothing; prompts of at most 512 tokens (a 135M model
         # prefills ~2.5 ms per token on one thread; the context's cost is the decode
-        # phases' to time)
+        # phases' to time). At the first block size only: their terms are per row and per
+        # draft, the block size's cost is the other phases' to time, and on SmolLM2 they
+        # take about a minute per block size
+        speculative = block_size == block_sizes[0]
         for proposer, rows, length in (
                 [(FixedDrafts(k), rows, rng.choice((32, 256))) for rows, k in DRAFT_PHASES]
-                + [(ngram, rows, min(length, max_len - 40)) for rows, length in LOOKUP_PHASES]):
+                + [(ngram, rows, min(length, max_len - 40)) for rows, length in LOOKUP_PHASES]
+                if speculative else []):
             engine.scheduler.proposer = proposer
             for _ in range(rows):
                 count += 1
@@ -177,7 +181,8 @@ def run_calibration(model: str | None, *, threads: int = 1, block_sizes=(16, 64)
         shapes += [s for s, _ in timed[WARMUP_STEPS:]]
         seconds += [t for _, t in timed[WARMUP_STEPS:]]
         log(f"block_size {block_size}: {len(timed)} steps timed in "
-            f"{time.monotonic() - started:.1f} s")
+            f"{time.monotonic() - started:.1f} s"
+            + (" (with the draft and lookup phases)" if speculative else ""))
         if memory is None:
             memory = _memory(engine, max_num_batched_tokens)
         del engine
