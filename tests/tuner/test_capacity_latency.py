@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from loadtests.workloads import get_workload
-from tuner.search.capacity_latency import QUANTILES, SIM_REQUESTS, latency_comparison
+from tuner.search.capacity_latency import (QUANTILES, SIM_REQUESTS, distributions,
+                                          latency_comparison, twin)
 from tuner.sim.context import SimContext
 
 from test_sim_settle import PROFILE   # 2 ms a token
@@ -53,3 +54,24 @@ def test_a_low_rate_knee_is_still_compared_over_enough_simulated_requests(tmp_pa
     # the simulated window held the arrivals it was asked for (Poisson: within 4 sigma)
     simulated = ctx.run({"max_num_seqs": 1}, rate, duration=SIM_REQUESTS / rate)
     assert len(simulated.samples.records) >= SIM_REQUESTS - 4 * SIM_REQUESTS ** 0.5
+
+
+def test_the_twin_starts_from_an_empty_queue_as_the_real_probe_does(tmp_path):
+    """A real probe waits until the previous load drained; the simulated twin serves its
+    warm-up, drops what it left running, then opens the window. Run straight on from the
+    warm-up at 3x the simulated capacity (2 req/s for one sequence on this profile), its
+    window inherits the warm-up's backlog and finishes no request: no simulated TTFT at
+    all (CI's end-to-end sweep, 2026-12-06). The sweep's twin finishes some."""
+    ctx = SimContext(PROFILE, {"rag": {"ttft": 1.5, "e2e": 6.0}}, workload=get_workload("rag"),
+                     users=3, length_scale=0.25, duration=8.0, warmup_requests=50)
+    rate, seqs = 6.0, {"max_num_seqs": 1}
+    straight = ctx.run(seqs, rate, duration=SIM_REQUESTS / rate).samples.records
+    assert straight and not [r for r in straight if r.get("ttft") is not None]
+    _real_probe(tmp_path / "base" / "probe-00", [{"start": 0.1, "ttft": 0.2, "itl": [0.01]}])
+    arms = [{"label": "base", "settings": seqs, "probes": [[{"rate": rate, "passed": True}]]}]
+    compared = latency_comparison(twin(ctx, {"max_num_seqs": 8}), tmp_path, arms, 0)["base"]
+    fresh = ctx.run(seqs, rate, duration=SIM_REQUESTS / rate, fresh=True).samples.records
+    ttfts = [r["ttft"] for r in fresh if r.get("ttft") is not None]
+    assert len(ttfts) >= 10   # the arm's one sequence over the base's 8, from an empty queue
+    assert compared["sim"]["ttft"] == distributions(fresh)["ttft"]
+    assert len(compared["sim"]["ttft"]) == len(QUANTILES)

@@ -4,12 +4,19 @@ For each arm, the last round's highest passing real probe (its samples.jsonl) an
 simulator run at that probe's rate with the arm's settings: TTFT and inter-token gaps at
 QUANTILES. What the capacity table cannot show: whether the simulator is right about the
 shape (the queueing tail, the decode gaps) or only about the knee.
+
+The twin is the real probe's: the warm-up served, what it left running dropped, then a
+window from an empty queue (a real probe waits until the previous load drained). Run
+straight on from its warm-up instead, a twin at a rate above the simulated capacity inherits
+the warm-up's backlog (200 requests by default): below about 3/4 of the rate, no request of
+a 64-arrival window finishes and the simulated side has no TTFT at all (CI, 2026-12-06).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from tuner.measure.scoring import load_samples
+from tuner.search.capacity_search import _sim_settings
 
 QUANTILES = tuple(q / 20 for q in range(1, 20))   # 5 % .. 95 %
 SIM_REQUESTS = 64   # the simulated twin's window holds this many arrivals at least
@@ -25,6 +32,15 @@ def _quantiles(values: list[float]) -> list[float] | None:
 def distributions(records: list[dict]) -> dict:
     return {"ttft": _quantiles([r["ttft"] for r in records if r.get("ttft") is not None]),
             "itl": _quantiles([g for r in records for g in (r.get("itl") or [])])}
+
+
+def twin(sim, base: dict):
+    """The sweep's `run` for latency_comparison: the SimContext `sim` with its fixed
+    settings `base` under each arm's (less what the simulator does not model), for at
+    least the context's window, from an empty queue."""
+    return lambda settings, rate, duration: sim.run(
+        {**base, **_sim_settings(settings)}, rate, duration=max(sim.duration, duration),
+        fresh=True)
 
 
 def compare_arm(run, settings: dict, workdir: Path, probes: list[dict]) -> dict | None:

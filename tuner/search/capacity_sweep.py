@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tuner.measure.capacity import CapacityResult, interpolated, measure_capacity, rate_load
-from tuner.search.capacity_latency import latency_comparison
+from tuner.search.capacity_latency import latency_comparison, twin
 from tuner.search.stats import decide, paired_gain
 from tuner.search import capacity_front
 from tuner.search.capacity_search import (SIM_UNMODELLED, SimPoint, _describe, _sim_settings,
@@ -345,10 +345,7 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
     record.update(confirm_for_real(plan, config, arms, pilot, spares))
     record["real_engines"] = 1 + sum(len(a["capacity"]) for a in arms)   # the pilot too
     record["latency"] = latency_comparison(
-        lambda settings, rate, duration: plan.sim.run(
-            {**plan.sim_base, **_sim_settings(settings)}, rate,
-            duration=max(plan.sim.duration, duration)),
-        config.out_dir / "confirm" / f"round-{config.confirm_rounds - 1}", arms,
+        twin(plan.sim, plan.sim_base), config.out_dir / "confirm" / f"round-{config.confirm_rounds - 1}", arms,
         config.confirm_rounds - 1)
     return record
 

@@ -134,10 +134,11 @@ class SimContext:
         return self._drafts[key]
 
     def run(self, settings: dict, rate: float | None, *, probe: bool = False,
-            duration: float | None = None) -> SimResult:
+            duration: float | None = None, fresh: bool = False) -> SimResult:
         """One simulated load (`duration`: its window, this context's by default);
         `probe`: a capacity probe, stopped once its verdict at this context's attainment is
-        decided (tuner/sim/settle.py)."""
+        decided (tuner/sim/settle.py); `fresh`: the warm-up's backlog is dropped before the
+        window (tuner/sim/simulate.py)."""
         _, hf_config = self._model_parts()
         per_method = self.acceptance is None
         # a workload's steady state (a trace replays from its own beginning)
@@ -147,7 +148,7 @@ class SimContext:
                         slos=self.slos, hf_config=hf_config, acceptance=self.acceptance or 0.0,
                         drafts=self.draft_model if per_method else None,
                         seed=self.seed, front=self.front_seconds, warmup=warmup,
-                        lead=self.lead if warmup else 0.0,
+                        lead=self.lead if warmup else 0.0, fresh=fresh,
                         probe_for=self.attainment if probe else None)
 
     def capacity(self, settings: dict, *, start: float = START_RATE, rel_tol: float = 0.05,

@@ -62,7 +62,7 @@ class SimResult:
 def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos: dict,
              hf_config, acceptance: float = 0.0, drafts=None, seed: int = 0,
              front: float = 0.0, warmup: float = 0.0, lead: float = 0.0,
-             keep_schedule: bool = False, engine=None, probe_for: float | None = None
+             fresh: bool = False, keep_schedule: bool = False, engine=None, probe_for: float | None = None
              ) -> SimResult:
     """Run `stream` (tuner/sim/stream.py) for `warmup` + `duration` virtual seconds, scoring
     the requests that arrive after the warm-up. `engine`: an
@@ -73,7 +73,10 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
     `drafts`: speculation per method (tuner/sim/engine.sim_engine). `lead` (with a
     warm-up): what the warm-up left running is dropped when it ends, and the stream runs
     `lead` s more, unscored, before the window: the real probe's twin with
-    measure_capacity(lead=...) (the window finds a warm cache and its own rate's queue)."""
+    measure_capacity(lead=...) (the window finds a warm cache and its own rate's queue).
+    `fresh` (with a warm-up, no lead): what the warm-up left running is dropped when it
+    ends, so that the window starts from an empty queue and a warm cache, as a real probe
+    does after the previous load drained (tuner/search/capacity_latency.py)."""
     if not duration > 0:
         raise ValueError(f"duration must be > 0 s, got {duration}")
     if not warmup >= 0:
@@ -86,7 +89,7 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
         slos, duration=duration, start=begin, front=front, give_up_below=probe_for,
         settled_arrivals=stream.arrivals_until(begin + SETTLED_FRACTION * duration)
         - (stream.arrivals_until(begin) if begin else 0))
-    dropped = not (warmup and lead)   # a warm-up's backlog is dropped before a lead
+    dropped = not (warmup and (lead or fresh))   # a warm-up's backlog dropped at its end
     wall = time.perf_counter()
     engine, clock = engine or sim_engine(profile, settings, hf_config=hf_config,
                                          acceptance=acceptance, drafts=drafts, seed=seed)
