@@ -95,7 +95,7 @@ class OutputProcessor:
             reason, seq.stop_reason = "stop", token
         elif not p.ignore_eos and token in self.info.eos_token_ids:
             reason = "stop"
-        else:
+        elif p.detokenize:
             stop_str = detok.add(token)
             if stop_str is not None:
                 reason, seq.stop_reason = "stop", stop_str

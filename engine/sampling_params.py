@@ -57,6 +57,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     skip_special_tokens: bool = True
+    # False: no text at all (outputs carry token ids; text is ""), as vLLM's; for callers
+    # that read only the ids (the simulator, tuner/sim), it saves the per-token decode
+    detokenize: bool = True
     # token id -> bias added to its logit before every other processor (OpenAI's range)
     logit_bias: dict[int, float] | None = None
     # Sample best_of sequences, return the n with the highest cumulative logprob. As in
@@ -123,6 +126,9 @@ class SamplingParams:
             self.stop_list = [s for s in (self.stop or [])]
         if any(not isinstance(s, str) or not s for s in self.stop_list):
             raise ValueError("stop must be a non-empty string or a list of non-empty strings")
+        if self.stop_list and not self.detokenize:
+            raise ValueError("stop strings are matched in the text: set detokenize=True to use "
+                             "stop, or stop on token ids (stop_token_ids)")
         self.stop_token_ids = list(self.stop_token_ids or [])
         if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be token ids (integers >= 0), "

@@ -1,6 +1,8 @@
 """Sampling features against transformers' processors and against each other."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -104,6 +106,30 @@ def test_incremental_text_equals_full_decode(llm):
     out = llm.generate(["hello world the model"], SamplingParams(temperature=0.8, seed=3, max_tokens=30,
                                                                 ignore_eos=True))[0].outputs[0]
     assert out.text == llm.get_tokenizer().decode(out.token_ids, skip_special_tokens=True)
+
+
+def test_rows_without_detokenize_carry_the_same_tokens_and_no_text(llm):
+    """detokenize=False (vLLM's name) in a batch with rows that detokenize: every row's
+    tokens are what it samples alone, the undetokenized rows' text is empty, the others'
+    is the decode of their tokens; stop strings need the text, so they are refused."""
+    prompts = [PROMPT, {"prompt_token_ids": [9, 8, 7, 6, 5]}, PROMPT]
+    params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, detokenize=False),
+              SamplingParams(temperature=0.8, seed=5, n=2, max_tokens=10, ignore_eos=True,
+                             detokenize=False),
+              SamplingParams(temperature=0.8, seed=5, max_tokens=10, ignore_eos=True)]
+    mixed = llm.generate(prompts, params)
+    alone = [llm.generate(p, dataclasses.replace(q, detokenize=True))[0]
+             for p, q in zip(prompts, params)]
+    tokenizer = llm.get_tokenizer()
+    for out, ref, q in zip(mixed, alone, params):
+        assert [o.token_ids for o in out.outputs] == [o.token_ids for o in ref.outputs]
+        for o in out.outputs:
+            assert o.text == ("" if not q.detokenize else
+                              tokenizer.decode(o.token_ids, skip_special_tokens=True))
+            assert len(o.token_ids) == q.max_tokens
+    assert all(o.text for o in alone[0].outputs)
+    with pytest.raises(ValueError, match="detokenize=True to use stop"):
+        SamplingParams(stop=["\n"], detokenize=False)
 
 
 def test_priority_policy_runs_urgent_requests_first(tiny_checkpoints):

@@ -164,7 +164,7 @@ class Fleet:
         vocab = target.engine.info.vocab_size
         rid = f"f{len(self.records)}-{req.number}"
         target.engine.add_request(rid, [t % vocab for t in req.prompt_ids], SamplingParams(
-            max_tokens=req.max_tokens, ignore_eos=True, temperature=0.0),
+            max_tokens=req.max_tokens, ignore_eos=True, temperature=0.0, detokenize=False),
             arrival_time=req.arrival)
         target.live[rid] = (req, record, [])
         record.update(replica=self.replicas.index(target), sent=at)

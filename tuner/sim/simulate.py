@@ -127,7 +127,7 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
             rid = f"sim-{count}"
             ids = [t % vocab for t in req.prompt_ids]
             engine.add_request(rid, ids, SamplingParams(
-                max_tokens=req.max_tokens, ignore_eos=True, temperature=0.0),
+                max_tokens=req.max_tokens, ignore_eos=True, temperature=0.0, detokenize=False),
                 arrival_time=req.arrival)
             live[rid] = (req, {"kind": req.kind, "start": req.arrival, "ok": False,
                                "prompt_tokens": len(ids), "output_tokens": 0, "itl": []}, [])
