@@ -27,6 +27,7 @@ scheduler and the planner's own code in one virtual time.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import statistics
@@ -45,6 +46,13 @@ def script_points(c: float, idle: float) -> list[tuple[float, float]]:
     return [(0, 0.6 * c), (90, 0.6 * c), (90, 2.4 * c), (240, 2.4 * c), (480, 3.6 * c),
             (480, 5.4 * c), (500, 5.4 * c), (500, 1.6 * c), (600, 1.6 * c), (600, 0.0),
             (600 + idle, 0.0), (600 + idle, 0.6 * c), (720 + idle, 0.6 * c)]
+
+
+def phases(idle: float) -> list[tuple[str, float, float]]:
+    """The script's phases by arrival time (name, from, to), as script_points lays them."""
+    return [("0.6 C", 0, 90), ("step to 2.4 C", 90, 240), ("ramp to 3.6 C", 240, 480),
+            ("burst 5.4 C", 480, 500), ("1.6 C", 500, 600),
+            ("0.6 C from zero", 600 + idle, 720 + idle)]
 
 
 def slowed(profile, factor: float):
@@ -69,12 +77,18 @@ def summarize(name: str, fleet: Fleet, slos: dict, target: float, idle_end: floa
     records = fleet.records
     met = [meets_slo(r, slos.get(r["kind"], {})) for r in records]
     after_idle = [r for r in records if r["start"] >= idle_end]
+    by_phase = {}
+    for phase, begin, end in phases(idle_end - 600):
+        inside = [m for r, m in zip(records, met) if begin <= r["start"] < end]
+        by_phase[phase] = sum(inside) / len(inside) if inside else None
+    failed = collections.Counter(str(r.get("error")) for r in records if not r.get("ok"))
     return {"arm": name, "requests": len(records),
             "attainment": sum(met) / max(1, len(records)),
             "violation_s": violation_seconds(records, slos, target=target,
                                              end=fleet.script.end),
             "replica_s": fleet.replica_seconds(),
             "failed": sum(not r.get("ok") for r in records),
+            "failed_by": dict(failed.most_common()), "by_phase": by_phase,
             "max_replicas": max((d for _, d in fleet.decisions), default=0),
             "cold_ttft": after_idle[0].get("ttft") if after_idle else None}
 
@@ -184,6 +198,17 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {r['arm']} | {r['requests']} | {r['attainment']:.3f} | "
               f"{r['violation_s']:.0f} | {r['replica_s']:.0f} | {ratio} | {r['failed']} | "
               f"{r['max_replicas']} | {cold} | {r['wall_s']:.0f} |")
+    names = [name for name, _, _ in phases(idle)]
+    print("\n| arm | " + " | ".join(names) + " |")
+    print("|---|" + "---:|" * len(names))
+    for r in rows:
+        print(f"| {r['arm']} | " + " | ".join(
+            "–" if r["by_phase"][n] is None else f"{r['by_phase'][n]:.3f}" for n in names)
+            + " |")
+    for r in rows:
+        if r["failed_by"]:
+            print(f"# {r['arm']}: failed " + "; ".join(
+                f"{count} {why}" for why, count in r["failed_by"].items()))
     if args.plot:
         plot(fleets, ctx.slos, args.plot)
         print(f"# plot: {args.plot}")

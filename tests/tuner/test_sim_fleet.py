@@ -223,3 +223,28 @@ def test_planner_arm_wakes_only_on_held_requests_and_feeds_the_planner():
     assert seen[-1] == pytest.approx(7 / 3)
     last = arm.decisions[-1]
     assert last.rate == pytest.approx(7.0) and last.correction == 1.0   # a queue filling
+
+
+def test_the_benchmarks_summary_splits_failures_by_cause_and_attainment_by_phase(hf_config):
+    """bench_planner's summary: each failure under its router error (the cold start's full
+    hold apart from its time-outs), and attainment per phase of the script by arrival."""
+    from benchmarks.bench_planner import phases, summarize
+
+    script = Script([(0, 4.0), (10, 4.0)])
+    fleet = _fleet(hf_config, script, startup=1.0, initial=0, hold=2.0,
+                   hold_limit=3).run(Fixed(lambda at: 0))
+    row = summarize("none", fleet, {}, 0.9, idle_end=600.0)   # idle 0: the last phase at 600
+    full = sum("full" in str(r.get("error")) for r in fleet.records)
+    assert 0 < full < len(fleet.records)
+    assert row["failed"] == len(fleet.records) == sum(row["failed_by"].values())
+    assert row["failed_by"]["the router's hold is full (503)"] == full
+    assert row["by_phase"]["0.6 C"] == 0.0 and row["by_phase"]["step to 2.4 C"] is None
+    assert [p for p, _, _ in phases(0)][-1] == "0.6 C from zero"
+    # requests served within their SLOs count per phase by arrival
+    served = _fleet(hf_config, Script([(0, 2.0), (100, 2.0)]), startup=0.0,
+                    initial=1).run(Fixed(lambda at: 1))
+    row = summarize("one", served, {"chat": {"e2e": 30.0}}, 0.9, idle_end=10_000.0)
+    early = [r for r in served.records if r["start"] < 90]
+    late = [r for r in served.records if r["start"] >= 90]
+    assert early and late and row["failed"] == 0
+    assert row["by_phase"]["0.6 C"] == 1.0 and row["by_phase"]["step to 2.4 C"] == 1.0
