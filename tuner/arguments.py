@@ -96,6 +96,10 @@ def build_parser(more=()) -> argparse.ArgumentParser:
     sweep.add_argument("--sim-duration", type=float, default=None,
                        help="capacity: virtual seconds per simulated load (default: --duration,"
                             " the real loads' window: both sides score the same window)")
+    sweep.add_argument("--sim-workers", type=int, default=None, metavar="N",
+                       help="capacity: simulated settings at once, each in a process forked "
+                            "from the sweep (default: one per usable CPU, at most 8; 1: in "
+                            "the sweep's own process)")
     sweep.add_argument("--sim-warmup-requests", type=int, default=None, metavar="N",
                        help="capacity: requests served before each simulated load's scored "
                             "window, its steady state (default 200; 0: a cold engine)")

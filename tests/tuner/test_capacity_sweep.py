@@ -299,6 +299,7 @@ def test_replicas_round_up():
     (["--real-probes", "1"], "--real-probes must be at least 2"),
     (["--acceptance", "2"], "--acceptance must be in [0, 1]"),
     (["--sim-warmup-requests", "-5"], "--sim-warmup-requests -5: the simulator's warm-up"),
+    (["--sim-workers", "0"], "--sim-workers must be >= 1"),
 ])
 def test_capacity_flags_are_checked(capsys, argv, message):
     from tuner.__main__ import main

@@ -31,6 +31,8 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error("--sim-duration must be positive (virtual seconds)")
     if args.acceptance is not None and not 0 <= args.acceptance <= 1:
         parser.error("--acceptance must be in [0, 1]")
+    if args.sim_workers is not None and args.sim_workers < 1:
+        parser.error("--sim-workers must be >= 1 (1: simulate in the sweep's own process)")
     if args.real_probes < 2:
         parser.error("--real-probes must be at least 2: one probe brackets nothing")
     from tuner.sim.cli import warmup_requests
@@ -55,6 +57,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, config, sourc
     from loadtests.workloads.trace import read_trace
     from tuner.search.capacity_report import print_and_write
     from tuner.search.capacity_sweep import CapacityPlan, run_capacity_sweep
+    from tuner.search.sim_pool import default_workers
     from tuner.sim.cli import warmup_requests
     from tuner.sim.context import SimContext, engine_threads, load_profile
 
@@ -74,6 +77,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, config, sourc
                      model=args.model, warmup_requests=warmup_requests(args))
     plan = CapacityPlan(sim=sim, sim_base={"cpu_memory_gib": cpu_gib} if cpu_gib else {},
                         trials=args.trials or DEFAULT_SIM_TRIALS,
+                        workers=args.sim_workers or default_workers(),
                         real_probes=args.real_probes, target_rate=args.target_rate,
                         trace_rate=source.trace_rate, front=args.front_end_time,
                         pool_from_pilot=True)

@@ -12,6 +12,7 @@ import optuna
 from paged_api import settings as engine_settings
 from paged_api.search_space import Param, default_value
 from tuner.measure.capacity import CapacityResult, interpolated
+from tuner.search.sim_pool import SimPool
 
 SIM_UNMODELLED = ("kv_offloading_size",)   # tiers are not simulated (tuner/sim/engine.py)
 SIM_REL_TOL = 0.1       # a simulated capacity is known to 10 %
@@ -61,29 +62,42 @@ def simulated_search(plan, space: list[Param], *, fixed: dict, baseline: dict, s
     plan.log(f"simulated baseline {_describe(base.params)}: {base.capacity:.2f} req/s "
              f"({len(base.result.probes)} probes, {base.wall_s:.1f} s)")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    workers = plan.workers
+    # a batch's later trials are asked before the earlier ones are told: the constant liar
+    # keeps them apart
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(
-        seed=seed, n_startup_trials=min(10, max(3, plan.trials // 3))))
+        seed=seed, n_startup_trials=min(10, max(3, plan.trials // 3)),
+        constant_liar=workers > 1))
     seen: dict[tuple, SimPoint] = {}
     points = []
     best = base.capacity
-    for number in range(plan.trials):
-        trial = study.ask()
-        params = {p.name: p.suggest(trial) for p in space}
-        point = seen.get(_key(params))
-        if point is None:   # the simulator is deterministic: a repeat costs nothing
-            settings = _sim_settings({**fixed, **params})
-            point = simulate_point(plan, settings, start=max(best, 0.5))
-            point.params = params
-            seen[_key(params)] = point
-        points.append(point)
-        if point.capacity is None:
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            plan.log(f"sim {number:>3} {_describe(params)} -> infeasible: {point.infeasible}")
-            continue
-        study.tell(trial, point.capacity)
-        best = max(best, point.capacity)
-        plan.log(f"sim {number:>3} {_describe(params)} -> {point.capacity:.2f} req/s "
-                 f"(best {best:.2f}; {point.wall_s:.1f} s)")
+    with SimPool(plan, workers, simulate_point) as pool:
+        for first in range(0, plan.trials, workers):
+            trials = [study.ask() for _ in range(min(workers, plan.trials - first))]
+            asked = [{p.name: p.suggest(trial) for p in space} for trial in trials]
+            # the simulator is deterministic: a repeat (in this batch too) costs nothing
+            fresh = {}
+            for params in asked:
+                if _key(params) not in seen:
+                    fresh.setdefault(_key(params), params)
+            start = max(best, 0.5)
+            done = pool.map([(_sim_settings({**fixed, **params}), start)
+                             for params in fresh.values()])
+            for (key, params), point in zip(fresh.items(), done):
+                point.params = params
+                seen[key] = point
+            for number, trial, params in zip(range(first, first + len(trials)), trials, asked):
+                point = seen[_key(params)]
+                points.append(point)
+                if point.capacity is None:
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    plan.log(f"sim {number:>3} {_describe(params)} -> infeasible: "
+                             f"{point.infeasible}")
+                    continue
+                study.tell(trial, point.capacity)
+                best = max(best, point.capacity)
+                plan.log(f"sim {number:>3} {_describe(params)} -> {point.capacity:.2f} req/s "
+                         f"(best {best:.2f}; {point.wall_s:.1f} s)")
     return base, points
 
 

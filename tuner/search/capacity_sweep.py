@@ -60,6 +60,7 @@ class CapacityPlan:
     sim: object                    # tuner.sim.context.SimContext
     sim_base: dict                 # settings every simulated engine starts with (CPU memory)
     trials: int = 16               # simulated settings
+    workers: int = 1               # simulated at once, each in a process (sim_pool.py)
     real_probes: int = 4           # real loads per arm and round
     target_rate: float | None = None
     trace_rate: float | None = None
