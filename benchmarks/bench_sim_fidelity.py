@@ -212,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
                          "defaults' served steps (without --pilot: no front-end time)")
     ap.add_argument("--save", default=None, metavar="FILE",
                     help="write the rows (real and simulated) and the pilot's series as JSON")
+    ap.add_argument("--sim-workers", type=int, default=None, metavar="N",
+                    help="also time the whole grid as the sweep searches it over N worker "
+                         "processes (tuner/search/sim_pool.py): the cost per setting then")
     ap.add_argument("--real-from", default=None, metavar="FILE",
                     help="the real side from a --save of an earlier run (same settings, "
                          "rates and pilot): simulator variants against one set of real runs")
@@ -298,6 +301,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cost: the same, simulated as the sweep searches (from the defaults' "
               f"{warm[label]:.2f} req/s, to {SIM_REL_TOL:.0%}), median: {swept:.1f}x (its "
               f"capacities {swept_err:.1%} from the precise ones)")
+    if args.sim_workers:
+        from benchmarks.bench_sim_workers import _point
+        from tuner.search.sim_pool import SimPool
+
+        real_s = statistics.median(r["real_s"] for r in rows)
+        print(f"\nthe grid as the sweep searches it over {args.sim_workers} workers "
+              f"(a real capacity search: median {real_s:.1f} s):")
+        for label, sim in sims.items():
+            t0 = time.perf_counter()
+            plan = SimpleNamespace(sim=sim, sim_base=base)
+            with SimPool(plan, args.sim_workers, _point) as pool:
+                pool.map([(s, max(warm[label], 0.5)) for s in GRID[:args.settings]])
+            per = (time.perf_counter() - t0) / len(rows)
+            print(f"  {label}: {per:.2f} s a setting, {real_s / per:.1f}x cheaper than real")
     if args.save:
         Path(args.save).write_text(json.dumps({
             "argv": argv, "rows": rows,
