@@ -164,10 +164,13 @@ def run_calibration(model: str | None, *, threads: int = 1, block_sizes=(16, 64)
         # draft, the block size's cost is the other phases' to time, and on SmolLM2 they
         # take about a minute per block size
         speculative = block_size == block_sizes[0]
-        for proposer, rows, length in (
-                [(FixedDrafts(k), rows, rng.choice((32, 256))) for rows, k in DRAFT_PHASES]
-                + [(ngram, rows, min(length, max_len - 40)) for rows, length in LOOKUP_PHASES]
-                if speculative else []):
+        spec_phases = []
+        if speculative:
+            spec_phases = ([(FixedDrafts(k), rows, rng.choice((32, 256)))
+                            for rows, k in DRAFT_PHASES]
+                           + [(ngram, rows, min(length, max_len - 40))
+                              for rows, length in LOOKUP_PHASES])
+        for proposer, rows, length in spec_phases:
             engine.scheduler.proposer = proposer
             for _ in range(rows):
                 count += 1
