@@ -127,7 +127,7 @@ class OutputProcessor:
         for index, seq in enumerate(self._returned(req)):
             detok = req.detoks[seq.index]
             outs.append(CompletionOutput(
-                index=index, text=detok.text, token_ids=list(seq.output_token_ids),
+                index=index, text=detok.text, token_ids=seq.output_token_ids,   # a fresh slice
                 cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
                 logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
                 finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))
@@ -150,7 +150,7 @@ class OutputProcessor:
             except Exception:  # noqa: BLE001 - the request is already failing
                 text = ""
             outs.append(CompletionOutput(index=seq.index, text=text,
-                                         token_ids=list(seq.output_token_ids),
+                                         token_ids=seq.output_token_ids,   # a fresh slice
                                          finish_reason=seq.finish_reason))
         message = f"{type(exc).__name__}: {exc}"
         if len(message) > MAX_ERROR_CHARS:
