@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="requests the router holds at zero replicas (--cold-start-queue)")
     p.add_argument("--arms", default="oracle,planner,hpa",
                    help="of oracle, oracle-reactive (no foresight), planner, planner-holt "
-                   "(forecast holt), hpa")
+                   "(forecast holt), planner-holt-lead (holt past the start-up: "
+                   "startupSeconds = --startup), hpa")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
@@ -172,11 +173,13 @@ def main(argv: list[str] | None = None) -> None:
                        scale_down_stabilization=args.stabilization,
                        idle_window=args.idle_window, forecast=args.forecast)
     holt = dataclasses.replace(spec, forecast="holt")
+    lead = dataclasses.replace(holt, startup=args.startup)
     makers = {"oracle": lambda: OracleArm(script, capacity, args.startup, args.max_replicas),
               "oracle-reactive": lambda: OracleArm(script, capacity, args.startup,
                                                    args.max_replicas, foresight=False),
               "planner": lambda: PlannerArm(spec, predict),
               "planner-holt": lambda: PlannerArm(holt, predict),
+              "planner-holt-lead": lambda: PlannerArm(lead, predict),
               "hpa": lambda: HpaArm(depth, max_replicas=args.max_replicas,
                                     stabilization=args.stabilization)}
     rows, fleets = [], {}

@@ -36,6 +36,7 @@ class SloPlanner:
     scale_down_stabilization_seconds: int = 300
     idle_window_seconds: int = 600
     forecast: str = "none"
+    startup_seconds: int = 0             # a new replica's cold start: the forecast's lead
     selector: str | None = None          # PromQL matchers; None: the service's pods
 
 
@@ -82,7 +83,8 @@ def parse_planner(auto: Mapping[str, Any]) -> SloPlanner:
         interval_seconds=_seconds(auto, "intervalSeconds", 30, 5),
         scale_down_stabilization_seconds=_seconds(auto, "scaleDownStabilizationSeconds", 300, 0),
         idle_window_seconds=_seconds(auto, "idleWindowSeconds", 600, 0),
-        forecast=forecast, selector=get_field(auto, "selector", "autoscaling.", str))
+        forecast=forecast, startup_seconds=_seconds(auto, "startupSeconds", 0, 0),
+        selector=get_field(auto, "selector", "autoscaling.", str))
 
 
 def parse_autoscaling(auto: Mapping[str, Any] | None) -> Autoscaling | None:

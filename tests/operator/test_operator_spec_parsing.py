@@ -99,7 +99,8 @@ def test_applied_settings_leave_out_unset_ones_and_keep_extra_args():
     {"autoscaling": {"mode": "slo", "minReplicas": 0, "maxReplicas": 1,   # scale to zero
                      "slo": {"e2eSeconds": 0.5}, "targetAttainment": 1,
                      "intervalSeconds": 5, "scaleDownStabilizationSeconds": 0,
-                     "idleWindowSeconds": 0}, "router": {"enabled": True}},
+                     "idleWindowSeconds": 0, "startupSeconds": 0},
+     "router": {"enabled": True}},
     {"rollout": {"strategy": "Recreate", "maxSurge": 0, "maxUnavailable": 0}},
     {"rollout": {"startupTimeoutSeconds": 10}},
     {"modelCache": {"claimName": "shared-cache"}},
@@ -115,7 +116,11 @@ def test_mode_slo_parses_the_planners_settings_with_their_defaults():
     assert (auto.mode, auto.min_replicas, auto.max_replicas) == ("slo", 0, 4)
     assert auto.planner == SloPlanner(slos={"ttft": 2.0, "itl": 0.05})
     assert (auto.planner.interval_seconds, auto.planner.idle_window_seconds,
-            auto.planner.scale_down_stabilization_seconds) == (30, 600, 300)
+            auto.planner.scale_down_stabilization_seconds,
+            auto.planner.startup_seconds) == (30, 600, 300, 0)
+    given = parse(autoscaling={"mode": "slo", "maxReplicas": 4, "slo": {"ttftSeconds": 2},
+                               "startupSeconds": 45}).autoscaling.planner
+    assert given.startup_seconds == 45
     assert parse(autoscaling={"maxReplicas": 2}).autoscaling.planner is None
 
 
@@ -230,6 +235,9 @@ INVALID = [
                       "intervalSeconds": 1}},
      "spec.autoscaling.intervalSeconds must be >= 5, got 1"),
     ({"autoscaling": {"maxReplicas": 2, "mode": "slo", "slo": {"itlSeconds": 0.1},
+                      "startupSeconds": -1}},
+     "spec.autoscaling.startupSeconds must be >= 0, got -1"),
+    ({"autoscaling": {"maxReplicas": 2, "mode": "slo", "slo": {"itlSeconds": 0.1},
                       "forecast": "prophet"}},
      "spec.autoscaling.forecast must be one of ['none', 'holt'], got 'prophet'"),
     ({"autoscaling": {"maxReplicas": 2, "prometheusServerAddress": 9090}},
@@ -282,3 +290,19 @@ def test_a_refused_value_names_the_field_to_change(fields, message):
     with pytest.raises(InvalidSpecError) as error:
         parse(**fields)
     assert str(error.value) == message
+
+
+def test_the_planner_pod_gets_every_setting_of_mode_slo():
+    """tuner/planner/run.planner_spec: the spec's planner settings, the start-up included,
+    are what the planner decides with."""
+    from tuner.planner.core import PlannerSpec
+    from tuner.planner.run import planner_spec
+
+    spec = parse(autoscaling={"mode": "slo", "minReplicas": 0, "maxReplicas": 6,
+                              "slo": {"ttftSeconds": 2}, "targetAttainment": 0.95,
+                              "intervalSeconds": 15, "scaleDownStabilizationSeconds": 60,
+                              "idleWindowSeconds": 120, "forecast": "holt",
+                              "startupSeconds": 45}, router={"enabled": True})
+    assert planner_spec(spec) == PlannerSpec(
+        min_replicas=0, max_replicas=6, target_attainment=0.95, interval=15,
+        scale_down_stabilization=60, idle_window=120, forecast="holt", startup=45)

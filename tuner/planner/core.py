@@ -16,8 +16,10 @@ latency the simulator expects at the observed per-replica rate). Then:
    over intervals (CORRECTION_WEIGHT to the newest), within [1/4, 4], and learned only
    from a steady window (`steady`: no queue filling or draining); the corrected capacity is
    the predicted one divided by it, times UTILISATION (the margin below the SLO cliff);
-2. forecast: the next interval's rate (tuner/planner/forecast.py): `none` repeats the
-   observed one, `holt` projects its trend;
+2. forecast: the rate over the interval the replicas asked for now will serve
+   (tuner/planner/forecast.py): `none` repeats the observed one, `holt` projects its trend
+   1 + startup / interval intervals ahead (a replica asked for now serves after its
+   start-up, until the decision after);
 3. wanted = ceil((forecast + waiting / interval) / corrected capacity): the arrivals and
    the requests queued now, cleared within one interval (a fleet sized to its arrivals
    alone never drains a queue it built while scaling: bench_planner.py's replicas at 90 %
@@ -65,6 +67,7 @@ class PlannerSpec:
     scale_down_stabilization: float = 300.0
     idle_window: float = 600.0
     forecast: str = "none"
+    startup: float = 0.0       # s from a replica asked for to its serving (the forecast's lead)
 
     def __post_init__(self) -> None:
         if self.min_replicas < 0:
@@ -74,9 +77,10 @@ class PlannerSpec:
                              f"minReplicas ({self.min_replicas})")
         if not 0 < self.target_attainment <= 1:
             raise ValueError(f"targetAttainment must be in (0, 1], got {self.target_attainment}")
-        if self.interval <= 0 or self.scale_down_stabilization < 0 or self.idle_window < 0:
-            raise ValueError("interval must be > 0; scaleDownStabilization and the idle "
-                             "window >= 0 (seconds)")
+        if self.interval <= 0 or self.scale_down_stabilization < 0 or self.idle_window < 0 \
+                or self.startup < 0:
+            raise ValueError("interval must be > 0; scaleDownStabilization, the idle window "
+                             "and startupSeconds >= 0 (seconds)")
         if self.forecast not in FORECASTS:
             raise ValueError(f"forecast {self.forecast!r}: expected one of {FORECASTS}")
 
@@ -172,7 +176,10 @@ class Planner:
 
     def __post_init__(self) -> None:
         if self.forecaster is None:
-            self.forecaster = Forecaster(self.spec.forecast)
+            # replicas asked for now serve after the start-up, for an interval: the forecast
+            # looks as far ahead
+            self.forecaster = Forecaster(self.spec.forecast,
+                                         1 + self.spec.startup / self.spec.interval)
 
     def hold(self, at: float, replicas: int, why: str) -> Decision:
         """No usable observation: keep the replicas."""

@@ -2,8 +2,9 @@
 
 - `none`: the last interval's rate, as observed;
 - `holt`: Holt's linear trend (double exponential smoothing: a level and a trend, each
-  smoothed), fitted by statsmodels on the last WINDOW intervals' rates and projected one
-  interval ahead, never below 0. A ramp is met with the replicas its next interval needs
+  smoothed), fitted by statsmodels on the last WINDOW intervals' rates and projected
+  `horizon` intervals ahead (1 + the replicas' start-up in intervals: what the replicas
+  asked for now will serve), never below 0. A ramp is met with the replicas its next interval needs
   rather than the last one's; a flat rate forecasts itself. Until MIN_POINTS intervals have
   been seen, or when the fit fails, it is `none`'s answer.
 
@@ -29,21 +30,24 @@ class Forecaster:
     """One service's forecaster: `next(rate)` takes an interval's observed rate and returns
     the forecast for the next interval."""
 
-    def __init__(self, method: str = "none") -> None:
+    def __init__(self, method: str = "none", horizon: float = 1.0) -> None:
         if method not in FORECASTS:
             raise ValueError(f"forecast {method!r}: expected one of {FORECASTS}")
-        self.method = method
+        if not horizon >= 1:
+            raise ValueError(f"the forecast horizon must be >= 1 interval, got {horizon}")
+        self.method, self.horizon = method, horizon
         self.rates: deque[float] = deque(maxlen=WINDOW)
 
     def next(self, rate: float) -> float:
         self.rates.append(rate)
         if self.method == "none" or len(self.rates) < MIN_POINTS:
             return rate
-        return max(0.0, holt(list(self.rates), fallback=rate))
+        return max(0.0, holt(list(self.rates), fallback=rate, horizon=self.horizon))
 
 
-def holt(series: list[float], *, fallback: float) -> float:
-    """Holt's one-step-ahead forecast of `series` (fallback when it cannot be fitted)."""
+def holt(series: list[float], *, fallback: float, horizon: float = 1.0) -> float:
+    """Holt's forecast of `series` `horizon` steps ahead (its level plus the horizon times
+    its trend: a fraction of a step too), fallback when it cannot be fitted."""
     if max(series) == min(series):   # flat: its own forecast (and no fit to fail)
         return series[-1]
     from statsmodels.tsa.holtwinters import Holt
@@ -52,7 +56,8 @@ def holt(series: list[float], *, fallback: float) -> float:
         with warnings.catch_warnings():   # short series: convergence notes, not errors
             warnings.simplefilter("ignore")
             fit = Holt(series, initialization_method="estimated").fit()
-        value = float(fit.forecast(1)[0])
+        one, two = (float(v) for v in fit.forecast(2))
+        value = one + (horizon - 1) * (two - one)
     except (ValueError, ArithmeticError, RuntimeError):
         return fallback
     return value if value == value else fallback   # NaN from a degenerate fit

@@ -44,7 +44,8 @@ def planner_spec(spec: ServiceSpec) -> PlannerSpec:
     return PlannerSpec(min_replicas=auto.min_replicas, max_replicas=auto.max_replicas,
                        target_attainment=p.target_attainment, interval=p.interval_seconds,
                        scale_down_stabilization=p.scale_down_stabilization_seconds,
-                       idle_window=p.idle_window_seconds, forecast=p.forecast)
+                       idle_window=p.idle_window_seconds, forecast=p.forecast,
+                       startup=p.startup_seconds)
 
 
 def selector(spec: ServiceSpec) -> str:
