@@ -111,6 +111,8 @@ VALID = [
         "kubernetes.io/metadata.name": "monitoring"}}}]}},
     {"router": {"enabled": True, "policy": "least-load", "replicas": 2}},
     {"router": {"enabled": True, "policy": "precise"}},
+    {"autoscaling": {"mode": "slo", "maxReplicas": 4, "slo": {"ttftSeconds": 2},
+                     "forecast": "holt", "startupSeconds": 45}},
     {"kvCache": {"offloadGiB": 0}}, {"kvCache": {"offloadGiB": 0.25}},
     {"kvCache": {"disk": {"sizeGiB": 0.1, "volume": {"emptyDir": {}}}}},
 ]
@@ -151,6 +153,10 @@ INVALID = [  # rejected by the OpenAPI schema, and by the operator should it sli
     ("kvCache", {"disk": {"sizeGiB": 2, "volume": {"persistentVolumeClaim": {
         "claimName": "a" * 254}}}}),
     ("kvCache", "on"),
+    ("autoscaling", {"mode": "slo", "maxReplicas": 4, "slo": {"ttftSeconds": 2},
+                     "startupSeconds": -5}),
+    ("autoscaling", {"mode": "slo", "maxReplicas": 4, "slo": {"ttftSeconds": 2},
+                     "startupSeconds": "20s"}),
 ]
 @pytest.mark.parametrize("changes", VALID)
 def test_valid_specs_pass_schema_and_operator(changes):

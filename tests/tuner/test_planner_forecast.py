@@ -40,6 +40,10 @@ def test_holt_looks_as_far_ahead_as_the_replicas_start_up():
             assert forecast == pytest.approx(rate + 2.0 * horizon, rel=0.03)
     flat = Forecaster("holt", 3.0)
     assert [flat.next(5.0) for _ in range(8)] == [5.0] * 8
+    # a fall is met one interval ahead whatever the horizon: removing replicas is at once
+    falls = [40.0 - 2.0 * i for i in range(12)]
+    near, far = Forecaster("holt"), Forecaster("holt", 4.0)
+    assert [near.next(r) for r in falls] == [far.next(r) for r in falls]
     lagged = Forecaster("none", 3.0)
     assert [lagged.next(r) for r in rates] == rates
     with pytest.raises(ValueError, match="horizon must be >= 1 interval"):

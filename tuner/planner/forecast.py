@@ -4,7 +4,7 @@
 - `holt`: Holt's linear trend (double exponential smoothing: a level and a trend, each
   smoothed), fitted by statsmodels on the last WINDOW intervals' rates and projected
   `horizon` intervals ahead (1 + the replicas' start-up in intervals: what the replicas
-  asked for now will serve), never below 0. A ramp is met with the replicas its next interval needs
+  asked for now will serve; a falling trend one interval ahead), never below 0. A ramp is met with the replicas its next interval needs
   rather than the last one's; a flat rate forecasts itself. Until MIN_POINTS intervals have
   been seen, or when the fit fails, it is `none`'s answer.
 
@@ -47,7 +47,8 @@ class Forecaster:
 
 def holt(series: list[float], *, fallback: float, horizon: float = 1.0) -> float:
     """Holt's forecast of `series` `horizon` steps ahead (its level plus the horizon times
-    its trend: a fraction of a step too), fallback when it cannot be fitted."""
+    its trend: a fraction of a step too) when it rises, one step ahead when it falls;
+    fallback when it cannot be fitted."""
     if max(series) == min(series):   # flat: its own forecast (and no fit to fail)
         return series[-1]
     from statsmodels.tsa.holtwinters import Holt
@@ -57,7 +58,9 @@ def holt(series: list[float], *, fallback: float, horizon: float = 1.0) -> float
             warnings.simplefilter("ignore")
             fit = Holt(series, initialization_method="estimated").fit()
         one, two = (float(v) for v in fit.forecast(2))
-        value = one + (horizon - 1) * (two - one)
+        # a falling trend is not projected past the next interval: replicas removed go at
+        # once (the start-up delays only those added), and the next decision can add back
+        value = max(one, one + (horizon - 1) * (two - one))
     except (ValueError, ArithmeticError, RuntimeError):
         return fallback
     return value if value == value else fallback   # NaN from a degenerate fit
