@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{warm[label]:.2f} req/s, to {SIM_REL_TOL:.0%}), median: {swept:.1f}x (its "
               f"capacities {swept_err:.1%} from the precise ones)")
     if args.sim_workers:
-        from benchmarks.bench_sim_workers import _point
+        from tuner.search.capacity_search import simulate_point
         from tuner.search.sim_pool import SimPool
 
         real_s = statistics.median(r["real_s"] for r in rows)
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, sim in sims.items():
             t0 = time.perf_counter()
             plan = SimpleNamespace(sim=sim, sim_base=base)
-            with SimPool(plan, args.sim_workers, _point) as pool:
+            with SimPool(plan, args.sim_workers, simulate_point) as pool:
                 pool.map([(s, max(warm[label], 0.5)) for s in GRID[:args.settings]])
             per = (time.perf_counter() - t0) / len(rows)
             print(f"  {label}: {per:.2f} s a setting, {real_s / per:.1f}x cheaper than real")

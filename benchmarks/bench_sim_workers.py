@@ -20,17 +20,10 @@ from types import SimpleNamespace
 
 from benchmarks.bench_sim_fidelity import GRID
 from loadtests.workloads import WORKLOAD_NAMES
-from tuner.search.capacity_search import SIM_GROWTH, SIM_MAX_PROBES, SIM_REL_TOL
+from tuner.search.capacity_search import simulate_point
 from tuner.search.sim_pool import SimPool, usable_cpus
 from tuner.sim.cli import context_for, sim_settings
 from tuner.sim.context import DEFAULT_SIM_DURATION
-
-
-def _point(plan, settings: dict, *, start: float) -> float:
-    from tuner.measure.capacity import interpolated
-    return interpolated(plan.sim.capacity({**plan.sim_base, **settings}, start=start,
-                                          rel_tol=SIM_REL_TOL, growth=SIM_GROWTH,
-                                          max_probes=SIM_MAX_PROBES))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     grid = GRID[:args.settings]
     # the defaults' simulated capacity, the start of every setting (as the sweep's search
     # starts from the best so far); it also renders the sessions the workers inherit
-    start = _point(plan, {}, start=1.0)
+    start = simulate_point(plan, {}, start=1.0).capacity
     print(f"{args.workload}, {len(grid)} settings of the fidelity grid, each from "
           f"{start:.2f} req/s (the defaults' simulated capacity); {usable_cpus()} usable "
           f"CPUs; {args.rounds} rounds\n")
@@ -59,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         for w in counts if r % 2 == 0 else counts[::-1]:
             t0 = time.perf_counter()
-            with SimPool(plan, w, _point) as pool:
-                found[w] = pool.map([(s, start) for s in grid])
+            with SimPool(plan, w, simulate_point) as pool:
+                found[w] = [p.capacity for p in pool.map([(s, start) for s in grid])]
             walls[w].append(time.perf_counter() - t0)
     same = all(found[w] == found[counts[0]] for w in counts)
     print("| workers | wall per round, s | median s | per setting, s | vs 1 process |\n"
