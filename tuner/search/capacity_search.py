@@ -62,7 +62,7 @@ def simulated_search(plan, space: list[Param], *, fixed: dict, baseline: dict, s
     plan.log(f"simulated baseline {_describe(base.params)}: {base.capacity:.2f} req/s "
              f"({len(base.result.probes)} probes, {base.wall_s:.1f} s)")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    workers = plan.workers
+    workers = max(1, min(plan.workers, plan.trials))   # no idle worker for a short sweep
     # a batch's later trials are asked before the earlier ones are told: the constant liar
     # keeps them apart
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(
