@@ -70,6 +70,7 @@ def test_bad_buckets_and_windows_are_refused_with_a_clear_message():
     with pytest.raises(ValueError, match="no requests observed"):
         BucketDistribution.from_cumulative([(1.0, 0.0), (float("inf"), 0.0)], name="x")
     assert parse_window("24h") == 86400 and parse_window("90s") == 90
+    assert parse_window("4001ms") == pytest.approx(4.001)   # the planner's windows (observe.py)
     with pytest.raises(ValueError, match="--window"):
         parse_window("yesterday")
 

@@ -44,6 +44,15 @@ def observe(reader: PrometheusReader, selector: str, *, window: float, at: float
                        hit_rate=figures.get("prefix_cache_hit_rate"))
 
 
+def range_window(seconds: float) -> str:
+    """A range selector's duration for a window of `seconds`, in whole milliseconds (one
+    more, rounded up, as `observe`'s figures have it: the sample at the window's left edge
+    counts). Prometheus takes no fractional duration: formatted with `:g`, a window between
+    two scrape timestamps a millisecond off whole seconds (a loaded machine's late scrape)
+    became "4.001s", a parse error, and the planner held (CI, 2026-12-06)."""
+    return f"{math.ceil(seconds * 1000) + 1}ms"
+
+
 def in_system(reader: PrometheusReader, sel: str, at: float) -> float | None:
     """Requests inside the service's engines at `at` (running + waiting), None when
     Prometheus has no running gauge for them."""
@@ -72,7 +81,7 @@ class Step:
                 if refresh is not None:   # a predictor that follows the service's steps
                     refresh(at)
                 fitted = fit_from_prometheus(self.reader, selector=self.selector,
-                                             window=f"{self.window:g}s", at=at)
+                                             window=range_window(self.window), at=at)
                 self.last = self.predictor(fitted, obs.rate / max(1, replicas))
         except (PrometheusError, ValueError) as exc:
             return self.planner.hold(at, replicas, str(exc)), None

@@ -29,15 +29,15 @@ from loadtests.workloads.trace import TraceRequest
 from tuner.measure.promql import PrometheusReader
 
 OVERFLOW_FACTOR = 2.0
-_WINDOW = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_WINDOW = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_window(text: str) -> float:
     """'24h' -> 86400.0; ValueError naming the accepted form."""
     m = _WINDOW.match(text.strip())
     if not m or float(m.group(1)) <= 0:
-        raise ValueError(f"--window {text!r}: expected a positive duration like 90s, 30m, "
+        raise ValueError(f"--window {text!r}: expected a positive duration like 500ms, 90s, 30m, "
                          "24h or 7d")
     return float(m.group(1)) * _UNIT[m.group(2)]
 
