@@ -74,3 +74,43 @@ def test_a_search_over_two_workers_finds_what_one_process_finds_for_each_setting
                 assert point.result.probes[0]["rate"] == max(best, 0.5)
                 seen.add(id(point))
         best = max([best] + [p.capacity for p in batch])
+
+
+def test_the_model_replies_run_once_before_the_fork_not_in_each_worker(monkeypatch, tmp_path):
+    """A space that speculates over two workers: the model's replies (which a speculative
+    setting's drafts replay, tuner/sim/drafts.py) run once, in the sweep's own process
+    before the fork, and the workers use those; a space without speculation runs none."""
+    from tuner.sim.drafts import Reply
+
+    calls = tmp_path / "calls"
+
+    def replies(model, requests, *, seed=0, **_):
+        with calls.open("a") as f:
+            f.write(f"{os.getpid()}\n")
+        # each reply repeats its prompt's tail: n-gram drafts find it
+        return [Reply(list(r.prompt_ids), (list(r.prompt_ids[-8:]) * 8)[:r.max_tokens],
+                      r.max_tokens) for r in requests]
+
+    monkeypatch.setattr("tuner.sim.drafts.model_replies", replies)
+
+    def search(spec: str, sim: SimContext):
+        space = build_space(params=["max_num_seqs=1..4", "block_size=16",
+                                    "gpu_memory_utilization=0.9", spec,
+                                    "max_num_batched_tokens=none", "kv_offloading_size=none"])
+        plan = cs.CapacityPlan(sim=sim, sim_base={"cpu_memory_gib": 0.5}, trials=4,
+                               workers=2, log=lambda _: None)
+        return simulated_search(plan, space, fixed={}, baseline={"max_num_seqs": 1}, seed=1)
+
+    def sim() -> SimContext:
+        return SimContext(PROFILE, {"rag": {"ttft": 1.5, "e2e": 6.0}},
+                          workload=get_workload("rag"), users=3, length_scale=0.25,
+                          duration=8.0, warmup_requests=0)
+
+    plain = sim()
+    search("num_speculative_tokens=none", plain)
+    assert not calls.exists() and plain.replies is None
+    drafting = sim()
+    _, points = search("num_speculative_tokens=4", drafting)
+    assert all(p.params["num_speculative_tokens"] == 4 and p.capacity for p in points)
+    assert calls.read_text().split() == [str(os.getpid())]
+    assert drafting.replies is not None

@@ -71,6 +71,8 @@ def simulated_search(plan, space: list[Param], *, fixed: dict, baseline: dict, s
     seen: dict[tuple, SimPoint] = {}
     points = []
     best = base.capacity
+    if workers > 1 and _drafts(space, fixed) and getattr(plan.sim, "replays_drafts", False):
+        plan.sim.prepare_replies()   # once, here: the forked workers inherit them
     with SimPool(plan, workers, simulate_point) as pool:
         for first in range(0, plan.trials, workers):
             trials = [study.ask() for _ in range(min(workers, plan.trials - first))]
@@ -99,6 +101,17 @@ def simulated_search(plan, space: list[Param], *, fixed: dict, baseline: dict, s
                 plan.log(f"sim {number:>3} {_describe(params)} -> {point.capacity:.2f} req/s "
                          f"(best {best:.2f}; {point.wall_s:.1f} s)")
     return base, points
+
+
+def _drafts(space: list[Param], fixed: dict) -> bool:
+    """Whether a searched or fixed setting speculates (0 and None do not)."""
+    if fixed.get("num_speculative_tokens"):
+        return True
+    for p in space:
+        if p.name == "num_speculative_tokens":
+            return (any(c for c in p.choices) if p.choices is not None
+                    else (p.high or 0) > 0)
+    return False
 
 
 def _sim_settings(settings: dict) -> dict:

@@ -4,8 +4,9 @@ One simulated capacity is one Python process stepping the engine's own scheduler
 single core. A sweep's settings are independent, so `workers` processes simulate a
 batch of them at once. The workers are forked from the sweep when the search starts and
 inherit its simulator as it stands (the profile the pilot refitted, the prompts already
-rendered, the model's replies that speculative settings replay): nothing is pickled but
-a setting and its capacity. Each worker runs its torch with one thread (as a data
+rendered, and the model's replies that speculative settings replay, which the search runs
+before it forks when the space speculates): nothing is pickled but a setting and its
+capacity. Each worker runs its torch with one thread (as a data
 loader's workers do: the sampler's tensors are small, and threads would fight over the
 cores the other workers use).
 

@@ -107,22 +107,38 @@ class SimContext:
                               seed=self.seed, length_scale=self.length_scale,
                               max_model_len=max_len)
 
+    @property
+    def replays_drafts(self) -> bool:
+        """Speculative settings replay their method on the model's replies (no fixed
+        acceptance, no DraftModel measured on a service)."""
+        return self.acceptance is None and self.drafts_given is None
+
+    def prepare_replies(self) -> None:
+        """The model's replies that speculative settings replay, run once (the first
+        speculative setting's draft_model runs it otherwise). The sweep calls it before it
+        forks its simulator workers (tuner/search/sim_pool.py), so they inherit one set of
+        replies instead of each running the model for its own."""
+        from tuner.sim.drafts import model_replies
+
+        if self.replies is not None:
+            return
+        stream = self.stream(1.0)
+        requests = []
+        for _ in range(REPLY_REQUESTS):
+            requests.append(stream.pop())
+            stream.finished(requests[-1], requests[-1].max_tokens)
+        started = time.perf_counter()
+        self.replies = model_replies(self.model, requests, seed=self.seed)
+        self.log(f"simulator: the model's replies to {len(requests)} requests, for the "
+                 f"drafts of speculative settings ({time.perf_counter() - started:.1f} s)")
+
     def draft_model(self, spec: dict):
         """The DraftModel of a speculative_config on this workload (tuner/sim/drafts.py)."""
-        from tuner.sim.drafts import drafting_key, model_replies, replay
+        from tuner.sim.drafts import drafting_key, replay
 
         if self.drafts_given is not None:   # measured on the service (tuner/planner)
             return self.drafts_given
-        if self.replies is None:
-            stream = self.stream(1.0)
-            requests = []
-            for _ in range(REPLY_REQUESTS):
-                requests.append(stream.pop())
-                stream.finished(requests[-1], requests[-1].max_tokens)
-            started = time.perf_counter()
-            self.replies = model_replies(self.model, requests, seed=self.seed)
-            self.log(f"simulator: the model's replies to {len(requests)} requests, for the "
-                     f"drafts of speculative settings ({time.perf_counter() - started:.1f} s)")
+        self.prepare_replies()
         key = drafting_key(spec)
         if key not in self._drafts:
             model = self._drafts[key] = replay(spec, self.replies)
