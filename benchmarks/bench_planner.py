@@ -120,6 +120,20 @@ def plot(fleets: dict, slos: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def make_arm(name: str, makers: dict):
+    """An arm by name; a planner arm's `@U` plans each replica at U of its SLO capacity
+    (targetUtilization; `planner-holt-lead@0.6`)."""
+    base, _, share = name.partition("@")
+    if base not in makers or (share and not base.startswith("planner")):
+        raise SystemExit(f"--arms: unknown arm {name!r}; expected one of {sorted(makers)}, "
+                         "a planner arm optionally with @utilisation")
+    arm = makers[base]()
+    if share:
+        spec = dataclasses.replace(arm.planner.spec, utilisation=float(share))
+        arm = PlannerArm(spec, arm.predict)
+    return arm
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workload", choices=WORKLOAD_NAMES, default="chat")
@@ -138,7 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--arms", default="oracle,planner,hpa",
                    help="of oracle, oracle-reactive (no foresight), planner, planner-holt "
                    "(forecast holt), planner-holt-lead (holt past the start-up: "
-                   "startupSeconds = --startup), hpa")
+                   "startupSeconds = --startup), hpa; a planner arm with @U is planned at "
+                   "U of a replica's capacity (targetUtilization, e.g. planner-holt-lead@0.6)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
@@ -187,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         wall = time.perf_counter()
         fleet = Fleet(true_ctx.profile, settings, ctx.stream(1.0), script,
                       hf_config=hf_config, startup=args.startup, seed=args.seed,
-                      initial=1, hold_limit=args.hold_limit).run(makers[name]())
+                      initial=1, hold_limit=args.hold_limit).run(make_arm(name, makers))
         fleets[name] = fleet
         rows.append({**summarize(name, fleet, ctx.slos, args.attainment, 600 + idle),
                      "wall_s": time.perf_counter() - wall})

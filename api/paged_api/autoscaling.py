@@ -37,6 +37,7 @@ class SloPlanner:
     idle_window_seconds: int = 600
     forecast: str = "none"
     startup_seconds: int = 0             # a new replica's cold start: the forecast's lead
+    target_utilization: float = 0.9      # the share of its SLO capacity a replica is planned at
     selector: str | None = None          # PromQL matchers; None: the service's pods
 
 
@@ -74,12 +75,17 @@ def parse_planner(auto: Mapping[str, Any]) -> SloPlanner:
     if not 0 < attainment <= 1:
         raise InvalidSpecError(f"spec.autoscaling.targetAttainment must be in (0, 1], "
                                f"got {attainment}")
+    utilization = get_field(auto, "targetUtilization", "autoscaling.", (int, float), 0.9)
+    if not 0 < utilization <= 1:
+        raise InvalidSpecError(f"spec.autoscaling.targetUtilization must be in (0, 1], "
+                               f"got {utilization}")
     forecast = get_field(auto, "forecast", "autoscaling.", str, "none")
     if forecast not in FORECASTS:
         raise InvalidSpecError(f"spec.autoscaling.forecast must be one of {list(FORECASTS)}, "
                                f"got {forecast!r}")
     return SloPlanner(
         slos=slos, target_attainment=float(attainment),
+        target_utilization=float(utilization),
         interval_seconds=_seconds(auto, "intervalSeconds", 30, 5),
         scale_down_stabilization_seconds=_seconds(auto, "scaleDownStabilizationSeconds", 300, 0),
         idle_window_seconds=_seconds(auto, "idleWindowSeconds", 600, 0),

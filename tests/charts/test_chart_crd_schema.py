@@ -113,6 +113,10 @@ VALID = [
     {"router": {"enabled": True, "policy": "precise"}},
     {"autoscaling": {"mode": "slo", "maxReplicas": 4, "slo": {"ttftSeconds": 2},
                      "forecast": "holt", "startupSeconds": 45}},
+    {"autoscaling": {"mode": "slo", "maxReplicas": 4, "slo": {"ttftSeconds": 2},
+                     "targetUtilization": 1}},
+    {"autoscaling": {"mode": "slo", "maxReplicas": 4, "slo": {"ttftSeconds": 2},
+                     "targetUtilization": 0.05}},
     {"kvCache": {"offloadGiB": 0}}, {"kvCache": {"offloadGiB": 0.25}},
     {"kvCache": {"disk": {"sizeGiB": 0.1, "volume": {"emptyDir": {}}}}},
 ]
@@ -157,6 +161,12 @@ INVALID = [  # rejected by the OpenAPI schema, and by the operator should it sli
                      "startupSeconds": -5}),
     ("autoscaling", {"mode": "slo", "maxReplicas": 4, "slo": {"ttftSeconds": 2},
                      "startupSeconds": "20s"}),
+    ("autoscaling", {"mode": "slo", "maxReplicas": 4, "slo": {"ttftSeconds": 2},
+                     "targetUtilization": 0}),
+    ("autoscaling", {"mode": "slo", "maxReplicas": 4, "slo": {"ttftSeconds": 2},
+                     "targetUtilization": 1.2}),
+    ("autoscaling", {"mode": "slo", "maxReplicas": 4, "slo": {"ttftSeconds": 2},
+                     "targetUtilization": "60%"}),
 ]
 @pytest.mark.parametrize("changes", VALID)
 def test_valid_specs_pass_schema_and_operator(changes):

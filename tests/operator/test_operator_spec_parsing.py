@@ -99,7 +99,7 @@ def test_applied_settings_leave_out_unset_ones_and_keep_extra_args():
     {"autoscaling": {"mode": "slo", "minReplicas": 0, "maxReplicas": 1,   # scale to zero
                      "slo": {"e2eSeconds": 0.5}, "targetAttainment": 1,
                      "intervalSeconds": 5, "scaleDownStabilizationSeconds": 0,
-                     "idleWindowSeconds": 0, "startupSeconds": 0},
+                     "idleWindowSeconds": 0, "startupSeconds": 0, "targetUtilization": 1},
      "router": {"enabled": True}},
     {"rollout": {"strategy": "Recreate", "maxSurge": 0, "maxUnavailable": 0}},
     {"rollout": {"startupTimeoutSeconds": 10}},
@@ -117,7 +117,8 @@ def test_mode_slo_parses_the_planners_settings_with_their_defaults():
     assert auto.planner == SloPlanner(slos={"ttft": 2.0, "itl": 0.05})
     assert (auto.planner.interval_seconds, auto.planner.idle_window_seconds,
             auto.planner.scale_down_stabilization_seconds,
-            auto.planner.startup_seconds) == (30, 600, 300, 0)
+            auto.planner.startup_seconds,
+            auto.planner.target_utilization) == (30, 600, 300, 0, 0.9)
     given = parse(autoscaling={"mode": "slo", "maxReplicas": 4, "slo": {"ttftSeconds": 2},
                                "startupSeconds": 45}).autoscaling.planner
     assert given.startup_seconds == 45
@@ -238,6 +239,12 @@ INVALID = [
                       "startupSeconds": -1}},
      "spec.autoscaling.startupSeconds must be >= 0, got -1"),
     ({"autoscaling": {"maxReplicas": 2, "mode": "slo", "slo": {"itlSeconds": 0.1},
+                      "targetUtilization": 0}},
+     "spec.autoscaling.targetUtilization must be in (0, 1], got 0"),
+    ({"autoscaling": {"maxReplicas": 2, "mode": "slo", "slo": {"itlSeconds": 0.1},
+                      "targetUtilization": 1.5}},
+     "spec.autoscaling.targetUtilization must be in (0, 1], got 1.5"),
+    ({"autoscaling": {"maxReplicas": 2, "mode": "slo", "slo": {"itlSeconds": 0.1},
                       "forecast": "prophet"}},
      "spec.autoscaling.forecast must be one of ['none', 'holt'], got 'prophet'"),
     ({"autoscaling": {"maxReplicas": 2, "prometheusServerAddress": 9090}},
@@ -302,7 +309,9 @@ def test_the_planner_pod_gets_every_setting_of_mode_slo():
                               "slo": {"ttftSeconds": 2}, "targetAttainment": 0.95,
                               "intervalSeconds": 15, "scaleDownStabilizationSeconds": 60,
                               "idleWindowSeconds": 120, "forecast": "holt",
-                              "startupSeconds": 45}, router={"enabled": True})
+                              "startupSeconds": 45, "targetUtilization": 0.6},
+                 router={"enabled": True})
     assert planner_spec(spec) == PlannerSpec(
         min_replicas=0, max_replicas=6, target_attainment=0.95, interval=15,
-        scale_down_stabilization=60, idle_window=120, forecast="holt", startup=45)
+        scale_down_stabilization=60, idle_window=120, forecast="holt", startup=45,
+        utilisation=0.6)

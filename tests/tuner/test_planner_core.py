@@ -200,6 +200,27 @@ def test_each_replica_is_planned_below_its_slo_capacity():
         _obs(0, 17.9, 1), Prediction(capacity=10.0)).replicas == 2
 
 
+def test_target_utilization_plans_each_replica_at_that_share_of_its_capacity():
+    """spec.autoscaling.targetUtilization: 19 req/s at 10 per replica takes 4 replicas
+    planned at 0.5 (5 each), 3 at 0.9, 2 at 1 (the capacity itself, no margin); the
+    forecast's arrivals alone (not the queue) are held by the stabilisation at that share
+    too."""
+    cap = Prediction(capacity=10.0)
+    for share, replicas in ((0.5, 4), (0.9, 3), (1.0, 2)):
+        spec = PlannerSpec(max_replicas=10, utilisation=share)
+        decision = Planner(spec).decide(_obs(0, 19.0, 1), cap)
+        assert decision.replicas == replicas
+        assert decision.corrected_capacity == pytest.approx(10.0 * share)
+    planner = Planner(PlannerSpec(max_replicas=10, utilisation=0.5, interval=15,
+                                  scale_down_stabilization=60))
+    assert planner.decide(_obs(0, 19.0, 1), cap).replicas == 4
+    dip = planner.decide(_obs(15, 4.0, 4), cap)
+    assert dip.replicas == 4 and "arrivals wanted 4" in dip.reason
+    for share in (0, -0.5, 1.01):
+        with pytest.raises(ValueError, match="targetUtilization must be in"):
+            PlannerSpec(utilisation=share)
+
+
 def test_a_queue_being_cleared_is_not_held_by_the_stabilisation():
     """After a step the replicas that cleared the queue go as soon as it is gone; the ones
     the arrivals asked for stay for the stabilisation window."""

@@ -15,7 +15,9 @@ latency the simulator expects at the observed per-replica rate). Then:
    3.4 for a true 1.25 in bench_planner.py, and the fleet held 8 replicas for 4). Smoothed
    over intervals (CORRECTION_WEIGHT to the newest), within [1/4, 4], and learned only
    from a steady window (`steady`: no queue filling or draining); the corrected capacity is
-   the predicted one divided by it, times UTILISATION (the margin below the SLO cliff);
+   the predicted one divided by it, times the spec's utilisation (the margin below the SLO
+   cliff, UTILISATION unless `targetUtilization` says; lower buys headroom for what no
+   reactive scaler sees in time: a step or a burst shorter than a start-up);
 2. forecast: the rate over the interval the replicas asked for now will serve
    (tuner/planner/forecast.py): `none` repeats the observed one, `holt` projects its trend
    1 + startup / interval intervals ahead (a replica asked for now serves after its
@@ -68,6 +70,7 @@ class PlannerSpec:
     idle_window: float = 600.0
     forecast: str = "none"
     startup: float = 0.0       # s from a replica asked for to its serving (the forecast's lead)
+    utilisation: float = UTILISATION   # the share of its SLO capacity a replica is planned at
 
     def __post_init__(self) -> None:
         if self.min_replicas < 0:
@@ -81,6 +84,8 @@ class PlannerSpec:
                 or self.startup < 0:
             raise ValueError("interval must be > 0; scaleDownStabilization, the idle window "
                              "and startupSeconds >= 0 (seconds)")
+        if not 0 < self.utilisation <= 1:
+            raise ValueError(f"targetUtilization must be in (0, 1], got {self.utilisation}")
         if self.forecast not in FORECASTS:
             raise ValueError(f"forecast {self.forecast!r}: expected one of {FORECASTS}")
 
@@ -211,7 +216,7 @@ class Planner:
         if pred.capacity <= 0:
             return self.hold(obs.at, obs.replicas, "the predicted capacity is 0: no "
                                                    "replica meets the SLOs at this mix")
-        corrected = UTILISATION * pred.capacity / self.correction
+        corrected = spec.utilisation * pred.capacity / self.correction
         idle_for = obs.at - self.last_arrival
         queue = (obs.waiting or 0.0) / spec.interval   # drain the queue within an interval
         arrivals = math.ceil(forecast / corrected - 1e-6) if forecast > 0 else 0

@@ -45,7 +45,7 @@ def planner_spec(spec: ServiceSpec) -> PlannerSpec:
                        target_attainment=p.target_attainment, interval=p.interval_seconds,
                        scale_down_stabilization=p.scale_down_stabilization_seconds,
                        idle_window=p.idle_window_seconds, forecast=p.forecast,
-                       startup=p.startup_seconds)
+                       startup=p.startup_seconds, utilisation=p.target_utilization)
 
 
 def selector(spec: ServiceSpec) -> str:
