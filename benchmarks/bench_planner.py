@@ -121,16 +121,19 @@ def plot(fleets: dict, slos: dict, path: Path) -> None:
 
 
 def make_arm(name: str, makers: dict):
-    """An arm by name; a planner arm's `@U` plans each replica at U of its SLO capacity
-    (targetUtilization; `planner-holt-lead@0.6`)."""
+    """An arm by name, optionally `@U`: a planner arm plans each replica at U of its SLO
+    capacity (targetUtilization; `planner-holt-lead@0.6`), an oracle arm sizes the fleet
+    at U of the true capacity (`oracle@0.8`: ceil(rate / (0.8 C)))."""
     base, _, share = name.partition("@")
-    if base not in makers or (share and not base.startswith("planner")):
+    if base not in makers or (share and base == "hpa"):
         raise SystemExit(f"--arms: unknown arm {name!r}; expected one of {sorted(makers)}, "
-                         "a planner arm optionally with @utilisation")
+                         "a planner or oracle arm optionally with @utilisation")
     arm = makers[base]()
-    if share:
+    if share and base.startswith("planner"):
         spec = dataclasses.replace(arm.planner.spec, utilisation=float(share))
         arm = PlannerArm(spec, arm.predict)
+    elif share:
+        arm.capacity *= float(share)
     return arm
 
 
@@ -153,7 +156,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="of oracle, oracle-reactive (no foresight), planner, planner-holt "
                    "(forecast holt), planner-holt-lead (holt past the start-up: "
                    "startupSeconds = --startup), hpa; a planner arm with @U is planned at "
-                   "U of a replica's capacity (targetUtilization, e.g. planner-holt-lead@0.6)")
+                   "U of a replica's capacity (targetUtilization, e.g. planner-holt-lead@0.6), "
+                   "an oracle arm sized at U of it (oracle@0.8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)

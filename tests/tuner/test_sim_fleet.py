@@ -10,7 +10,7 @@ import math
 import pytest
 
 from benchmarks.planner_arms import HpaArm, OracleArm, PlannerArm
-from tuner.planner.core import UTILISATION, PlannerSpec, Prediction
+from tuner.planner.core import UTILISATION, Observation, PlannerSpec, Prediction
 from tuner.sim import fleet as fleet_mod
 from tuner.sim.fleet import Fleet, Script, oracle_replicas, violation_seconds
 from tuner.sim.profile import Fit, Identity, Memory, Profile
@@ -248,3 +248,27 @@ def test_the_benchmarks_summary_splits_failures_by_cause_and_attainment_by_phase
     late = [r for r in served.records if r["start"] >= 90]
     assert early and late and row["failed"] == 0
     assert row["by_phase"]["0.6 C"] == 1.0 and row["by_phase"]["step to 2.4 C"] == 1.0
+
+
+def test_the_benchmarks_arms_take_a_utilisation():
+    """bench_planner's `--arms`: `planner...@U` plans each replica at U of its capacity
+    (targetUtilization), `oracle@U` sizes the fleet at U of the true capacity; the HPA
+    and unknown arms are refused by name."""
+    from benchmarks.bench_planner import make_arm
+
+    s = Script([(0, 5.0), (30, 5.0)])
+    spec = PlannerSpec(max_replicas=8, interval=15)
+    makers = {"oracle": lambda: OracleArm(s, 2.0, 3.0, max_replicas=8),
+              "planner": lambda: PlannerArm(spec, lambda _: Prediction(capacity=2.0)),
+              "hpa": lambda: HpaArm(1.0, max_replicas=8, stabilization=0)}
+    assert make_arm("oracle", makers)(None, 0.0) == 3            # ceil(5 / 2)
+    assert make_arm("oracle@0.5", makers)(None, 0.0) == 5        # ceil(5 / 1)
+    plain, half = make_arm("planner", makers), make_arm("planner@0.5", makers)
+    assert plain.planner.spec.utilisation == UTILISATION
+    assert half.planner.spec.utilisation == 0.5
+    obs = Observation(at=15, rate=5.0, replicas=1)
+    assert half.planner.decide(obs, Prediction(capacity=2.0)).replicas == 5
+    assert plain.planner.decide(obs, Prediction(capacity=2.0)).replicas == 3
+    for bad in ("hpa@0.5", "orcale"):
+        with pytest.raises(SystemExit, match="unknown arm"):
+            make_arm(bad, makers)
