@@ -71,7 +71,7 @@ def simulated_search(plan, space: list[Param], *, fixed: dict, baseline: dict, s
     seen: dict[tuple, SimPoint] = {}
     points = []
     best = base.capacity
-    if workers > 1 and _drafts(space, fixed) and getattr(plan.sim, "replays_drafts", False):
+    if workers > 1 and plan.sim.replays_drafts and _drafts(space, fixed):
         plan.sim.prepare_replies()   # once, here: the forked workers inherit them
     with SimPool(plan, workers, simulate_point) as pool:
         for first in range(0, plan.trials, workers):
