@@ -135,7 +135,7 @@ def test_capacity_tuning_on_the_real_engine(local_cluster) -> None:
     status = finished(cluster, "tiny-cap", timeout=900)["status"]
     print(f"\ncapacity tuning: {time.monotonic() - started:.0f} s; pilot {status['pilot']}; "
           f"simulation {status['simulation']}; confirmation {status['confirmation']}; "
-          f"gain {status['gain']}; verification {status.get('verification')}")
+          f"gain {status.get('gain')}; verification {status.get('verification')}")
     # the pilot: a real capacity, whose served steps became the simulator's profile
     assert "failed" not in status["pilot"] and status["pilot"]["capacity"] > 0
     simulation = status["simulation"]
