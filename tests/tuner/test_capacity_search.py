@@ -63,3 +63,24 @@ def test_a_simulated_capacity_from_1_req_s_is_bracketed_however_high(truth):
     point = simulate_point(SimpleNamespace(sim=Sim(), sim_base={}), {}, start=1.0)
     assert point.result.upper is not None                       # a failing probe found
     assert truth / 1.1 <= point.capacity <= truth
+
+
+@pytest.mark.parametrize("start, probes, walk", [
+    (36.0, 2, 1), (38.5, 2, 1), (30.0, 4, 2), (45.0, 4, 2), (100.0, 8, 4)])
+def test_small_steps_that_square_bracket_near_starts_in_two_probes_and_far_ones_still(
+        start, probes, walk):
+    """growth 1.08 squaring to 2: a start within a step of the knee (37) brackets in two
+    probes, within 8 % (1.25x steps then a bisection to 10 %: four); 20 % off in four (as
+    before); 2.7x off walks 1.08, 1.17, 1.36, 1.85 and bisects to the same tolerance."""
+    result = search_capacity(_knee(37.0), {"chat": {"ttft": 1.0}}, start=start,
+                             rel_tol=0.1, max_probes=8, growth=1.08, max_growth=2.0)
+    assert result.rate <= 37.0 < result.upper <= result.rate * 1.1
+    assert len(result.probes) == probes
+    rates = [p["rate"] for p in result.probes]
+    factors = [max(b / a, a / b) for a, b in zip(rates, rates[1:])][:walk]
+    assert factors == pytest.approx([1.08 ** 2 ** k for k in range(walk)])
+
+
+def test_a_max_growth_below_the_growth_is_refused():
+    with pytest.raises(ValueError, match="max_growth"):
+        search_capacity(_knee(1), {}, start=1.0, growth=1.5, max_growth=1.2)

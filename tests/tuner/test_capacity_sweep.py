@@ -88,13 +88,14 @@ def _real(monkeypatch, *, factor=0.5, noise=0.02):
     rng, calls = random.Random(1), []
 
     def measure_capacity(settings, launch, load, slos, *, start, growth, max_probes,
-                         **kwargs):
+                         max_growth=None, **kwargs):
         calls.append({"settings": settings, "start": start, "growth": growth,
-                      "seed": load.seed, "max_probes": max_probes,
-                      "warmup_load": kwargs.get("warmup_load")})
+                      "max_growth": max_growth, "seed": load.seed,
+                      "max_probes": max_probes, "warmup_load": kwargs.get("warmup_load")})
         real = FakeSim.truth(settings) * factor * math.exp(rng.gauss(0, noise))
         return search_capacity(_knee(real), slos, start=start, growth=growth,
-                               max_probes=max_probes, rel_tol=kwargs["rel_tol"])
+                               max_growth=max_growth, max_probes=max_probes,
+                               rel_tol=kwargs["rel_tol"])
     monkeypatch.setattr(cs, "measure_capacity", measure_capacity)
     return calls
 
@@ -117,7 +118,8 @@ def test_only_the_best_k_and_the_baseline_run_for_real_and_the_better_one_wins(
     assert len(calls) == 1 + 3 * 3 == record["real_engines"]
     pilot, calls = calls[0], calls[1:]
     assert pilot["settings"] == {"max_num_seqs": 8} and pilot["seed"] == 0
-    assert pilot["growth"] == 2.0 and pilot["max_probes"] == plan.real_probes + 3
+    assert (pilot["growth"], pilot["max_growth"], pilot["max_probes"]) == (
+        2.0, None, plan.real_probes + 3)
     assert record["pilot"]["capacity"] > 0
     assert record["pilot"]["capacity"] not in record["arms"][0]["capacity"]   # not scored
     assert {c["seed"] for c in calls} == {1, 2, 3}          # one stream per round
@@ -127,19 +129,24 @@ def test_only_the_best_k_and_the_baseline_run_for_real_and_the_better_one_wins(
     assert winner["gain"]["low"] > 1 and winner["gain"]["ratio"] == pytest.approx(
         FakeSim.truth(winner["settings"]) / FakeSim.truth({"max_num_seqs": 8}), rel=0.1)
     # each arm's search starts at sim x its own real/simulated ratio (the baseline's
-    # first: the pilot's) in small steps; a candidate's first brackets widely from the
-    # others' ratio
+    # first: the pilot's) in small steps that grow; a candidate's first starts from the
+    # others' ratio with more probes
     base, c1 = record["arms"][0], record["arms"][1]
     of = {label: [c for c in calls if c["settings"] == arm["settings"]]
           for label, arm in (("baseline", base), ("C1", c1), ("C2", record["arms"][2]))}
     assert all(len(v) == 3 for v in of.values())
-    assert {(c["growth"], c["max_probes"]) for c in of["baseline"]} == {
-        (cs.REAL_GROWTH, plan.real_probes)}
+    steps = (cs.REAL_GROWTH, cs.REAL_MAX_GROWTH)
+    assert {(c["growth"], c["max_growth"], c["max_probes"]) for c in of["baseline"]} == {
+        (*steps, plan.real_probes)}
     for label in ("C1", "C2"):
         first, *later = of[label]
-        assert (first["growth"], first["max_probes"]) == (2.0, plan.real_probes + 3)
-        assert {(c["growth"], c["max_probes"]) for c in later} == {
-            (cs.REAL_GROWTH, plan.real_probes)}
+        assert (first["growth"], first["max_growth"], first["max_probes"]) == (
+            *steps, plan.real_probes + 3)
+        assert {(c["growth"], c["max_growth"], c["max_probes"]) for c in later} == {
+            (*steps, plan.real_probes)}
+    # started at its own last crossing, an arm whose capacity moved 2 % brackets in two
+    # probes (1.25x steps and a bisection to 10 % took four)
+    assert [len(a["probes"][r]) for a in record["arms"] for r in (1, 2)] == [2] * 6
     assert of["baseline"][0]["start"] == pytest.approx(record["pilot"]["capacity"])
     assert of["C1"][0]["start"] == pytest.approx(c1["sim"] * statistics.median(
         [record["pilot"]["capacity"] / base["sim"], base["capacity"][0] / base["sim"]]))
@@ -182,9 +189,9 @@ def test_a_failed_pilot_leaves_the_first_round_to_bracket_widely(tmp_path, monke
                            log=lambda s: None)
     record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=2), plan)
     assert record["pilot"]["failed"] == "the engine did not start"
-    assert calls[1]["growth"] == 2.0 and calls[1]["max_probes"] == plan.real_probes + 3
-    assert calls[2]["growth"] == 2.0   # C1's first measurement too
-    assert calls[3]["growth"] == calls[4]["growth"] == cs.REAL_GROWTH   # round 2: own ratios
+    # nothing measured yet: the first round's arms have the wider probe budget
+    assert calls[1]["max_probes"] == calls[2]["max_probes"] == plan.real_probes + 3
+    assert calls[3]["max_probes"] == calls[4]["max_probes"] == plan.real_probes  # own ratios
     assert all(record["arms"][0]["capacity"])   # the rounds still measured
 
 

@@ -15,8 +15,9 @@ replica's SLO capacity, searched on the simulator, confirmed for real.
    (rotated order, one fresh engine per arm and round, the same request stream within a
    round). One measurement is a short real capacity search started at the arm's simulated
    capacity, scaled by its own real/simulated ratio so far (an arm's first measurement:
-   the other arms' ratio, bracketing widely), read as the rate where attainment crosses
-   the target (interpolated between the bracketing probes).
+   the other arms' ratio, with more probes), in steps that start at 8 % and grow while
+   the bracket is not found, read as the rate where attainment crosses the target
+   (interpolated between the bracketing probes).
    The gain is the paired per-round capacity ratio with its 95 % t-interval
    (tuner/search/stats.py); a candidate replaces the baseline only when the lower bound
    exceeds --min-gain. Only these K+1 arms ever start a real engine; a candidate whose
@@ -46,7 +47,8 @@ from tuner.sim.live_profile import priced_share, read_steps
 from tuner.sim.profile import UNFITTED
 
 REAL_REL_TOL = 0.1
-REAL_GROWTH = 1.25      # a real search starts near the answer: small steps
+REAL_GROWTH = 1.08      # a real search starts near the answer: a small first step,
+REAL_MAX_GROWTH = 2.0   # squared on each further step the same way (capacity.search_capacity)
 LIGHT_SHARE = 0.1       # the pilot's light load, of its simulated capacity: no queueing
 # a simulated gain worth real rounds: equally good settings simulate up to ~1 % apart (the
 # crossing read between probes from different warm starts; SmolLM2 rag: 4.95 against the
@@ -151,9 +153,13 @@ def confirm_for_real(plan: CapacityPlan, config, arms: list[dict], pilot: dict,
 def _measure_arm(plan: CapacityPlan, config, arm: dict, load, ratios: dict[str, list[float]],
                  workdir, series: list) -> CapacityResult:
     """One real capacity search of `arm`, started at its simulated capacity times its own
-    real/simulated ratio so far, in small steps; an arm not yet measured starts at the
-    other arms' ratio and brackets widely: the simulator can be off by another factor for
-    other settings (a profile fitted on one sequence at a time put 8 sequences at 91 req/s,
+    real/simulated ratio so far (the median of its real capacities so far), in steps that
+    start small (REAL_GROWTH) and square while the bracket is not found (to 2x at most):
+    an arm whose capacity moved less than a step since its last round brackets in two
+    probes, where 1.25x steps then a bisection to 10 % took four (every round of the
+    README's command, 2026-12-06). An arm not yet measured starts at the other arms' ratio
+    and has three probes more: the simulator can be off by another factor for other
+    settings (a profile fitted on one sequence at a time put 8 sequences at 91 req/s,
     their engine served 40: three probes of 1.25x steps down from 96 all failed). Its
     engine's step counters are read into `series` meanwhile: what the simulator's profile
     charges for the steps it served, against what they took (live_profile.priced_share),
@@ -168,7 +174,7 @@ def _measure_arm(plan: CapacityPlan, config, arm: dict, load, ratios: dict[str, 
         workdir=workdir, start=guess, trace_rate=plan.trace_rate,
         warmup_requests=config.warmup_requests, warmup_load=plan.sim.warmup_requests,
         attainment=plan.sim.attainment, rel_tol=REAL_REL_TOL,
-        growth=2.0 if wide else REAL_GROWTH,
+        growth=REAL_GROWTH, max_growth=REAL_MAX_GROWTH,
         max_probes=plan.real_probes + (3 if wide else 0),
         watch=lambda url: read_steps(url, series, _step_interval(config)))
 
