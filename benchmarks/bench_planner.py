@@ -30,6 +30,7 @@ import argparse
 import collections
 import dataclasses
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -93,6 +94,23 @@ def summarize(name: str, fleet: Fleet, slos: dict, target: float, idle_end: floa
             "cold_ttft": after_idle[0].get("ttft") if after_idle else None}
 
 
+def attainment_windows(records: list[dict], slos: dict, width: float = 10.0
+                       ) -> tuple[list[float], list[float]]:
+    """(window midpoints, the share of the requests that arrived in each window and met
+    their SLOs), `width` s windows from the first arrival's to the last's; a window with no
+    arrival (the idle phase) is NaN, so the plotted line breaks there instead of drawing a
+    straight line across it."""
+    bins: dict[int, list[bool]] = {}
+    for r in records:
+        bins.setdefault(int(r["start"] // width), []).append(
+            meets_slo(r, slos.get(r["kind"], {})))
+    if not bins:
+        return [], []
+    keys = range(min(bins), max(bins) + 1)
+    return ([width * k + width / 2 for k in keys],
+            [sum(bins[k]) / len(bins[k]) if k in bins else math.nan for k in keys])
+
+
 def plot(fleets: dict, slos: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -102,13 +120,7 @@ def plot(fleets: dict, slos: dict, path: Path) -> None:
     for name, fleet in fleets.items():
         t = [p[0] for p in fleet.timeline]
         axes[1].step(t, [p[2] for p in fleet.timeline], where="post", label=name)
-        bins: dict[int, list[bool]] = {}
-        for r in fleet.records:
-            bins.setdefault(int(r["start"] // 10), []).append(meets_slo(r, slos.get(r["kind"],
-                                                                                    {})))
-        keys = sorted(bins)
-        axes[2].plot([10 * k + 5 for k in keys],
-                     [sum(bins[k]) / len(bins[k]) for k in keys], label=name)
+        axes[2].plot(*attainment_windows(fleet.records, slos), label=name)
     first = next(iter(fleets.values()))
     axes[0].plot([p[0] for p in first.timeline], [p[1] for p in first.timeline], "k")
     axes[0].set_ylabel("arrival rate, req/s")

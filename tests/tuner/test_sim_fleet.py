@@ -272,3 +272,20 @@ def test_the_benchmarks_arms_take_a_utilisation():
     for bad in ("hpa@0.5", "orcale"):
         with pytest.raises(SystemExit, match="unknown arm"):
             make_arm(bad, makers)
+
+
+def test_the_plots_attainment_breaks_over_windows_without_arrivals():
+    """bench_planner's attainment line: one point per 10-s window by arrival, NaN where
+    nothing arrived (the idle phase), so the line is not drawn across it."""
+    import math
+
+    from benchmarks.bench_planner import attainment_windows
+
+    slos = {"chat": {"e2e": 1.0}}
+    records = [{"kind": "chat", "start": s, "ok": True, "e2e": e, "ttft": 0.1, "itl": [],
+                "output_tokens": 1}
+               for s, e in [(1.0, 0.5), (4.0, 2.0), (12.0, 0.5), (35.0, 0.5), (38.0, 3.0)]]
+    xs, ys = attainment_windows(records, slos)
+    assert xs == [5.0, 15.0, 25.0, 35.0]
+    assert ys[:2] == [0.5, 1.0] and math.isnan(ys[2]) and ys[3] == 0.5
+    assert attainment_windows([], slos) == ([], [])
