@@ -7,7 +7,7 @@ A short rate search around the tuned point, on one engine with the winning setti
    (at most `max_probes`; a warm start near the answer brackets faster with a smaller one);
    with `max_growth` above `growth` the factor squares after each step in the same
    direction, up to `max_growth`: a start within one small step of the knee brackets in
-   two probes, a far one still in a few (1.08, 1.17, 1.36, 1.85, 2: 3.4x in five);
+   two probes, a far one still in a few (1.08, 1.17, 1.36, 1.85, 2: 3.2x by the fifth);
 3. bisect geometrically until hi/lo <= 1 + `rel_tol`.
 
 A probe at rate r runs the workload open-loop (Poisson at r, or a trace replayed at the
