@@ -235,6 +235,14 @@ def test_the_planner_predicts_fewer_replicas_per_request_for_a_mix_of_longer_pro
     class Live:   # the engines report a KV pool of 130 blocks (LiveSteps' answer)
         def update(self, at, base):
             return None, 130
+    # a known law in place of the calibration's fit (which on a 2-core machine may price
+    # a decoding sequence at next to nothing): 10 ms a step plus 3 ms per decoding sequence
+    from tuner.sim.profile import Fit
+    calibrated = ctx.profile
+    law = Profile(calibrated.identity, Fit("law", {"intercept": 0.01, "prefill_tokens": 2e-5,
+                                                   "decode_seqs": 3e-3}, 0.0),
+                  calibrated.memory, calibrated.num_steps)
+    ctx = SimContext(law, {"trace": {"ttft": 3.0, "tpot": 0.3}}, duration=15.0)
     following = SimPredictor(ctx, {"cpu_memory_gib": 0.5}, live=Live())
     following.refresh(0.0)
     assert following.settings["num_gpu_blocks_override"] == 130
@@ -242,6 +250,7 @@ def test_the_planner_predicts_fewer_replicas_per_request_for_a_mix_of_longer_pro
     # the pool and, offered 20 req/s, its steps stay short where the calibrated pool
     # (0.5 GiB) admits everything and every step grows
     small = following(mix(8), 20.0)
+    long = SimPredictor(ctx, {"cpu_memory_gib": 0.5})(mix(8), 20.0)
     assert small.itl_p50 < 0.5 * long.itl_p50
 
 
