@@ -37,7 +37,7 @@ from locust import User, constant, events
 
 from loadtests import distributed
 from loadtests.client import Sample, stream_request
-from loadtests.workloads.base import OpenLoop, WorkloadSpec
+from loadtests.workloads.base import OpenLoop, WorkloadSpec, park
 
 _user_ids = itertools.count()
 # file: the samples file (single process, or the master); shipper: a distributed worker's
@@ -189,16 +189,16 @@ class StreamingUser(User):
         """Poisson arrivals: exponential gaps on an absolute schedule (no drift)."""
         rate = opts.rate / max(1, opts.users_total or opts.num_users or 1)
         arrivals = OpenLoop(self.seed, self.user_id, rate)
-        idle: list = []  # multi-turn sessions waiting for their next turn
+        idle: list = []  # multi-turn sessions waiting, with their next request (park)
         next_t = time.monotonic()
         while True:
             next_t += arrivals.gap()
             gevent.sleep(max(0.0, next_t - time.monotonic()))
-            session = arrivals.pick(idle) or self._new_session()
-            request = session.next_request()
-            if request is None:
+            picked = arrivals.pick(idle)
+            if picked is None:
                 session = self._new_session()
-                request = session.next_request()
+                picked = session, session.next_request()
+            session, request = picked
             if len(_state["inflight"]) >= opts.max_inflight:
                 _write(Sample(kind=request.kind, start=time.time(),
                               error="dropped: too many requests in flight").to_json())
@@ -207,4 +207,4 @@ class StreamingUser(User):
 
     def _send_then_park(self, session, request, idle: list) -> None:
         self._send(session, request)
-        idle.append(session)
+        park(idle, session)

@@ -83,19 +83,32 @@ class SingleShot:
         pass
 
 
-# Open loop: an arrival continues one of the user's idle multi-turn sessions (chosen at
+# Open loop: an arrival continues one of the user's waiting multi-turn sessions (chosen at
 # random) with this probability, else starts a new one (loadtests/common.py's Locust user
-# and the simulator's arrival process, tuner/sim/stream.py, both follow it: OpenLoop)
-REVISIT_IDLE_SESSION = 0.7
+# and the simulator's arrival process, tuner/sim/stream.py, both follow it: OpenLoop). A
+# session waits only while it has a turn left (`park`), so the share of arrivals that
+# continue a session settles at the workload's own, (turns - 1) / turns (chat 0.75,
+# agentic 0.78), and the number waiting stays small, provided this probability is above
+# that share: at 0.7 chat's sessions piled up without end (0.9 continuations owed per
+# arrival, 0.7 paid) and its capacity fell with every request served before the window.
+REVISIT_IDLE_SESSION = 0.9
+
+
+def park(idle: list, session: Session) -> None:
+    """After a reply: the session waits in `idle` with its next request, drawn now (it
+    depends on the history alone), or leaves for good when it has none."""
+    request = session.next_request()
+    if request is not None:
+        idle.append((session, request))
 
 
 class OpenLoop:
     """One user's open-loop arrivals: Poisson gaps at `rate` and, per arrival, whether it
-    continues an idle session and which one.
+    continues a waiting session and which one.
 
     The gaps and the choices come from two generators, and every arrival draws the same
-    numbers whatever is idle, so the arrival times are a function of (seed, user, rate)
-    alone: how fast the server replied (which sessions are idle) changes which session an
+    numbers whatever waits, so the arrival times are a function of (seed, user, rate)
+    alone: how fast the server replied (which sessions wait) changes which session an
     arrival continues, never when it arrives. Two settings, rounds or probes of one seed
     therefore see the same arrivals (common random numbers), and a faster server does not
     shift the stream it is measured on.
@@ -113,8 +126,8 @@ class OpenLoop:
         return self._gaps.expovariate(self.rate)
 
     def pick(self, idle: list):
-        """The idle session this arrival continues (removed from `idle`), or None: start a
-        new one."""
+        """The waiting (session, request) this arrival sends (removed from `idle`, which
+        `park` fills), or None: start a new session."""
         revisit, which = self._choices.random(), self._choices.random()
         if idle and revisit < REVISIT_IDLE_SESSION:
             return idle.pop(int(which * len(idle)))

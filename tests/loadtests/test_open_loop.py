@@ -70,3 +70,45 @@ def test_the_simulators_stream_arrives_alike_whether_replies_finish_or_not():
     replied, quiet = run(True), run(False)
     assert replied[0] == quiet[0]
     assert replied[1] > quiet[1]   # finished replies were continued, in the same arrivals
+
+
+def _waiting_over_time(name: str, arrivals: int = 12_000, lag: int = 24):
+    """A workload's simulator stream whose replies finish `lag` arrivals after they were
+    sent: the sessions waiting every 100 arrivals, and the stream at the end."""
+    from loadtests.workloads import get_workload
+    from tuner.sim.stream import Renderer, WorkloadStream
+
+    stream = WorkloadStream(get_workload(name), rate=50.0, users=8, seed=1,
+                            render=Renderer(_Tokenizer()), length_scale=0.2,
+                            max_model_len=1 << 20)
+    sent, waiting = [], []
+    for i in range(arrivals):
+        sent.append(stream.pop())
+        if len(sent) > lag:
+            stream.finished(sent.pop(0), output_tokens=12)
+        if i % 100 == 0:
+            waiting.append(sum(map(len, stream.idle)))
+    return waiting, stream, len(sent)
+
+
+@pytest.mark.parametrize("name", ["chat", "agentic", "mixed"])
+def test_multi_turn_workloads_reach_a_steady_state(name):
+    """The sessions waiting for their next turn stop growing, and nearly every session
+    runs all its turns: a finished session leaves the pool, and an arrival continues a
+    waiting one often enough ((turns - 1) / turns < REVISIT_IDLE_SESSION). With a finished
+    session parked again, or the share back at 0.7, the chat pool grows without end."""
+    waiting, stream, in_flight = _waiting_over_time(name)
+    half = len(waiting) // 2
+    first, second = waiting[:half], waiting[half:]
+    assert max(second) <= 12 * 8                  # at most a dozen per user
+    assert sum(second) / len(second) <= 1.5 * sum(first) / len(first) + 2
+    started = sum(stream.started)
+    assert started > 1000
+    unfinished = sum(map(len, stream.idle)) + in_flight
+    assert unfinished / started < 0.05
+
+
+def test_single_shot_workloads_leave_nothing_waiting():
+    waiting, stream, _ = _waiting_over_time("summarize", arrivals=2000)
+    assert max(waiting) == 0
+    assert sum(stream.started) == 2000

@@ -28,9 +28,10 @@ def test_a_reply_lengthens_the_history_by_about_the_tokens_it_was_written_in(out
         stream.idle[0].clear()     # each arrival a new session
         first = stream.pop()
         stream.finished(first, output_tokens)
-        following = first.session.next_request()
-        if following is None:
+        if not stream.idle[0]:      # that was its last turn
             continue
+        session, following = stream.idle[0][-1]   # it waits with its next turn
+        assert session is first.session
         reply = [m for m in following.body["messages"] if m["role"] == "assistant"][-1]
         lengths.append(len(tokenizer.encode(reply["content"], add_special_tokens=False)))
     assert len(lengths) >= 10

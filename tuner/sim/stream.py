@@ -3,11 +3,11 @@ trace at its arrival times (scaled in speed), as token ids in virtual time.
 
 A workload stream follows the Locust users' open loop (loadtests/common.py): `users`
 independent Poisson processes at rate / users each; an arrival continues one of its
-user's idle multi-turn sessions with probability REVISIT_IDLE_SESSION, else starts a new
-one; a session is idle again once its reply has finished, and the reply's length in
-words (about the tokens it had) joins the history. Chat prompts are rendered with the
-model's chat template and tokenized by the model's tokenizer, as the server does
-(`Renderer`).
+user's waiting multi-turn sessions with probability REVISIT_IDLE_SESSION, else starts a new
+one; a session waits again once its reply has finished (the reply's length in words,
+about the tokens it had, joins the history), unless that was its last turn. Chat
+prompts are rendered with the model's chat template and tokenized by the model's
+tokenizer, as the server does (`Renderer`).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import random
 import weakref
 from dataclasses import dataclass, field
 
-from loadtests.workloads.base import OpenLoop, WorkloadSpec, words
+from loadtests.workloads.base import OpenLoop, WorkloadSpec, park, words
 from loadtests.workloads.trace import TraceRequest, build_request, trace_rate
 
 
@@ -115,13 +115,13 @@ class WorkloadStream:
     def pop(self) -> SimRequest:
         t, u = heapq.heappop(self._next)
         heapq.heappush(self._next, (t + self.arrivals[u].gap(), u))
-        session = self.arrivals[u].pick(self.idle[u])
-        request = session.next_request() if session else None
-        if request is None:
+        picked = self.arrivals[u].pick(self.idle[u])
+        if picked is None:
             session = self.workload.start_session(self.sessions[u], self.scale)
             self._replies[session] = random.Random(f"{self.seed}:{u}:{self.started[u]}")
             self.started[u] += 1
-            request = session.next_request()
+            picked = session, session.next_request()
+        session, request = picked
         ids = self.render(request)
         max_tokens = int(request.body.get("max_tokens") or 16)
         if len(ids) + max_tokens >= self.max_model_len:  # the server would refuse it
@@ -141,7 +141,7 @@ class WorkloadStream:
             per_word = getattr(self.render, "tokens_per_word", 4 / 3)  # a bare render: ~English
             n = max(1, round(output_tokens / per_word))
             request.session.record_response(words(self._replies[request.session], n))
-            self.idle[request.user].append(request.session)
+            park(self.idle[request.user], request.session)
 
 
 class TraceStream:
