@@ -101,10 +101,16 @@ def test_the_model_replies_run_once_before_the_fork_not_in_each_worker(monkeypat
                                workers=2, log=lambda _: None)
         return simulated_search(plan, space, fixed={}, baseline={"max_num_seqs": 1}, seed=1)
 
+    reported = tmp_path / "reported"
+
+    def log(line):   # who reported which replay
+        with reported.open("a") as f:
+            f.write(f"{os.getpid()} {line}\n")
+
     def sim() -> SimContext:
         return SimContext(PROFILE, {"rag": {"ttft": 1.5, "e2e": 6.0}},
                           workload=get_workload("rag"), users=3, length_scale=0.25,
-                          duration=8.0, warmup_requests=0)
+                          duration=8.0, warmup_requests=0, log=log)
 
     plain = sim()
     search("num_speculative_tokens=none", plain)
@@ -114,3 +120,13 @@ def test_the_model_replies_run_once_before_the_fork_not_in_each_worker(monkeypat
     assert all(p.params["num_speculative_tokens"] == 4 and p.capacity for p in points)
     assert calls.read_text().split() == [str(os.getpid())]
     assert drafting.replies is not None
+    # each method's replay reported once, by the sweep's process (not once per worker)
+    replays = [line for line in reported.read_text().splitlines() if "decode steps" in line]
+    assert [line.split(" ", 2)[:2] for line in replays] == [[str(os.getpid()), "simulator:"]]
+    reported.unlink()
+    several = sim()
+    _, points = search("num_speculative_tokens=2,4,suffix:8", several)
+    replays = [line for line in reported.read_text().splitlines() if "decode steps" in line]
+    assert sorted(line.split()[2:4] for line in replays) == [
+        ["ngram", "k=2"], ["ngram", "k=4"], ["suffix", "k=8"]]
+    assert {line.split()[0] for line in replays} == {str(os.getpid())}

@@ -72,7 +72,8 @@ def simulated_search(plan, space: list[Param], *, fixed: dict, baseline: dict, s
     points = []
     best = base.capacity
     if workers > 1 and plan.sim.replays_drafts and _drafts(space, fixed):
-        plan.sim.prepare_replies()   # once, here: the forked workers inherit them
+        # once, here: the forked workers inherit the replies and every method's drafts
+        plan.sim.prepare_drafts(_speculating(space, fixed))
     with SimPool(plan, workers, simulate_point) as pool:
         for first in range(0, plan.trials, workers):
             trials = [study.ask() for _ in range(min(workers, plan.trials - first))]
@@ -112,6 +113,17 @@ def _drafts(space: list[Param], fixed: dict) -> bool:
             return (any(c for c in p.choices) if p.choices is not None
                     else (p.high or 0) > 0)
     return False
+
+
+def _speculating(space: list[Param], fixed: dict) -> list[dict]:
+    """The settings of each speculative choice the search can make (the fixed one where
+    num_speculative_tokens is not searched, none for a continuous range)."""
+    for p in space:
+        if p.name == "num_speculative_tokens":
+            values = p.choices if p.choices is not None else (
+                [] if p.log else p.grid_values())
+            return [_sim_settings({**fixed, p.name: v}) for v in values]
+    return [_sim_settings(fixed)]
 
 
 def _sim_settings(settings: dict) -> dict:

@@ -132,6 +132,21 @@ class SimContext:
         self.log(f"simulator: the model's replies to {len(requests)} requests, for the "
                  f"drafts of speculative settings ({time.perf_counter() - started:.1f} s)")
 
+    def prepare_drafts(self, settings: list[dict]) -> None:
+        """The replies and every speculative setting's drafts among `settings`, replayed
+        now (the sweep calls it before it forks its workers, which then share them and
+        report each replay once, not once per worker)."""
+        from tuner.sim.engine import engine_config
+
+        self.prepare_replies()
+        for one in settings:
+            try:
+                spec = engine_config(one).speculative_config
+            except ValueError:   # refused: its simulation says why, in its worker
+                continue
+            if spec:
+                self.draft_model(spec)
+
     def draft_model(self, spec: dict):
         """The DraftModel of a speculative_config on this workload (tuner/sim/drafts.py)."""
         from tuner.sim.drafts import drafting_key, replay

@@ -123,6 +123,17 @@ class TokenCountTokenizer:
         return " w" * len(ids)
 
 
+def engine_config(settings: dict) -> EngineConfig:
+    """The EngineConfig of these settings (api/paged_api/settings.py names; search
+    dimensions such as num_speculative_tokens go into their object setting)."""
+    from paged_api.search_space import SETTINGS as SEARCHABLE
+    from paged_api.search_space import engine_values
+
+    known = {k: v for k, v in settings.items() if k in SEARCHABLE}
+    return EngineConfig(**{k: v for k, v in settings.items() if k not in known},
+                        **{k: v for k, v in engine_values(known).items() if v is not None})
+
+
 def sim_engine(profile: Profile, settings: dict, *, hf_config,
                acceptance: float = 0.0, drafts=None, seed: int = 0
                ) -> tuple[LLMEngine, VirtualClock]:
@@ -133,12 +144,7 @@ def sim_engine(profile: Profile, settings: dict, *, hf_config,
     DraftModel, which then replaces the engine's proposer and `acceptance` (None: the
     engine's own proposer over the made-up tokens, accepted at `acceptance`). ValueError
     for settings the engine would refuse."""
-    from paged_api.search_space import SETTINGS as SEARCHABLE
-    from paged_api.search_space import engine_values
-
-    known = {k: v for k, v in settings.items() if k in SEARCHABLE}
-    config = EngineConfig(**{k: v for k, v in settings.items() if k not in known},
-                          **{k: v for k, v in engine_values(known).items() if v is not None})
+    config = engine_config(settings)
     if config.kv_offloading_size or config.kv_disk_dir:
         raise ValueError("the simulator does not model the KV tiers yet "
                          "(kv_offloading_size, kv_disk_dir); leave them out of the search")
