@@ -91,8 +91,11 @@ def _waiting_over_time(name: str, arrivals: int = 12_000, lag: int = 24):
     return waiting, stream, len(sent)
 
 
-@pytest.mark.parametrize("name", ["chat", "agentic", "mixed"])
-def test_multi_turn_workloads_reach_a_steady_state(name):
+@pytest.mark.parametrize("name, share", [
+    ("chat", 0.75),      # 2-6 turns: 3 continuations of 4 requests
+    ("agentic", 0.78),   # 2-5 tool calls and the answer: 3.5 of 4.5
+    ("mixed", None)])
+def test_multi_turn_workloads_reach_a_steady_state(name, share):
     """The sessions waiting for their next turn stop growing, and nearly every session
     runs all its turns: a finished session leaves the pool, and an arrival continues a
     waiting one often enough ((turns - 1) / turns < REVISIT_IDLE_SESSION). With a finished
@@ -106,6 +109,9 @@ def test_multi_turn_workloads_reach_a_steady_state(name):
     assert started > 1000
     unfinished = sum(map(len, stream.idle)) + in_flight
     assert unfinished / started < 0.05
+    if share is not None:   # the share of arrivals that continue one: the workload's own
+        assert abs(1 - started / stream.count - share) < 0.02
+    assert REVISIT_IDLE_SESSION == 0.9   # the README's figure (tuner/README.md, Load)
 
 
 def test_single_shot_workloads_leave_nothing_waiting():
