@@ -38,6 +38,20 @@ def _finite(value: float | None) -> float | None:
     return NEG_INF_LOGPROB  # -inf (a banned token); NaN cannot come from finite inputs
 
 
+def length_refusal(prompt_tokens: int, max_tokens: int | None, limit: int,
+                   param: str = "prompt") -> tuple[str, str] | None:
+    """Why a request of this many prompt tokens and this max_tokens is refused (a 400:
+    message, parameter) at max_model_len `limit`, or None. The simulator refuses by the
+    same rule (tuner/sim/stream.py)."""
+    if prompt_tokens >= limit:
+        return (f"{param} has {prompt_tokens} tokens but max_model_len is {limit}; "
+                f"shorten the {param} or raise --max-model-len", param)
+    if max_tokens is not None and prompt_tokens + max_tokens > limit:
+        return (f"{param} ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) "
+                f"exceeds max_model_len ({limit}); lower max_tokens", "max_tokens")
+    return None
+
+
 class Serving:
     def __init__(self, state: Any) -> None:
         self.state = state  # server_state.ServerState: engine, tokenizer, settings
@@ -53,14 +67,9 @@ class Serving:
         return name
 
     def _check_length(self, ids: list[int], max_tokens: int | None, param: str) -> None:
-        limit = self.state.max_model_len
-        if len(ids) >= limit:
-            raise APIError(f"{param} has {len(ids)} tokens but max_model_len is {limit}; "
-                           f"shorten the {param} or raise --max-model-len", param=param)
-        if max_tokens is not None and len(ids) + max_tokens > limit:
-            raise APIError(f"{param} ({len(ids)} tokens) plus max_tokens ({max_tokens}) "
-                           f"exceeds max_model_len ({limit}); lower max_tokens",
-                           param="max_tokens")
+        refused = length_refusal(len(ids), max_tokens, self.state.max_model_len, param)
+        if refused:
+            raise APIError(refused[0], param=refused[1])
 
     async def _compile(self, req: Any) -> None:
         """Compile the request's grammar on a worker thread (not the event loop); an invalid

@@ -96,3 +96,59 @@ def test_a_users_kth_session_does_not_depend_on_the_turns_drawn_before_it():
         return [second.next_request().body for _ in range(2)]
 
     assert second_session(0) == second_session(3)
+
+
+class _WordTokenizer:   # one token per word: lengths are easy to read
+    def encode(self, text, **_):
+        return [len(w) for w in text.split()]
+
+    def apply_chat_template(self, messages, **_):
+        return [len(w) for m in messages for w in m["content"].split()]
+
+
+def test_a_history_past_the_models_length_is_refused_as_the_server_refuses_it():
+    """A conversation that outgrows max_model_len: the server answers 400 (engine/
+    entrypoints/serving.length_refusal), and the simulator refuses the same requests,
+    unserved and unshortened, where it used to cut the prompt and serve it; the
+    conversation goes on with an empty reply, as the load client records one."""
+    from engine.entrypoints.serving import length_refusal
+
+    limit = 520   # chat's prompts + max_tokens here: 374-798 words, median 514
+    stream = WorkloadStream(get_workload("chat"), rate=5.0, users=2, seed=2,
+                            render=Renderer(_WordTokenizer()), max_model_len=limit)
+    refused = served = 0
+    for _ in range(400):
+        request = stream.pop()
+        verdict = length_refusal(len(request.prompt_ids), request.max_tokens, limit)
+        assert (request.refused is not None) == (verdict is not None)
+        if request.refused:
+            refused += 1
+            assert "max_model_len" in request.refused
+            assert len(request.prompt_ids) + request.max_tokens > limit   # not cut
+            stream.finished(request, 0)
+        else:
+            served += 1
+            stream.finished(request, 12)
+    assert refused > 100 and served > 100   # both kinds, mixed in one stream
+
+
+def test_the_simulator_scores_a_refused_request_as_failed_without_serving_it():
+    from transformers import AutoConfig
+
+    from engine.model_loader import resolve_model_path
+    from tuner.sim.simulate import simulate
+    from test_sim_settle import PROFILE
+
+    def run(limit):
+        stream = WorkloadStream(get_workload("chat"), rate=4.0, users=2, seed=2,
+                                render=Renderer(_WordTokenizer()), max_model_len=limit)
+        return simulate(PROFILE, dict(max_num_seqs=64, cpu_memory_gib=0.5), stream,
+                        duration=40.0, slos={"chat": {"ttft": 5.0, "tpot": 0.5}},
+                        hf_config=AutoConfig.from_pretrained(resolve_model_path(None)))
+
+    short, roomy = run(520), run(1 << 16)
+    failed = [r for r in short.samples.records if (r.get("error") or "").startswith("HTTP 400")]
+    assert failed and all(not r["ok"] and r["output_tokens"] == 0 for r in failed)
+    assert not [r for r in roomy.samples.records if "HTTP 400" in (r.get("error") or "")]
+    assert short.figures["slo_attainment"] < roomy.figures["slo_attainment"]
+    assert len(short.samples.records) == len(roomy.samples.records)   # the same arrivals

@@ -124,6 +124,16 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
         while stream.next_time() <= min(clock.now, end):
             req = stream.pop()
             count += 1
+            if req.refused:   # the server's 400: no engine work, a failed request
+                stream.finished(req, 0)
+                if req.arrival >= begin:
+                    record = {"kind": req.kind, "start": req.arrival, "ok": False,
+                              "error": f"HTTP 400: {req.refused}", "itl": [],
+                              "prompt_tokens": len(req.prompt_ids), "output_tokens": 0}
+                    records.append(record)
+                    if settling:
+                        settling.finished(record)
+                continue
             rid = f"sim-{count}"
             ids = [t % vocab for t in req.prompt_ids]
             engine.add_request(rid, ids, SamplingParams(

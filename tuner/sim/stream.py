@@ -31,6 +31,7 @@ class SimRequest:
     session: object | None = field(default=None, repr=False)
     number: int = 0
     temperature: float | None = None   # the request's own; None: the server's default
+    refused: str | None = None   # the server's 400 (over max_model_len): not served
 
 
 WORD_SAMPLE = 480   # words the tokens-per-word figure is measured on
@@ -122,13 +123,15 @@ class WorkloadStream:
             self.started[u] += 1
             picked = session, session.next_request()
         session, request = picked
+        from engine.entrypoints.serving import length_refusal
+
         ids = self.render(request)
         max_tokens = int(request.body.get("max_tokens") or 16)
-        if len(ids) + max_tokens >= self.max_model_len:  # the server would refuse it
-            ids = ids[-max(1, self.max_model_len - max_tokens - 1):]
+        # a history past the model's length is refused, as the server refuses it
+        refused = length_refusal(len(ids), max_tokens, self.max_model_len)
         self.count += 1
         return SimRequest(t, request.kind, ids, max_tokens, u, session, self.count,
-                          request.body.get("temperature"))
+                          request.body.get("temperature"), refused and refused[0])
 
     def finished(self, request: SimRequest, output_tokens: int) -> None:
         if request.session is not None:
@@ -140,7 +143,9 @@ class WorkloadStream:
             # Renderer renders it once)
             per_word = getattr(self.render, "tokens_per_word", 4 / 3)  # a bare render: ~English
             n = max(1, round(output_tokens / per_word))
-            request.session.record_response(words(self._replies[request.session], n))
+            # a refused request's reply is empty, as the load client records it
+            request.session.record_response(
+                words(self._replies[request.session], n) if output_tokens else "")
             park(self.idle[request.user], request.session)
 
 
