@@ -17,6 +17,7 @@ import random
 import weakref
 from dataclasses import dataclass, field
 
+from engine.entrypoints.serving import length_refusal
 from loadtests.workloads.base import OpenLoop, WorkloadSpec, park, words
 from loadtests.workloads.trace import TraceRequest, build_request, trace_rate
 
@@ -123,8 +124,6 @@ class WorkloadStream:
             self.started[u] += 1
             picked = session, session.next_request()
         session, request = picked
-        from engine.entrypoints.serving import length_refusal
-
         ids = self.render(request)
         max_tokens = int(request.body.get("max_tokens") or 16)
         # a history past the model's length is refused, as the server refuses it
