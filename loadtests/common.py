@@ -127,6 +127,20 @@ def _model_name(host: str, options) -> str | None:
     return _state["model"] or None
 
 
+def max_model_len(host: str) -> int | None:
+    """The served model's context length (/v1/models' max_model_len), asked once; None if
+    the server does not say (then the workloads' word limits alone bound a history)."""
+    if "max_model_len" not in _state:
+        try:
+            data = requests.get(host.rstrip("/") + "/v1/models", headers=auth_headers(),
+                                timeout=10).json()["data"]
+            value = data[0].get("max_model_len")
+            _state["max_model_len"] = int(value) if value else None
+        except (requests.RequestException, ValueError, KeyError, IndexError, TypeError):
+            _state["max_model_len"] = None
+    return _state["max_model_len"]
+
+
 class StreamingUser(User):
     """A Locust user that replays a workload's sessions over streaming requests."""
 
@@ -148,10 +162,11 @@ class StreamingUser(User):
         self.http.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=1024))
         self.http.headers.update(auth_headers())
         self.model = _model_name(self.host, opts)
+        self.context = max_model_len(self.host)
         self.current = None
 
     def _new_session(self):
-        return self.workload.start_session(self.rng, self.scale)
+        return self.workload.start_session(self.rng, self.scale, self.context)
 
     def _send(self, session, request) -> None:
         sample = Sample(kind=request.kind, start=time.time())
@@ -168,7 +183,7 @@ class StreamingUser(User):
             request_type="POST", name=request.kind, response_time=(sample.e2e or 0) * 1000,
             response_length=len(sample.text), context={},
             exception=None if sample.ok else RuntimeError(sample.error))
-        session.record_response(sample.text)
+        session.record_response(sample.text, sample.prompt_tokens if sample.ok else None)
 
     def drive(self) -> None:
         """The user's task (subclasses override it: loadtests/trace.py)."""

@@ -29,7 +29,7 @@ import requests
 from locust import events
 
 from loadtests import distributed
-from loadtests.common import StreamingUser, _state, _write
+from loadtests.common import StreamingUser, _state, _write, max_model_len
 from loadtests.client import Sample
 from loadtests.workloads.base import SingleShot
 from loadtests.workloads.base import words
@@ -84,15 +84,6 @@ def _trace(environment) -> list:
     return _shipped["trace"]
 
 
-def _max_model_len(host: str) -> int | None:
-    try:
-        data = requests.get(host.rstrip("/") + "/v1/models", timeout=10).json()["data"]
-        value = data[0].get("max_model_len")
-        return int(value) if value else None
-    except (requests.RequestException, ValueError, KeyError, IndexError, TypeError):
-        return None
-
-
 def _vocab(host: str) -> tuple[int, ...]:
     """Ids of ordinary words in the server's tokenizer (/tokenize), else the fallback."""
     text = words(random.Random(0), 400)
@@ -122,7 +113,7 @@ class TraceUser(StreamingUser):
         trace = _trace(self.environment)
         shards, shard = distributed.worker_count(self.environment), distributed.worker_index(
             self.environment)
-        max_len, vocab = _max_model_len(self.host), _vocab(self.host)
+        max_len, vocab = max_model_len(self.host), _vocab(self.host)
         t0, base = time.monotonic(), trace[0].timestamp
         for index, req in enumerate(trace):
             if index % shards != shard:

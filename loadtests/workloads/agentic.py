@@ -17,7 +17,13 @@ Request stream (lengths in words at --length-scale 1; every length scales with i
   the same call);
 - the final answer asks for 48-128 tokens; every request resends the whole history; a
   session answers early once its turns after the system prompt pass 1200 words (chat
-  ends at 1500 words with its system prompt).
+  ends at 1500 words with its system prompt), or, when the driver knows the model's
+  context (max_model_len), once one more step might leave no room for the answer: its
+  history's tokens estimated at its last prompt's tokens per character as the server
+  counted them (base.ContextBudget), a step at its longest (STEP_MARGIN x the longest
+  seeded call and tool result), the answer at its longest (a small model's tokenizer
+  spends ~3.5 tokens a word on this text: at --length-scale 0.25 the 2,048-token
+  embedded model holds the system prompt and 2-3 steps, not 5).
 Endpoint: /v1/chat/completions, streamed. The calls repeat the same scaffolding across
 sessions (what suffix decoding drafts from: engine/spec_decode/).
 Default SLOs: TTFT <= 1.0 s, TPOT <= 0.1 s, e2e <= 8.0 s (an agent waits on every step).
@@ -29,7 +35,7 @@ import functools
 import json
 import random
 
-from loadtests.workloads.base import Request, WorkloadSpec, uniform, words
+from loadtests.workloads.base import ContextBudget, Request, WorkloadSpec, uniform, words
 
 TASK_WORDS = (20, 60)
 STEPS = (2, 5)
@@ -39,6 +45,7 @@ ANSWER_TOKENS = (48, 128)
 MAX_HISTORY_WORDS = 1200  # after the system prompt (whose tool schemas do not scale)
 _SYSTEM_SEED = 20240637  # fixed: the instructions are the same for every user
 INSTRUCTION_WORDS = 120
+STEP_MARGIN = 1.2  # on the longest step's characters: the next step's own tokens per char
 
 
 def _tool(name: str, description: str, **properties: str) -> dict:
@@ -118,9 +125,22 @@ def _seeded_call(rng: random.Random) -> dict:
 
 
 def _tool_result(rng: random.Random, call: dict, scale: float) -> str:
-    result = {"tool": call["name"], "status": "ok",
+    result = {"tool": call["name"], "status": "ok",  # longest_step_chars: the same layout
               "content": words(rng, uniform(rng, *RESULT_WORDS, scale=scale))}
     return f"<tool_response>\n{json.dumps(result)}\n</tool_response>"
+
+
+@functools.lru_cache(maxsize=16)
+def longest_step_chars(scale: float = 1.0) -> int:
+    """Characters one step adds to the history at most, as far as a fixed sample of 256
+    seeded calls and 256 tool results of the most words shows (STEP_MARGIN covers the rest,
+    and a model's own, longer call: CALL_TOKENS)."""
+    rng = random.Random(_SYSTEM_SEED)
+    call = max(len(call_text(_seeded_call(rng))) for _ in range(256))
+    most = max(1, round(RESULT_WORDS[1] * scale))
+    result = max(len(json.dumps({"tool": "search_docs", "status": "ok",
+                                 "content": words(rng, most)})) for _ in range(256))
+    return call + result + len("<tool_response>\n\n</tool_response>")
 
 
 class AgentSession:
@@ -134,24 +154,43 @@ class AgentSession:
         self.steps = rng.randint(*STEPS)
         self.calls: list[dict] = []  # the calls the agent executed, in order
         self._done = False
+        self.budget = ContextBudget()
         self.messages = [
             {"role": "system", "content": system_prompt(scale)},
             {"role": "user", "content": "Task: " + words(
                 rng, uniform(rng, *TASK_WORDS, scale=scale))}]
 
+    @property
+    def context(self) -> int | None:
+        return self.budget.context
+
+    @context.setter
+    def context(self, tokens: int | None) -> None:
+        self.budget.context = tokens
+
     def next_request(self) -> Request | None:
         if self._done:
             return None
-        final = len(self.calls) >= self.steps or sum(
-            len(m["content"].split()) for m in self.messages[1:]) > MAX_HISTORY_WORDS * self._scale
+        chars = sum(len(m["content"]) for m in self.messages)
+        answer = max(1, round(ANSWER_TOKENS[1] * self._scale))
+        step = round(STEP_MARGIN * longest_step_chars(self._scale))
+        final = (len(self.calls) >= self.steps
+                 or sum(len(m["content"].split()) for m in self.messages[1:])
+                 > MAX_HISTORY_WORDS * self._scale
+                 or not self.budget.fits(chars + step, answer
+                                         + max(1, round(CALL_TOKENS[1] * self._scale))))
         self._done = final
+        if final and not self.budget.fits(chars, answer):
+            return None  # not even the answer fits: the session ends unanswered
+        self.budget.sent(chars)
         tokens = ANSWER_TOKENS if final else CALL_TOKENS
         return Request(self.kind, "/v1/chat/completions", {
             "messages": [dict(m) for m in self.messages],
             "max_tokens": uniform(self._rng, *tokens, scale=self._scale),
             "temperature": 0.0})
 
-    def record_response(self, text: str) -> None:
+    def record_response(self, text: str, prompt_tokens: int | None = None) -> None:
+        self.budget.served(prompt_tokens)
         if self._done:  # the final answer: the session is over
             self.messages.append({"role": "assistant", "content": text})
             return

@@ -57,19 +57,60 @@ class Request:
 
 
 class Session(Protocol):
-    """A user's unit of work: one request (single-shot kinds) or a conversation."""
+    """A user's unit of work: one request (single-shot kinds) or a conversation.
+
+    `context` is the served model's context length in tokens (the server's max_model_len,
+    /v1/models), set by the driver when it knows it (WorkloadSpec.start_session): a
+    multi-turn session keeps its history inside it (ContextBudget)."""
 
     kind: str
+    context: int | None
 
     def next_request(self) -> Request | None:
         """The next request, or None when the session is over."""
 
-    def record_response(self, text: str) -> None:
-        """Feed the generated text back (chat appends it to the history)."""
+    def record_response(self, text: str, prompt_tokens: int | None = None) -> None:
+        """Feed the generated text back (chat appends it to the history), with the request's
+        prompt tokens as the server counted them (usage.prompt_tokens; None: unknown, as
+        after a failed request)."""
+
+
+class ContextBudget:
+    """What a multi-turn session knows of the tokens its history costs: the model's context
+    length and its last served prompt's tokens per character. A history's tokens are
+    estimated at that ratio (the session's own text, in the model's own tokenizer and chat
+    template, as the server counted it), so a session can stop before a request the server
+    would refuse (prompt + max_tokens past max_model_len: HTTP 400), as an agent or a chat
+    client that tracks its token usage does. Without a context, or before a first reply,
+    everything fits: the workloads' word limits alone apply."""
+
+    MARGIN = 1.05  # on the estimate: new text may cost a little more per character
+
+    def __init__(self) -> None:
+        self.context: int | None = None
+        self._ratio: float | None = None   # tokens per character of the last prompt
+        self._sent_chars = 0
+
+    def sent(self, chars: int) -> None:
+        """A request of `chars` characters of message content went out."""
+        self._sent_chars = chars
+
+    def served(self, prompt_tokens: int | None) -> None:
+        """Its prompt cost `prompt_tokens` (None: no count came back; the ratio stays)."""
+        if prompt_tokens and self._sent_chars:
+            self._ratio = prompt_tokens / self._sent_chars
+
+    def fits(self, chars: int, more_tokens: int) -> bool:
+        """Whether a history of `chars` characters plus `more_tokens` tokens fits."""
+        if self.context is None or self._ratio is None:
+            return True
+        return self.MARGIN * self._ratio * chars + more_tokens <= self.context
 
 
 class SingleShot:
     """A session of exactly one request."""
+
+    context: int | None = None  # one request: nothing to plan
 
     def __init__(self, request: Request) -> None:
         self.kind = request.kind
@@ -79,7 +120,7 @@ class SingleShot:
         request, self._request = self._request, None
         return request
 
-    def record_response(self, text: str) -> None:
+    def record_response(self, text: str, prompt_tokens: int | None = None) -> None:
         pass
 
 
@@ -159,12 +200,16 @@ class WorkloadSpec:
     extra: dict = field(default_factory=dict)
     tune_also: tuple[str, ...] = ()
 
-    def start_session(self, user_rng: random.Random, scale: float = 1.0) -> Session:
+    def start_session(self, user_rng: random.Random, scale: float = 1.0,
+                      context: int | None = None) -> Session:
         """A user's next session, on a generator of its own drawn from the user's: a user's
         k-th session is the same conversation whichever of its sessions ran in between
         (an open loop interleaves them in the order the server's speed decides), so every
-        rate, probe and setting of one seed replays the same sessions."""
-        return self.new_session(random.Random(user_rng.getrandbits(64)), scale)
+        rate, probe and setting of one seed replays the same sessions. `context`: the
+        model's max_model_len, when known (Session.context)."""
+        session = self.new_session(random.Random(user_rng.getrandbits(64)), scale)
+        session.context = context
+        return session
 
     def __post_init__(self) -> None:
         for kind, slo in self.slos.items():

@@ -7,7 +7,9 @@ Request stream (lengths in words at --length-scale 1; every length scales with i
   each reply asks for 32-96 tokens (uniform, `max_tokens`, EOS ignored);
 - each turn resends the whole history (system + earlier turns + replies), so later turns
   reuse the earlier turns' KV (prefix reuse within a conversation); a conversation also
-  ends once its history passes 1500 words.
+  ends once its history passes 1500 words, or, when the driver knows the model's context
+  (max_model_len), before a turn whose prompt and reply might not fit it (the history's
+  tokens estimated at the last prompt's tokens per character: base.ContextBudget).
 Endpoint: /v1/chat/completions, streamed.
 Default SLOs: TTFT <= 1.0 s and TPOT (a request's time per output token after the first) <= 0.1 s.
 Default load: 8 closed-loop users.
@@ -17,7 +19,7 @@ from __future__ import annotations
 import functools
 import random
 
-from loadtests.workloads.base import Request, WorkloadSpec, uniform, words
+from loadtests.workloads.base import ContextBudget, Request, WorkloadSpec, uniform, words
 
 SYSTEM_WORDS = 300
 TURNS = (2, 6)
@@ -43,7 +45,16 @@ class Conversation:
     def __init__(self, rng: random.Random, scale: float = 1.0) -> None:
         self._rng, self._scale = rng, scale
         self._turns_left = rng.randint(*TURNS)
+        self.budget = ContextBudget()
         self.messages = [{"role": "system", "content": system_prompt(scale)}]
+
+    @property
+    def context(self) -> int | None:
+        return self.budget.context
+
+    @context.setter
+    def context(self, tokens: int | None) -> None:
+        self.budget.context = tokens
 
     def _history_words(self) -> int:
         return sum(len(m["content"].split()) for m in self.messages)
@@ -54,12 +65,20 @@ class Conversation:
         self._turns_left -= 1
         self.messages.append({"role": "user", "content": words(
             self._rng, uniform(self._rng, *USER_WORDS, scale=self._scale))})
+        max_tokens = uniform(self._rng, *REPLY_TOKENS, scale=self._scale)
+        chars = sum(len(m["content"]) for m in self.messages)
+        if not self.budget.fits(chars, max_tokens):  # the turn might not fit: the end
+            self.messages.pop()
+            self._turns_left = 0
+            return None
+        self.budget.sent(chars)
         return Request(self.kind, "/v1/chat/completions", {
             "messages": [dict(m) for m in self.messages],
-            "max_tokens": uniform(self._rng, *REPLY_TOKENS, scale=self._scale),
+            "max_tokens": max_tokens,
         })
 
-    def record_response(self, text: str) -> None:
+    def record_response(self, text: str, prompt_tokens: int | None = None) -> None:
+        self.budget.served(prompt_tokens)
         self.messages.append({"role": "assistant", "content": text})
 
 

@@ -11,6 +11,10 @@ With `max_running` > 0 at most that many requests stream at once and the rest qu
 requests/s for n-token replies, a known knee for the capacity search.
 With `eos_after` > 0 the fake "model" says EOS after that many tokens: a request without
 `ignore_eos: true` gets min(max_tokens, eos_after) tokens, like a real model's short reply.
+With `max_model_len` > 0 a prompt counts one token per word (a chat request: its messages'
+contents), a request whose prompt and max_tokens pass max_model_len is refused with HTTP
+400 as the engine refuses it, and /v1/models reports max_model_len unless
+`report_max_model_len` is False.
 """
 from __future__ import annotations
 
@@ -36,9 +40,12 @@ PROMPT_TOKENS = 5
 
 class FakeOpenAIServer:
     def __init__(self, *, ttft: float = 0.05, itl: float = 0.01, fail_every: int = 0,
-                 port: int = 0, max_running: int = 0, eos_after: int = 0) -> None:
+                 port: int = 0, max_running: int = 0, eos_after: int = 0,
+                 max_model_len: int = 0, report_max_model_len: bool = True) -> None:
         self.ttft, self.itl, self.fail_every, self.port = ttft, itl, fail_every, port
         self.eos_after = eos_after
+        self.max_model_len, self.report_max_model_len = max_model_len, report_max_model_len
+        self.refused = 0
         self.max_running = max_running
         # made here, not in _start, so that servers with their own _start queue too
         # (asyncio's semaphore binds to the loop that first waits on it)
@@ -100,7 +107,10 @@ class FakeOpenAIServer:
         return web.Response(text="ok")
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "fake-model"}]})
+        model = {"id": "fake-model"}
+        if self.max_model_len and self.report_max_model_len:
+            model["max_model_len"] = self.max_model_len
+        return web.json_response({"object": "list", "data": [model]})
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.registry),
@@ -113,9 +123,18 @@ class FakeOpenAIServer:
         if self.fail_every and len(self.requests) % self.fail_every == 0:
             return web.json_response({"error": {"message": "injected failure"}}, status=500)
         chat = request.path.endswith("chat/completions")
+        n = int(body.get("max_tokens", 16))
+        prompt = PROMPT_TOKENS
+        if self.max_model_len:
+            text = " ".join(m["content"] for m in body["messages"]) if chat else body["prompt"]
+            prompt = len(text.split())
+            if prompt + n > self.max_model_len:
+                self.refused += 1
+                return web.json_response({"error": {"message": (
+                    f"prompt ({prompt}) + max_tokens ({n}) exceeds max_model_len "
+                    f"({self.max_model_len})")}}, status=400)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        n = int(body.get("max_tokens", 16))
         if self.eos_after and not body.get("ignore_eos"):
             n = min(n, self.eos_after)
         try:
@@ -127,7 +146,7 @@ class FakeOpenAIServer:
                     self._waiting.dec()
             self._running.inc()
             try:
-                await self._stream(response, n, chat)
+                await self._stream(response, n, chat, prompt)
             finally:
                 self._running.dec()
                 if self._slots is not None:
@@ -136,7 +155,8 @@ class FakeOpenAIServer:
             pass  # the client went away (Locust stopping mid-request)
         return response
 
-    async def _stream(self, response: web.StreamResponse, n: int, chat: bool) -> None:
+    async def _stream(self, response: web.StreamResponse, n: int, chat: bool,
+                      prompt: int = PROMPT_TOKENS) -> None:
         if chat:  # like vLLM: a role-only opening chunk, which is not a token
             role = {"index": 0, "delta": {"role": "assistant", "content": ""}}
             await response.write(b"data: " + json.dumps({"choices": [role]}).encode() + b"\n\n")
@@ -153,11 +173,11 @@ class FakeOpenAIServer:
             choice = {"index": 0, "delta": {"content": f"t{i} "}} if chat else \
                 {"index": 0, "text": f"t{i} "}
             await response.write(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
-        usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": n,
-                 "total_tokens": n + PROMPT_TOKENS}
-        self._prompt.inc(PROMPT_TOKENS)
+        usage = {"prompt_tokens": prompt, "completion_tokens": n,
+                 "total_tokens": n + prompt}
+        self._prompt.inc(prompt)
         self._generated.inc(n)
-        self._prompt_len.observe(PROMPT_TOKENS)
+        self._prompt_len.observe(prompt)
         self._output_len.observe(n)
         await response.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode()
                              + b"\n\n")

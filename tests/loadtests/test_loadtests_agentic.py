@@ -139,3 +139,29 @@ def test_the_simulators_stream_runs_agent_loops_to_their_answers():
     calls = [c for s in sessions.values() for c in s.calls]
     assert calls and all(agentic.follows_schema(c) for c in calls)
     assert any(s.next_request() is None for s in sessions.values())  # some reached the end
+
+
+def test_locust_agents_keep_inside_the_servers_context(tmp_path):
+    """The Locust user reads max_model_len from /v1/models and feeds each reply's
+    usage.prompt_tokens back to its session: against a server that refuses a prompt and
+    max_tokens past 380 tokens, agents answer before it; told nothing, they are refused."""
+    from fake_openai_server import FakeOpenAIServer
+    from tuner.measure.loadgen import LoadSpec, run_load
+    from tuner.measure.scoring import load_samples
+
+    def run(report, workdir):
+        with FakeOpenAIServer(ttft=0.002, itl=0.001, max_model_len=380,
+                              report_max_model_len=report) as server:
+            path = run_load(LoadSpec(workload="agentic", duration=2, users=2,
+                                     length_scale=0.2, seed=1), url=server.url,
+                            workdir=workdir)
+            records = load_samples(path).records
+            return server.refused, [r for r in records if r["ok"]], server.requests
+
+    (tmp_path / "told").mkdir(), (tmp_path / "blind").mkdir()
+    refused, ok, bodies = run(True, tmp_path / "told")
+    assert refused == 0 and len(ok) >= 20
+    # the agents still worked several steps (a history with two tool results and more)
+    assert max(sum(m["role"] == "user" for m in b["messages"]) for b in bodies) >= 3
+    refused_blind, _, _ = run(False, tmp_path / "blind")
+    assert refused_blind > 0

@@ -107,13 +107,15 @@ class _WordTokenizer:   # one token per word: lengths are easy to read
 
 
 def test_a_history_past_the_models_length_is_refused_as_the_server_refuses_it():
-    """A conversation that outgrows max_model_len: the server answers 400 (engine/
-    entrypoints/serving.length_refusal), and the simulator refuses the same requests,
-    unserved and unshortened, where it used to cut the prompt and serve it; the
-    conversation goes on with an empty reply, as the load client records one."""
+    """A request past max_model_len: the server answers 400 (engine/entrypoints/
+    serving.length_refusal), and the simulator refuses the same requests, unserved and
+    unshortened, where it used to cut the prompt and serve it; the conversation goes on
+    with an empty reply, as the load client records one. (A conversation plans its later
+    turns inside the context from its counted prompts, test_context_budget.py; its first
+    turn, and every turn after a refused one, has no count to plan by.)"""
     from engine.entrypoints.serving import length_refusal
 
-    limit = 520   # chat's prompts + max_tokens here: 374-798 words, median 514
+    limit = 440   # chat's first turns' prompts + max_tokens here: about 350-480 words
     stream = WorkloadStream(get_workload("chat"), rate=5.0, users=2, seed=2,
                             render=Renderer(_WordTokenizer()), max_model_len=limit)
     refused = served = 0
@@ -146,9 +148,33 @@ def test_the_simulator_scores_a_refused_request_as_failed_without_serving_it():
                         duration=40.0, slos={"chat": {"ttft": 5.0, "tpot": 0.5}},
                         hf_config=AutoConfig.from_pretrained(resolve_model_path(None)))
 
-    short, roomy = run(520), run(1 << 16)
+    short, roomy = run(420), run(1 << 16)
     failed = [r for r in short.samples.records if (r.get("error") or "").startswith("HTTP 400")]
     assert failed and all(not r["ok"] and r["output_tokens"] == 0 for r in failed)
     assert not [r for r in roomy.samples.records if "HTTP 400" in (r.get("error") or "")]
     assert short.figures["slo_attainment"] < roomy.figures["slo_attainment"]
     assert len(short.samples.records) == len(roomy.samples.records)   # the same arrivals
+
+
+def test_agents_on_the_embedded_model_answer_inside_its_context():
+    """The embedded model's tokenizer spends ~3.5 tokens a word: at the tuner's CPU length
+    scale (0.25) an agentic history outgrew its 2,048 tokens from the fourth step on, and
+    a steady stream's late steps were refused (HTTP 400). The stream tells its sessions
+    max_model_len and each served prompt's count, so the agents answer inside it."""
+    def requests(max_model_len):
+        stream = WorkloadStream(get_workload("agentic"), rate=8.0, users=4, seed=1,
+                                render=Renderer(_tokenizer()), length_scale=0.25,
+                                max_model_len=max_model_len)
+        out = []
+        for _ in range(300):
+            request = stream.pop()
+            out.append(request)
+            stream.finished(request, 0 if request.refused else request.max_tokens)
+        return out
+
+    told = requests(2048)
+    assert not [r for r in told if r.refused]
+    assert max(len(r.prompt_ids) + r.max_tokens for r in told) <= 2048
+    # the budget is what keeps them inside: with room to spare, the same sessions pass it
+    roomy = requests(1 << 16)
+    assert sum(len(r.prompt_ids) + r.max_tokens > 2048 for r in roomy) >= 10

@@ -119,7 +119,8 @@ class WorkloadStream:
         heapq.heappush(self._next, (t + self.arrivals[u].gap(), u))
         picked = self.arrivals[u].pick(self.idle[u])
         if picked is None:
-            session = self.workload.start_session(self.sessions[u], self.scale)
+            session = self.workload.start_session(self.sessions[u], self.scale,
+                                                  self.max_model_len)
             self._replies[session] = random.Random(f"{self.seed}:{u}:{self.started[u]}")
             self.started[u] += 1
             picked = session, session.next_request()
@@ -142,9 +143,11 @@ class WorkloadStream:
             # Renderer renders it once)
             per_word = getattr(self.render, "tokens_per_word", 4 / 3)  # a bare render: ~English
             n = max(1, round(output_tokens / per_word))
-            # a refused request's reply is empty, as the load client records it
+            # a refused request's reply is empty and its prompt uncounted, as the load
+            # client records a 400; a served one's prompt tokens are the server's usage
             request.session.record_response(
-                words(self._replies[request.session], n) if output_tokens else "")
+                words(self._replies[request.session], n) if output_tokens else "",
+                None if request.refused else len(request.prompt_ids))
             park(self.idle[request.user], request.session)
 
 
