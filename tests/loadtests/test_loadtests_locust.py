@@ -1,7 +1,6 @@
 """Locust, headless in a subprocess, against a real (fake-model) HTTP server."""
 import json
 
-
 from fake_openai_server import FakeOpenAIServer
 from tuner.measure.loadgen import LoadSpec, run_load
 from tuner.measure.scoring import load_samples
