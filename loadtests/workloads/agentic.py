@@ -35,7 +35,8 @@ import functools
 import json
 import random
 
-from loadtests.workloads.base import ContextBudget, Request, WorkloadSpec, uniform, words
+from loadtests.workloads.base import (BudgetedSession, ContextBudget, Request, WorkloadSpec,
+                                      uniform, words)
 
 TASK_WORDS = (20, 60)
 STEPS = (2, 5)
@@ -143,7 +144,7 @@ def longest_step_chars(scale: float = 1.0) -> int:
     return call + result + len("<tool_response>\n\n</tool_response>")
 
 
-class AgentSession:
+class AgentSession(BudgetedSession):
     """One task: `steps` tool calls, each answered by a tool result, then a final answer.
     `messages` grows by two entries (the call, its result) per step."""
 
@@ -159,14 +160,6 @@ class AgentSession:
             {"role": "system", "content": system_prompt(scale)},
             {"role": "user", "content": "Task: " + words(
                 rng, uniform(rng, *TASK_WORDS, scale=scale))}]
-
-    @property
-    def context(self) -> int | None:
-        return self.budget.context
-
-    @context.setter
-    def context(self, tokens: int | None) -> None:
-        self.budget.context = tokens
 
     def next_request(self) -> Request | None:
         if self._done:

@@ -107,6 +107,20 @@ class ContextBudget:
         return self.MARGIN * self._ratio * chars + more_tokens <= self.context
 
 
+class BudgetedSession:
+    """A multi-turn session whose `context` (Session.context) is its `budget`'s."""
+
+    budget: ContextBudget
+
+    @property
+    def context(self) -> int | None:
+        return self.budget.context
+
+    @context.setter
+    def context(self, tokens: int | None) -> None:
+        self.budget.context = tokens
+
+
 class SingleShot:
     """A session of exactly one request."""
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import functools
 import random
 
-from loadtests.workloads.base import ContextBudget, Request, WorkloadSpec, uniform, words
+from loadtests.workloads.base import (BudgetedSession, ContextBudget, Request, WorkloadSpec,
+                                      uniform, words)
 
 SYSTEM_WORDS = 300
 TURNS = (2, 6)
@@ -37,7 +38,7 @@ def system_prompt(scale: float = 1.0) -> str:
     return "You are a helpful assistant. Follow these house rules: " + body
 
 
-class Conversation:
+class Conversation(BudgetedSession):
     """A chat session; `messages` grows by two entries per turn."""
 
     kind = "chat"
@@ -47,14 +48,6 @@ class Conversation:
         self._turns_left = rng.randint(*TURNS)
         self.budget = ContextBudget()
         self.messages = [{"role": "system", "content": system_prompt(scale)}]
-
-    @property
-    def context(self) -> int | None:
-        return self.budget.context
-
-    @context.setter
-    def context(self, tokens: int | None) -> None:
-        self.budget.context = tokens
 
     def _history_words(self) -> int:
         return sum(len(m["content"].split()) for m in self.messages)
