@@ -1,4 +1,5 @@
 """A step-time profile from a live service's step counters (tuner/sim/live_profile.py)."""
+import dataclasses
 import random
 
 import pytest
@@ -99,15 +100,20 @@ def test_read_steps_collects_a_series_until_stopped_and_nothing_from_a_foreign_e
 SERVING = 3e-4   # seconds a served step adds per row it delivers
 
 
-def _served_series(rng, windows=30, serving=SERVING):
-    """Counters of a served engine: the in-process law plus `serving` per delivered row."""
+def _served_series(rng, windows=30, serving=SERVING, squared=0.0, levels=False):
+    """Counters of a served engine: the in-process law plus `serving` per delivered row
+    and `squared` per row squared; with `levels` each window's steps all decode one
+    number of rows, 0-60 (a load level: a pilot's probes)."""
     metrics = ServerMetrics(model_name="m", max_model_len=4096)
     series = [parse_totals(generate_latest(metrics.registry).decode(), t=0)]
     for w in range(windows):
+        level = rng.randint(0, 60)
         for _ in range(rng.randint(MIN_WINDOW_STEPS, 60)):
             shape = _step(rng)
-            metrics.observe_step(shape, _seconds(shape) + serving * (
-                shape.decode_seqs + shape.prefill_seqs))
+            if levels:
+                shape = dataclasses.replace(shape, decode_seqs=level)
+            rows = shape.decode_seqs + shape.prefill_seqs
+            metrics.observe_step(shape, _seconds(shape) + serving * rows + squared * rows ** 2)
         series.append(parse_totals(generate_latest(metrics.registry).decode(), t=w + 1))
     return series
 
@@ -121,7 +127,7 @@ def _calibrated(coefficients=None):
 
 def test_the_serving_term_recovers_what_serving_adds_per_delivered_row(tmp_path):
     from tuner.sim.live_profile import serving_term
-    from tuner.sim.profile import SERVED_ROWS, Profile
+    from tuner.sim.profile import SERVED_ROWS, SERVED_ROWS_SQUARED, Profile
 
     profile, info = serving_term(_calibrated(), _served_series(random.Random(4)))
     assert info["seconds_per_row"] == pytest.approx(SERVING, rel=1e-6)
@@ -130,13 +136,37 @@ def test_the_serving_term_recovers_what_serving_adds_per_delivered_row(tmp_path)
     # the calibration's shape kept, the term added: a step costs what the served one did
     shape = StepShape(prefill_tokens=200, prefill_seqs=2, decode_seqs=30)
     assert profile.step_seconds(shape) == pytest.approx(_seconds(shape) + SERVING * 32)
-    assert {k: v for k, v in profile.fit.coefficients.items() if k != SERVED_ROWS} == TRUE
+    assert {k: v for k, v in profile.fit.coefficients.items()
+            if k not in (SERVED_ROWS, SERVED_ROWS_SQUARED)} == TRUE
+    assert info["seconds_per_row_squared"] == pytest.approx(0, abs=1e-9)   # a linear cost
     # saved and read back with it; a profile that has one is refitted, not stacked
     profile.save(tmp_path / "p.json")
     again = Profile.load(tmp_path / "p.json")
     assert again.fit.coefficients[SERVED_ROWS] == pytest.approx(SERVING)
     twice, _ = serving_term(again, _served_series(random.Random(4)))
     assert twice.fit.coefficients[SERVED_ROWS] == pytest.approx(SERVING, rel=1e-6)
+
+
+def test_a_per_row_cost_that_grows_with_the_rows_is_recovered_and_priced():
+    """Agentic's pilot (2026-12-06) left ~1.1 ms per row unpriced at a few rows a step and
+    ~2.3 ms at 40-60: a serving cost per row that grows with the rows. Both coefficients
+    come back from windows at several load levels, and a big step is priced at its cost."""
+    from tuner.sim.live_profile import serving_term
+    from tuner.sim.profile import SERVED_ROWS, SERVED_ROWS_SQUARED
+
+    from tuner.sim.live_profile import priced_share
+
+    served = _served_series(random.Random(7), windows=40, serving=1e-3, squared=2e-5,
+                            levels=True)
+    profile, info = serving_term(_calibrated(), served)
+    assert info["seconds_per_row"] == pytest.approx(1e-3, rel=1e-4)
+    assert info["seconds_per_row_squared"] == pytest.approx(2e-5, rel=1e-4)
+    assert profile.fit.coefficients[SERVED_ROWS_SQUARED] == pytest.approx(2e-5, rel=1e-4)
+    assert SERVED_ROWS in profile.fit.coefficients
+    big = StepShape(prefill_tokens=0, prefill_seqs=0, decode_seqs=60, decode_context=3000)
+    assert profile.step_seconds(big) == pytest.approx(_seconds(big) + 60e-3 + 2e-5 * 3600)
+    # the squared term priced over one window's summed counters: at its steps' mean rows
+    assert priced_share(profile.fit, served[:2]) == pytest.approx(1.0, rel=1e-6)
 
 
 def test_served_steps_cheaper_than_the_calibration_add_nothing_and_few_windows_are_an_error():

@@ -70,14 +70,15 @@ def with_serving_term(plan, series: list, predict: Callable[[object], float | No
         return None
     served = dataclasses.replace(plan.sim, profile=profile)
     capacity = predict(served)
-    term = (f"{info['seconds_per_row'] * 1000:.3f} ms per served row, the serving term of the "
-            f"pilot's {info['windows']} busy windows (their step time's median error "
+    term = (f"{info['seconds_per_row'] * 1000:.3f} ms per served row + "
+            f"{info['seconds_per_row_squared'] * 1e6:.2f} us per row squared, the serving "
+            f"term of the pilot's {info['windows']} busy windows (their step time's median error "
             f"{info['error_before']:.1%} -> {info['error_after']:.1%})")
     if not capacity:
         plan.log(f"profile: the calibration stays without {term}: the baseline does not "
                  "simulate with it")
         return None
-    plan.sim, plan.serving = served, {k: round(v, 6) for k, v in info.items()}
+    plan.sim, plan.serving = served, {k: float(f"{v:.6g}") for k, v in info.items()}
     plan.log(f"profile: the calibration + {term}")
     return capacity
 

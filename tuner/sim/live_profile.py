@@ -27,8 +27,9 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.entrypoints.metrics import STEP_FIGURES
-from tuner.sim.profile import (FORMS, SERVED_ROWS, UNFITTED, Fit, Profile, feature, fit,
-                               median_relative_error)
+from tuner.sim.profile import (FORMS, SERVED_ROWS, SERVED_ROWS_SQUARED, UNFITTED, Fit,
+                               Profile, feature, fit, median_relative_error,
+                               nonnegative_lstsq)
 
 STEP_SECONDS = "paged:engine_step_duration_seconds"
 STEP_SHAPE = "paged:engine_step_shape"
@@ -124,10 +125,13 @@ def windows(series: list[Totals], *, min_steps: int = MIN_WINDOW_STEPS
 
 def steps_price(fit: Fit, steps: float, figures: dict[str, float]) -> float:
     """What a linear profile charges for `steps` steps whose shape figures sum to `figures`:
-    intercept x steps + sum c_i F_i (seconds)."""
+    intercept x steps + sum c_i F_i (seconds); a serving term's squared rows at the steps'
+    mean rows (the counters hold no sum of squares)."""
+    mean = {k: v / steps for k, v in figures.items()} if steps else figures
     return fit.coefficients.get("intercept", 0.0) * steps + sum(
-        c * feature(figures, name) for name, c in fit.coefficients.items()
-        if name != "intercept")
+        c * (steps * feature(mean, name) if name == SERVED_ROWS_SQUARED
+             else feature(figures, name))
+        for name, c in fit.coefficients.items() if name != "intercept")
 
 
 def priced_share(fit: Fit, series: list[Totals]) -> float | None:
@@ -199,14 +203,20 @@ def live_profile(base: Profile, series: list[Totals]) -> Profile:
 def serving_term(base: Profile, series: list[Totals]) -> tuple[Profile, dict]:
     """`base` (a profile timed in-process: the calibration) with what serving adds to each
     step, fitted on a served series: seconds per row the step delivers to the streams
-    (decode rows and prefill rows: the figure SERVED_ROWS). The calibration times the
-    engine alone; a server's steps also deliver every token to its stream while the HTTP
-    loop shares the cores (one token's chunk, detokenised and written), which the
-    calibration never saw (chat on the embedded model, 2026-12-05: the calibration priced
-    the served steps at 0.72-0.87 of their time, about 0.3-0.6 ms per row). One
-    coefficient, the least-squares slope through the origin of each busy window's mean
-    step time left over by `base` against its mean rows, at least 0; the rest of the
-    calibration's shape stays. -> (profile, {"seconds_per_row", "windows",
+    (decode rows and prefill rows: the figure SERVED_ROWS), and per row squared. The
+    calibration times the engine alone; a server's steps also deliver every token to its
+    stream while the HTTP loop and the load client share the cores (one token's chunk,
+    detokenised and written), which the calibration never saw (chat on the embedded
+    model, 2026-12-05: the calibration priced the served steps at 0.72-0.87 of their
+    time, about 0.3-0.6 ms per row). That cost per row grows with the rows: agentic's
+    pilot (2026-12-06) left 1.0-1.2 ms per row unpriced at up to 25 rows a step and 2.3 ms
+    at 43-61, so one slope priced small batches too high and large ones too low (12
+    settings ranked at Kendall tau 0.56; with the square 0.70, and chat's 0.91 -> 0.94).
+    Two non-negative coefficients, least squares of the relative error (as profile.fit)
+    of each busy window's mean step time left over by `base` against its mean rows and
+    their square (a window's mean of squares is not counted: the square of its mean stands
+    in, a little low where a window's steps vary); the rest of the calibration's shape
+    stays. -> (profile, {"seconds_per_row", "seconds_per_row_squared", "windows",
     "error_before", "error_after"}: the windows' median relative error without and with
     the term). ValueError with fewer than two busy windows."""
     shapes, seconds, steps = windows(series)
@@ -214,18 +224,20 @@ def serving_term(base: Profile, series: list[Totals]) -> tuple[Profile, dict]:
         raise ValueError(f"{len(shapes)} busy window(s) of >= {MIN_WINDOW_STEPS} steps in the "
                          "series; the serving term needs at least 2 (read the service longer "
                          "while it serves traffic)")
-    inprocess = {k: v for k, v in base.fit.coefficients.items() if k != SERVED_ROWS}
+    terms = (SERVED_ROWS, SERVED_ROWS_SQUARED)
+    inprocess = {k: v for k, v in base.fit.coefficients.items() if k not in terms}
     alone = dataclasses.replace(base.fit, coefficients=inprocess)
-    before = [alone.predict(s) for s in shapes]
-    rows = [feature(s, SERVED_ROWS) for s in shapes]
-    denom = sum(x * x for x in rows)
-    slope = max(0.0, sum((t - p) * x for t, p, x in zip(seconds, before, rows)) / denom
-                ) if denom > 0 else 0.0
-    served = dataclasses.replace(alone, coefficients={**inprocess, SERVED_ROWS: slope})
-    after = [served.predict(s) for s in shapes]
-    info = {"seconds_per_row": slope, "windows": len(shapes), "steps": steps,
-            "error_before": median_relative_error(np.asarray(before), np.asarray(seconds)),
-            "error_after": median_relative_error(np.asarray(after), np.asarray(seconds))}
+    y = np.asarray(seconds)
+    before = np.asarray([alone.predict(s) for s in shapes])
+    x = np.asarray([[feature(s, name) for name in terms] for s in shapes])
+    coef = nonnegative_lstsq(x, y - before, weight=1.0 / np.maximum(y, 1e-9))
+    served = dataclasses.replace(alone, coefficients={**inprocess, **dict(zip(
+        terms, map(float, coef)))})
+    after = np.asarray([served.predict(s) for s in shapes])
+    info = {"seconds_per_row": float(coef[0]), "seconds_per_row_squared": float(coef[1]),
+            "windows": len(shapes), "steps": steps,
+            "error_before": median_relative_error(before, y),
+            "error_after": median_relative_error(after, y)}
     return dataclasses.replace(base, fit=served), info
 
 

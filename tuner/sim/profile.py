@@ -39,11 +39,14 @@ SIMPLER_SLACK = 0.05  # a form with more terms must cut the held-out error by mo
 
 
 SERVED_ROWS = "served_rows"  # the serving term's figure: rows a step delivers (serving_term)
+SERVED_ROWS_SQUARED = "served_rows_squared"   # its square: the per-row cost that grows
 
 
 def feature(shape: StepShape | dict, name: str) -> float:
     if name == SERVED_ROWS:
         return feature(shape, "decode_seqs") + feature(shape, "prefill_seqs")
+    if name == SERVED_ROWS_SQUARED:
+        return feature(shape, SERVED_ROWS) ** 2
     if isinstance(shape, dict):
         if name == "num_tokens":
             return shape["prefill_tokens"] + shape["decode_seqs"] + shape["draft_tokens"]
@@ -59,13 +62,16 @@ def design(shapes: list, names: tuple[str, ...]) -> np.ndarray:
     return x
 
 
-def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def nonnegative_lstsq(x: np.ndarray, y: np.ndarray,
+                      weight: np.ndarray | None = None) -> np.ndarray:
     """Least squares of the relative error (each step weighted by 1 / its time: the error
     a form is chosen by, so a 100 ms prefill does not drown the sub-millisecond terms of
-    4 ms decodes) with every coefficient >= 0 (a step never gets faster with more work):
-    refit without the most negative coefficient until none is negative. Columns are scaled
-    to unit maximum first, so figures of very different sizes fit alike."""
-    weight = 1.0 / np.maximum(np.abs(y), 1e-9)
+    4 ms decodes; or by `weight`) with every coefficient >= 0 (a step never gets faster
+    with more work): refit without the most negative coefficient until none is negative.
+    Columns are scaled to unit maximum first, so figures of very different sizes fit
+    alike."""
+    if weight is None:
+        weight = 1.0 / np.maximum(np.abs(y), 1e-9)
     x, y = x * weight[:, None], y * weight
     scale = np.abs(x).max(axis=0)
     scale[scale == 0] = 1.0
