@@ -23,7 +23,7 @@ Request stream (lengths in words at --length-scale 1; every length scales with i
   counted them (base.ContextBudget), a step at its longest (STEP_MARGIN x the longest
   seeded call and tool result), the answer at its longest (a small model's tokenizer
   spends ~3.5 tokens a word on this text: at --length-scale 0.25 the 2,048-token
-  embedded model holds the system prompt and 2-3 steps, not 5).
+  embedded model holds the system prompt and 1-2 steps, not 5).
 Endpoint: /v1/chat/completions, streamed. The calls repeat the same scaffolding across
 sessions (what suffix decoding drafts from: engine/spec_decode/).
 Default SLOs: TTFT <= 1.0 s, TPOT <= 0.1 s, e2e <= 8.0 s (an agent waits on every step).
