@@ -13,6 +13,11 @@ time from the same figures of a batch the engine's own scheduler formed.
   draft, benchmarks/bench_verify_cost.py, 2026-12-06), so such rows are counted too,
   and so are the rows a proposer looked up drafts for and found none (an n-gram lookup:
   0.10-0.23 ms per row at 200-2,000 tokens of context).
+- a step's *served rows* (prefill rows and decode rows: what it delivers to streams) are
+  also counted squared, so summed over steps the counters hold their mean square: a
+  server's cost per delivered row grows with the rows a step delivers
+  (tuner/sim/live_profile.serving_term), and a window's mean rows squared under-states
+  the mean of its steps' squares wherever the batch size varies.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ class StepShape:
     blocks_read: int = 0       # KV blocks every row's attention walks (its block table)
     draft_seqs: int = 0        # decode rows that verify at least one draft
     lookup_seqs: int = 0       # decode rows the proposer was asked for drafts, offering none
+    served_rows_squared: int = 0   # (prefill_seqs + decode_seqs) ** 2
 
     @property
     def num_tokens(self) -> int:
@@ -52,7 +58,7 @@ class StepShape:
                 pt, pa, ps = pt + n, pa + n * end, ps + 1
             else:
                 ds, dc, dr, dq = ds + 1, dc + end, dr + len(d), dq + bool(d)
-        return cls(pt, pa, ps, ds, dc, dr, blocks, dq, batch.lookups)
+        return cls(pt, pa, ps, ds, dc, dr, blocks, dq, batch.lookups, (ps + ds) ** 2)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

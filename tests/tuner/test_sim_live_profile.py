@@ -100,10 +100,12 @@ def test_read_steps_collects_a_series_until_stopped_and_nothing_from_a_foreign_e
 SERVING = 3e-4   # seconds a served step adds per row it delivers
 
 
-def _served_series(rng, windows=30, serving=SERVING, squared=0.0, levels=False):
+def _served_series(rng, windows=30, serving=SERVING, squared=0.0, levels=False,
+                   counted=False):
     """Counters of a served engine: the in-process law plus `serving` per delivered row
     and `squared` per row squared; with `levels` each window's steps all decode one
-    number of rows, 0-60 (a load level: a pilot's probes)."""
+    number of rows, 0-60 (a load level: a pilot's probes); with `counted` the engine
+    counts each step's rows squared (StepShape.of does; older engines did not)."""
     metrics = ServerMetrics(model_name="m", max_model_len=4096)
     series = [parse_totals(generate_latest(metrics.registry).decode(), t=0)]
     for w in range(windows):
@@ -113,6 +115,8 @@ def _served_series(rng, windows=30, serving=SERVING, squared=0.0, levels=False):
             if levels:
                 shape = dataclasses.replace(shape, decode_seqs=level)
             rows = shape.decode_seqs + shape.prefill_seqs
+            if counted:
+                shape = dataclasses.replace(shape, served_rows_squared=rows ** 2)
             metrics.observe_step(shape, _seconds(shape) + serving * rows + squared * rows ** 2)
         series.append(parse_totals(generate_latest(metrics.registry).decode(), t=w + 1))
     return series
@@ -167,6 +171,27 @@ def test_a_per_row_cost_that_grows_with_the_rows_is_recovered_and_priced():
     assert profile.step_seconds(big) == pytest.approx(_seconds(big) + 60e-3 + 2e-5 * 3600)
     # the squared term priced over one window's summed counters: at its steps' mean rows
     assert priced_share(profile.fit, served[:2]) == pytest.approx(1.0, rel=1e-6)
+
+
+def test_the_counted_squares_recover_a_growing_cost_where_batch_sizes_vary():
+    """Inside a window of real traffic a step delivers 1-49 rows, not one level: the
+    square of the window's mean rows under-states its steps' mean square, so without the
+    engine's count the squared coefficient comes back wrong; with it, exact."""
+    from tuner.sim.live_profile import priced_share, serving_term
+
+    served = _served_series(random.Random(8), windows=40, serving=1e-3, squared=2e-5,
+                            counted=True)
+    profile, info = serving_term(_calibrated(), served)
+    assert info["seconds_per_row"] == pytest.approx(1e-3, rel=1e-4)
+    assert info["seconds_per_row_squared"] == pytest.approx(2e-5, rel=1e-4)
+    assert info["error_after"] < 1e-6
+    assert priced_share(profile.fit, served) == pytest.approx(1.0, rel=1e-6)
+    # the same steps from an engine that did not count the squares: mis-fitted
+    old, info = serving_term(_calibrated(), _served_series(
+        random.Random(8), windows=40, serving=1e-3, squared=2e-5))
+    assert abs(info["seconds_per_row_squared"] / 2e-5 - 1) > 0.05 or \
+        abs(info["seconds_per_row"] / 1e-3 - 1) > 0.05
+    assert info["error_after"] > 1e-4
 
 
 def test_served_steps_cheaper_than_the_calibration_add_nothing_and_few_windows_are_an_error():

@@ -195,7 +195,8 @@ def test_step_shape_counts_prefill_decode_and_drafts():
                            draft_token_ids=[[], [], [7, 8, 9]])
     assert StepShape.of(batch) == StepShape(
         prefill_tokens=48, prefill_attention=48 * 80, prefill_seqs=1, decode_seqs=2,
-        decode_context=41 + 64, draft_tokens=3, blocks_read=14, draft_seqs=1)
+        decode_context=41 + 64, draft_tokens=3, blocks_read=14, draft_seqs=1,
+        served_rows_squared=(1 + 2) ** 2)
 
 
 def test_the_calibration_times_steps_that_verify_drafts_at_several_widths(monkeypatch):

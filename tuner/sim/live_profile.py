@@ -125,8 +125,8 @@ def windows(series: list[Totals], *, min_steps: int = MIN_WINDOW_STEPS
 
 def steps_price(fit: Fit, steps: float, figures: dict[str, float]) -> float:
     """What a linear profile charges for `steps` steps whose shape figures sum to `figures`:
-    intercept x steps + sum c_i F_i (seconds); a serving term's squared rows at the steps'
-    mean rows (the counters hold no sum of squares)."""
+    intercept x steps + sum c_i F_i (seconds); a serving term's squared rows as the
+    engine summed them (an engine older than that counter: at the steps' mean rows)."""
     mean = {k: v / steps for k, v in figures.items()} if steps else figures
     return fit.coefficients.get("intercept", 0.0) * steps + sum(
         c * (steps * feature(mean, name) if name == SERVED_ROWS_SQUARED
@@ -214,8 +214,9 @@ def serving_term(base: Profile, series: list[Totals]) -> tuple[Profile, dict]:
     settings ranked at Kendall tau 0.56; with the square 0.70, and chat's 0.91 -> 0.94).
     Two non-negative coefficients, least squares of the relative error (as profile.fit)
     of each busy window's mean step time left over by `base` against its mean rows and
-    their square (a window's mean of squares is not counted: the square of its mean stands
-    in, a little low where a window's steps vary); the rest of the calibration's shape
+    its steps' mean square (the engine counts `served_rows_squared`; for an engine older
+    than that counter the square of the mean rows stands in, low wherever a window's
+    batch size varies); the rest of the calibration's shape
     stays. -> (profile, {"seconds_per_row", "seconds_per_row_squared", "windows",
     "error_before", "error_after"}: the windows' median relative error without and with
     the term). ValueError with fewer than two busy windows."""

@@ -39,14 +39,20 @@ SIMPLER_SLACK = 0.05  # a form with more terms must cut the held-out error by mo
 
 
 SERVED_ROWS = "served_rows"  # the serving term's figure: rows a step delivers (serving_term)
-SERVED_ROWS_SQUARED = "served_rows_squared"   # its square: the per-row cost that grows
+SERVED_ROWS_SQUARED = "served_rows_squared"   # its square, counted per step: the cost that grows
 
 
 def feature(shape: StepShape | dict, name: str) -> float:
     if name == SERVED_ROWS:
         return feature(shape, "decode_seqs") + feature(shape, "prefill_seqs")
     if name == SERVED_ROWS_SQUARED:
-        return feature(shape, SERVED_ROWS) ** 2
+        # a step's square, or a window's mean of its steps' squares (the engine counts
+        # them); an engine older than that counter leaves 0 where rows were served: the
+        # square of the mean rows stands in (low wherever the batch size varied)
+        counted = (shape.get(name, 0.0) if isinstance(shape, dict)
+                   else shape.served_rows_squared)
+        rows = feature(shape, SERVED_ROWS)
+        return counted if counted or not rows else rows ** 2
     if isinstance(shape, dict):
         if name == "num_tokens":
             return shape["prefill_tokens"] + shape["decode_seqs"] + shape["draft_tokens"]
