@@ -13,8 +13,11 @@ import tuner.search.capacity_sweep as cs
 from test_capacity_sweep import FakeSim, _config, _real, _steps_law
 
 
-def test_the_search_runs_on_the_pilots_served_steps(tmp_path, monkeypatch):
+def test_without_a_serving_term_the_search_runs_on_the_pilots_refit(tmp_path, monkeypatch):
+    from test_capacity_profile import no_serving_term
+
     calls = _real(monkeypatch)
+    no_serving_term(monkeypatch)
     watched = []
 
     def read_steps(url, series, interval):
@@ -42,10 +45,9 @@ def test_the_search_runs_on_the_pilots_served_steps(tmp_path, monkeypatch):
     assert coef["intercept"] == pytest.approx(0.002, rel=0.02)
     assert coef["decode_seqs"] == pytest.approx(7e-4, rel=0.02)
     assert plan.sim.profile.identity == calibrated.profile.identity   # memory, identity kept
-    # the pilot started from the calibration, which was simulated once more with the
-    # pilot's serving term (to compete with the refit); the whole search ran on the refit
-    assert calibrated.fits[0] is calibrated.profile.fit
-    assert "served_rows" in calibrated.fits[1].coefficients
+    # the pilot started from the calibration, which was simulated once more (to compete
+    # with the refit); the whole search ran on the refit
+    assert calibrated.fits[0] is calibrated.fits[1] is calibrated.profile.fit
     assert len(calibrated.fits) > 3 and all(f is plan.sim.profile.fit
                                             for f in calibrated.fits[2:])
     assert len(calls) == 1 + 2 * 2
@@ -157,7 +159,10 @@ def test_each_arms_served_steps_are_priced_by_the_profile_the_search_ran_on(tmp_
     apart from a scheduling one, per arm and round, in the record and the table."""
     from tuner.search.capacity_report import confirmation_table
 
+    from test_capacity_profile import no_serving_term
+
     _real(monkeypatch)
+    no_serving_term(monkeypatch)   # the refit, whose law is the steps' own
     slower = {"http://pilot": 1.0, "http://8": 1.0}   # the baseline (8 sequences); else 1.25
 
     def read_steps(url, series, interval):
