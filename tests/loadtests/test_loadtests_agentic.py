@@ -5,6 +5,7 @@ import random
 
 from loadtests.workloads import WORKLOAD_NAMES, get_workload
 from loadtests.workloads import agentic
+from word_tokenizer import WordTokenizer
 
 
 def _run(seed, reply=lambda request: "not a tool call"):
@@ -116,18 +117,11 @@ def test_locust_runs_agent_loops_against_a_server(tmp_path):
     assert any(m["content"].startswith("<tool_response>") for m in later)
 
 
-class _WordTokenizer:
-    """One id per word; the chat template is the messages' words in order."""
-
-    def apply_chat_template(self, messages, **_):
-        return [len(w) for m in messages for w in m["content"].split()]
-
-
 def test_the_simulators_stream_runs_agent_loops_to_their_answers():
     from tuner.sim.stream import Renderer, WorkloadStream
 
     stream = WorkloadStream(get_workload("agentic"), rate=20.0, users=2, seed=4,
-                            render=Renderer(_WordTokenizer()), length_scale=0.2,
+                            render=Renderer(WordTokenizer()), length_scale=0.2,
                             max_model_len=8192)
     sessions = {}
     for _ in range(200):

@@ -2,6 +2,7 @@
 import pytest
 
 from loadtests.workloads.base import REVISIT_IDLE_SESSION, OpenLoop
+from word_tokenizer import WordTokenizer
 
 
 def _arrivals(idle_at, n=200):
@@ -42,21 +43,13 @@ def test_the_gaps_are_poisson_at_the_rate_and_seeded():
         OpenLoop(1, 0, 0.0)
 
 
-class _Tokenizer:
-    def encode(self, text, **_):
-        return [len(w) for w in text.split()]
-
-    def apply_chat_template(self, messages, **_):
-        return [len(w) for m in messages for w in m["content"].split()]
-
-
 def test_the_simulators_stream_arrives_alike_whether_replies_finish_or_not():
     from loadtests.workloads import get_workload
     from tuner.sim.stream import Renderer, WorkloadStream
 
     def run(reply: bool):
         stream = WorkloadStream(get_workload("chat"), rate=20.0, users=3, seed=4,
-                                render=Renderer(_Tokenizer()), length_scale=0.1,
+                                render=Renderer(WordTokenizer()), length_scale=0.1,
                                 max_model_len=4096)
         times, continued = [], 0
         for _ in range(300):
@@ -79,7 +72,7 @@ def _waiting_over_time(name: str, arrivals: int = 12_000, lag: int = 24):
     from tuner.sim.stream import Renderer, WorkloadStream
 
     stream = WorkloadStream(get_workload(name), rate=50.0, users=8, seed=1,
-                            render=Renderer(_Tokenizer()), length_scale=0.2,
+                            render=Renderer(WordTokenizer()), length_scale=0.2,
                             max_model_len=1 << 20)
     sent, waiting = [], []
     for i in range(arrivals):

@@ -6,6 +6,7 @@ import pytest
 
 from loadtests.workloads import get_workload
 from tuner.sim.stream import Renderer, SimRequest, WorkloadStream
+from word_tokenizer import WordTokenizer
 
 
 def _tokenizer():
@@ -98,14 +99,6 @@ def test_a_users_kth_session_does_not_depend_on_the_turns_drawn_before_it():
     assert second_session(0) == second_session(3)
 
 
-class _WordTokenizer:   # one token per word: lengths are easy to read
-    def encode(self, text, **_):
-        return [len(w) for w in text.split()]
-
-    def apply_chat_template(self, messages, **_):
-        return [len(w) for m in messages for w in m["content"].split()]
-
-
 def test_a_history_past_the_models_length_is_refused_as_the_server_refuses_it():
     """A request past max_model_len: the server answers 400 (engine/entrypoints/
     serving.length_refusal), and the simulator refuses the same requests, unserved and
@@ -117,7 +110,7 @@ def test_a_history_past_the_models_length_is_refused_as_the_server_refuses_it():
 
     limit = 440   # chat's first turns' prompts + max_tokens here: about 350-480 words
     stream = WorkloadStream(get_workload("chat"), rate=5.0, users=2, seed=2,
-                            render=Renderer(_WordTokenizer()), max_model_len=limit)
+                            render=Renderer(WordTokenizer()), max_model_len=limit)
     refused = served = 0
     for _ in range(400):
         request = stream.pop()
@@ -143,7 +136,7 @@ def test_the_simulator_scores_a_refused_request_as_failed_without_serving_it():
 
     def run(limit):
         stream = WorkloadStream(get_workload("chat"), rate=4.0, users=2, seed=2,
-                                render=Renderer(_WordTokenizer()), max_model_len=limit)
+                                render=Renderer(WordTokenizer()), max_model_len=limit)
         return simulate(PROFILE, dict(max_num_seqs=64, cpu_memory_gib=0.5), stream,
                         duration=40.0, slos={"chat": {"ttft": 5.0, "tpot": 0.5}},
                         hf_config=AutoConfig.from_pretrained(resolve_model_path(None)))
