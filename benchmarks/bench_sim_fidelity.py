@@ -8,6 +8,7 @@ simulated capacity against one real one: a cold search to 5 %, and one as the sw
     python -m benchmarks.bench_sim_fidelity [--workload chat] [--settings 12]
         [--rate 4 | --rate-share 0.6] [--duration 8] [--sim-duration S] [--model M]
         [--profile FILE ...] [--pilot] [--serving] [--probe-lead S]
+        [--save FILE] [--real-from FILE] [--real-also FILE ...]
 
 The latencies are read at one rate for every setting (--rate), or at a share of each
 setting's own real capacity (--rate-share): a rate every setting serves, so that both
@@ -24,6 +25,11 @@ whose served steps refit the profile ("pilot"), then a light load on that engine
 gives each profile its front-end time (TTFT outside the engine's steps: "+front"). With
 --serving the pilot's served steps also give each profile its serving term (what the
 server adds per delivered row: "+serving", tuner/sim/live_profile.serving_term).
+
+A ranking can be checked only to the real side's own noise: with --real-also (the real
+side of other --save runs of the same settings) the bench also prints how each pair of
+real runs ranks the settings against each other (Kendall's tau: the ceiling a simulator
+is held to) and each profile's tau against the real runs' geometric mean.
 """
 from __future__ import annotations
 
@@ -186,6 +192,27 @@ def real_figures(i: int, settings: dict, start: float, args, cpu, load, work: Pa
     return row
 
 
+def real_agreement(rows: list[dict], others: list[dict], labels: list[str]) -> str:
+    """The real runs' Kendall tau between each pair (this run first, then --real-also's),
+    and each profile's tau and median capacity error against their geometric mean."""
+    reals = [[r["real_cap"] for r in rows]] + [
+        [r["real_cap"] for r in o["rows"][:len(rows)]] for o in others]
+    lines = ["\nthe real runs against each other (capacity over the same settings):"]
+    for i in range(len(reals)):
+        for j in range(i + 1, len(reals)):
+            apart = statistics.median(rel(a, b) for a, b in zip(reals[i], reals[j]))
+            lines.append(f"  run {i} vs run {j}: Kendall tau "
+                         f"{kendalltau(reals[i], reals[j]).statistic:.2f}, median "
+                         f"difference {apart:.1%}")
+    mean = [statistics.geometric_mean(c) for c in zip(*reals)]
+    for label in labels:
+        sim = [r[f"{label}_cap"] or 0.0 for r in rows]
+        err = statistics.median(rel(a, b) for a, b in zip(sim, mean))
+        lines.append(f"  {label} against their geometric mean: Kendall tau "
+                     f"{kendalltau(sim, mean).statistic:.2f}, capacity error {err:.1%}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="chat", choices=WORKLOAD_NAMES)
@@ -219,11 +246,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--real-from", default=None, metavar="FILE",
                     help="the real side from a --save of an earlier run (same settings, "
                          "rates and pilot): simulator variants against one set of real runs")
+    ap.add_argument("--real-also", action="append", default=[], metavar="FILE",
+                    help="the real capacities of another --save run of the same settings "
+                         "(repeatable): the real runs' tau between themselves, and each "
+                         "profile's against their geometric mean")
     args = ap.parse_args(argv)
+    others = [json.loads(Path(f).read_text()) for f in args.real_also]
     saved = json.loads(Path(args.real_from).read_text()) if args.real_from else None
     if saved and args.pilot and not saved.get("light"):
         ap.error("--pilot needs a real engine for its light load, and the --real-from run "
                  "saved none; not with --real-from")
+    for f, other in zip(args.real_also, others):
+        grid = [r["settings"] for r in other["rows"]]
+        if grid[:args.settings] != GRID[:args.settings]:
+            ap.error(f"--real-also {f} measured other settings than these {args.settings} "
+                     f"(its first: {grid[:1]}); give a run of this grid")
     if args.rate_share is not None and not 0 < args.rate_share <= 1:
         ap.error(f"--rate-share must be in (0, 1], got {args.rate_share}")
     cpu = cpu_setup(args.workload, args.model)
@@ -302,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cost: the same, simulated as the sweep searches (from the defaults' "
               f"{warm[label]:.2f} req/s, to {SIM_REL_TOL:.0%}), median: {swept:.1f}x (its "
               f"capacities {swept_err:.1%} from the precise ones)")
+    if others:
+        print(real_agreement(rows, others, list(sims)))
     if args.sim_workers:
         from tuner.search.capacity_search import simulate_point
         from tuner.search.sim_pool import SimPool
