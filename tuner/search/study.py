@@ -63,14 +63,19 @@ def stale_grace() -> float:
     return grace
 
 
+DUPLICATE_TABLE = "42P07"   # PostgreSQL's SQLSTATE for a table created meanwhile
+
+
 def make_storage(url: str) -> optuna.storages.BaseStorage:
     """An RDB storage with heartbeats, so a trial of a crashed worker is retried.
 
     A trial whose worker stopped beating for `stale_grace()` seconds is failed by the next
     `study.optimize` of any worker, and one copy of it is queued (same settings); the copy
     replaces it in the trial count (`search_trials_done`).
-    Workers started together on an empty database race to create Optuna's tables (one
-    gets a unique-violation on PostgreSQL's catalog); the loser retries, finding them made.
+    Workers started together on an empty database race to create Optuna's tables: the
+    loser gets a unique-violation on PostgreSQL's catalog, or, a moment later, "relation
+    already exists" (SQLSTATE 42P07, a ProgrammingError: CI 2026-12-07); it retries,
+    finding them made. Any other ProgrammingError is a real error.
     """
     import sqlalchemy.exc
     if url.startswith("sqlite:///"):
@@ -84,8 +89,10 @@ def make_storage(url: str) -> optuna.storages.BaseStorage:
                 grace_period=int(grace),
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
                     max_retry=1))
-        except sqlalchemy.exc.IntegrityError:  # ProgrammingError etc. are real errors
-            if attempt == 4:
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as exc:
+            lost_race = isinstance(exc, sqlalchemy.exc.IntegrityError) or \
+                getattr(exc.orig, "sqlstate", None) == DUPLICATE_TABLE
+            if attempt == 4 or not lost_race:
                 raise
             time.sleep(random.uniform(0.2, 1.0))
     raise AssertionError("unreachable")
