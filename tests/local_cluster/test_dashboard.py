@@ -30,7 +30,11 @@ dash = sys.modules.setdefault("render_dashboard", importlib.util.module_from_spe
 _spec.loader.exec_module(dash)
 
 FAKE_ENGINE = f"{sys.executable} {ROOT / 'tests' / 'tuner' / 'fake_engine.py'}"
-RATE_INTERVAL = "5s"   # Grafana's $__rate_interval is 4x the scrape interval; scrapes are 1 s
+# Grafana's $__rate_interval is at least 4x the scrape interval (scrapes are 1 s here); on
+# a loaded machine 1-s scrapes time out, and a gap of more than 5 s around the short load
+# left every 5-s window with one side of it (CI 2026-12-07: the latency panels empty), so
+# the panels are asked over 30 s windows, which the same PromQL answers alike
+RATE_INTERVAL = "30s"
 SHARED_PREFIX = ("You are a careful assistant for a paged-attention inference engine. Answer "
                  "briefly, cite the block table, and never invent numbers you did not measure. ")
 
