@@ -30,10 +30,9 @@ dash = sys.modules.setdefault("render_dashboard", importlib.util.module_from_spe
 _spec.loader.exec_module(dash)
 
 FAKE_ENGINE = f"{sys.executable} {ROOT / 'tests' / 'tuner' / 'fake_engine.py'}"
-# Grafana's $__rate_interval is at least 4x the scrape interval (scrapes are 1 s here); on
-# a loaded machine 1-s scrapes time out, and a gap of more than 5 s around the short load
-# left every 5-s window with one side of it (CI 2026-12-07: the latency panels empty), so
-# the panels are asked over 30 s windows, which the same PromQL answers alike
+# Grafana's $__rate_interval is at least 4x the scrape interval (scrapes are 1 s here, with
+# a 1-s timeout that a loaded machine's scrapes can miss): 30-s windows, which the same
+# PromQL answers alike
 RATE_INTERVAL = "30s"
 SHARED_PREFIX = ("You are a careful assistant for a paged-attention inference engine. Answer "
                  "briefly, cite the block table, and never invent numbers you did not measure. ")
@@ -132,8 +131,13 @@ def loaded(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
         (pod,) = local_cluster.pods("app.kubernetes.io/instance=tiny")
         # Prometheus takes up new file_sd targets in batches (every 5 s or more): load once
         # it scrapes the pod, as a dashboard would only show a scraped pod anyway
-        local_cluster.wait_for(lambda: _instant(prometheus, f'up{{pod="{_name(pod)}"}} == 1'),
-                               60, "Prometheus to scrape the engine pod")
+        # ... and holds a sample of its counters from before the load (a rate needs one):
+        # `up` alone can come from a scrape of the engine's early /metrics, before its
+        # serving metrics exist, and on a loaded machine the next scrape may come after
+        # the short load (CI 2026-12-07: every latency panel empty)
+        local_cluster.wait_for(lambda: _instant(
+            prometheus, f'vllm:time_to_first_token_seconds_count{{pod="{_name(pod)}"}} == 0'),
+            60, "Prometheus to scrape the engine's counters before the load")
         _load(local_cluster.service_url("tiny"))
         assert tuner.wait(timeout=120) == 0, (out / "tuner.log").read_text()[-3000:]
         local_cluster.wait_for(lambda: _instant(prometheus, 'up{job="paged-planner"} == 1'),
