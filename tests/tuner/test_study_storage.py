@@ -28,6 +28,8 @@ def _sql(cls, orig):
         'duplicate key value violates unique constraint "pg_type_typname_nsp_index"')),
     _sql(sqlalchemy.exc.ProgrammingError, psycopg.errors.DuplicateTable(
         'relation "studies" already exists')),   # the race as CI met it, 2026-12-07
+    _sql(sqlalchemy.exc.ProgrammingError, psycopg.errors.DuplicateObject(
+        'type "studydirection" already exists')),   # and again, Optuna's enum type
 ])
 def test_a_lost_race_for_the_tables_is_retried(monkeypatch, error):
     storage, calls = _failing([error, error])

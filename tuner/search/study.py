@@ -63,7 +63,8 @@ def stale_grace() -> float:
     return grace
 
 
-DUPLICATE_TABLE = "42P07"   # PostgreSQL's SQLSTATE for a table created meanwhile
+# PostgreSQL's SQLSTATEs for a table, or an enum type, another worker created meanwhile
+CREATED_MEANWHILE = {"42P07", "42710"}
 
 
 def make_storage(url: str) -> optuna.storages.BaseStorage:
@@ -74,7 +75,8 @@ def make_storage(url: str) -> optuna.storages.BaseStorage:
     replaces it in the trial count (`search_trials_done`).
     Workers started together on an empty database race to create Optuna's tables: the
     loser gets a unique-violation on PostgreSQL's catalog, or, a moment later, "relation
-    already exists" (SQLSTATE 42P07, a ProgrammingError: CI 2026-12-07); it retries,
+    already exists" for a table (42P07) or Optuna's enum type (42710), ProgrammingErrors
+    (CI 2026-12-07 met both); it retries,
     finding them made. Any other ProgrammingError is a real error.
     """
     import sqlalchemy.exc
@@ -91,7 +93,7 @@ def make_storage(url: str) -> optuna.storages.BaseStorage:
                     max_retry=1))
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as exc:
             lost_race = isinstance(exc, sqlalchemy.exc.IntegrityError) or \
-                getattr(exc.orig, "sqlstate", None) == DUPLICATE_TABLE
+                getattr(exc.orig, "sqlstate", None) in CREATED_MEANWHILE
             if attempt == 4 or not lost_race:
                 raise
             time.sleep(random.uniform(0.2, 1.0))
