@@ -150,6 +150,12 @@ class ModelRunner:
         self.kv_caches = [(pool[0, i], pool[1, i]) for i in range(self.num_layers)]
         self.kv_pool = pool  # whole blocks, for the KV tiers' copies (engine/kv_offload/)
 
+    def offload_io(self):
+        """What moves blocks between this pool and the KV tiers (engine/kv_offload/)."""
+        from engine.kv_offload import pool_io
+
+        return pool_io(self.kv_pool)
+
     @staticmethod
     def is_device_fault(exc: BaseException) -> bool:
         """Whether the accelerator itself failed (every later step would too), as opposed to

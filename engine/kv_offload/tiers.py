@@ -70,8 +70,8 @@ class TierStats:
 
 class OffloadTiers:
     def __init__(self, host: HostPolicy, transfer: KVTransfer, worker: TransferWorker,
-                 disk: DiskTier | None = None, load_worker: TransferWorker | None = None
-                 ) -> None:
+                 disk: DiskTier | None = None, load_worker: TransferWorker | None = None,
+                 done: Any = None) -> None:
         self.host, self.io, self.worker, self.disk = host, transfer, worker, disk
         self.load_worker = load_worker  # its own thread: loads never queue behind disk writes
         self.block_bytes = host.block_bytes
@@ -79,7 +79,9 @@ class OffloadTiers:
         self._stores: list[tuple[int, bytes]] = []  # (device block, hash) evicted this step
         self._planned: list[LoadJob] = []  # loads admitted this step, started by transfer
         self._lock = threading.Lock()  # a job's state: the engine thread vs the load worker
-        self._done: queue.SimpleQueue[LoadJob] = queue.SimpleQueue()  # posted by the worker
+        # posted by the load worker (`put`), taken by the engine (`get`, `get_nowait`); the
+        # simulator's holds a job back until its copy's virtual time has passed
+        self._done: queue.SimpleQueue[LoadJob] = queue.SimpleQueue() if done is None else done
         self._taken: list[LoadJob] = []  # taken off _done by wait_for_load, not yet polled
         self.stats = TierStats()
 

@@ -56,7 +56,7 @@ class FakeSim:
         self.calls.append(settings)
         self.starts.append(start)
         self.fits.append(self.profile.fit)
-        if "kv_offloading_size" in settings:
+        if "kv_disk_dir" in settings or "kv_disk_size" in settings:
             raise AssertionError("the simulator was given a setting it does not model")
         fit, calibration = self.profile.fit, self.calibration.fit
         family = (fit.form, fit.heldout_error)   # kept when step times are scaled
@@ -110,8 +110,8 @@ def test_only_the_best_k_and_the_baseline_run_for_real_and_the_better_one_wins(
     # every real engine warmed as the simulated ones are, before its first probe
     assert {c["warmup_load"] for c in calls} == {150}
     assert len(sim.calls) >= 2 and all(c["cpu_memory_gib"] == 0.5 for c in sim.calls)
-    # the host tier is not simulated: not searched (the baseline's value stays)
-    assert all("kv_offloading_size" not in p["params"] for p in record["simulated"])
+    # the host tier is simulated (tuner/sim/tiers.py): its size searched like the rest
+    assert {p["params"].get("kv_offloading_size") for p in record["simulated"]} == {0, 1}
     labels = [a["label"] for a in record["arms"]]
     assert labels == ["baseline", "C1", "C2"]
     # a pilot of the baseline, then (K + 1) arms x R rounds real engines, nothing else
@@ -255,11 +255,15 @@ def test_no_headroom_in_simulation_measures_the_pilot_alone(tmp_path, monkeypatc
                                        "gpu_memory_utilization=0.9",
                                        "max_num_batched_tokens=none",
                                        "num_speculative_tokens=none"])
-    config.baseline = Baseline({"max_num_seqs": 16}, {"max_num_seqs": 16}, "above the space")
+    # its disk KV tier is measured for real, left out of its simulated twin (FakeSim
+    # refuses it)
+    disk = {"max_num_seqs": 16, "kv_disk_dir": "/var/kv", "kv_disk_size": 4.0}
+    config.baseline = Baseline(disk, disk, "above the space")
     logs: list[str] = []
     record = cs.run_capacity_sweep(config, cs.CapacityPlan(
         sim=FakeSim(), sim_base={}, trials=8, target_rate=50, log=logs.append))
     assert len(calls) == 1 == record["real_engines"]   # the pilot, no rounds
+    assert calls[0]["settings"] == disk
     assert record["rounds"] == 0 and record["winner"] is None
     assert [a["label"] for a in record["arms"]] == ["baseline"]
     pilot = record["pilot"]["capacity"]

@@ -205,7 +205,8 @@ def test_the_calibration_times_steps_that_verify_drafts_at_several_widths(monkey
     n-gram proposer looked up in vain (at the first of its block sizes only), so that every
     term of the richest form, the draft terms included, is told apart: a known law over the
     calibration's own shapes is recovered term by term. Its cache name carries the
-    calibration's version (a profile cached without the draft phase is not reused)."""
+    calibration's version (a profile cached without the draft phase is not reused). It times
+the host KV tier's copies too."""
     from tuner.sim import calibrate
 
     seen = {}
@@ -216,7 +217,11 @@ def test_the_calibration_times_steps_that_verify_drafts_at_several_widths(monkey
 
     monkeypatch.setattr(calibrate, "fit", capture)
     lines = []
-    calibrate.run_calibration(None, block_sizes=(16, 32), scale=0.1, log=lines.append)
+    profile = calibrate.run_calibration(None, block_sizes=(16, 32), scale=0.1,
+                                        log=lines.append)
+    # the host KV tier's copies timed on the engine's own pool (tuner/sim/tiers.py)
+    memory = profile.memory
+    assert 0 < memory.store_seconds_per_byte < 1e-6 and 0 < memory.load_seconds_per_byte < 1e-6
     first = int(re.match(r"block_size 16: (\d+) steps timed", lines[0]).group(1))
     assert "draft and lookup phases" in lines[0] and "draft" not in lines[1]
     shapes = seen["shapes"][:first - calibrate.WARMUP_STEPS]

@@ -14,7 +14,9 @@ from paged_api.search_space import Param, default_value
 from tuner.measure.capacity import CapacityResult, interpolated
 from tuner.search.sim_pool import SimPool
 
-SIM_UNMODELLED = ("kv_offloading_size",)   # tiers are not simulated (tuner/sim/engine.py)
+# the disk KV tier is not simulated (a directory a node's engines share; tuner/sim/engine.py):
+# a baseline's is left out of its simulated twin. The host tier is (tuner/sim/tiers.py).
+SIM_UNMODELLED = ("kv_disk_dir", "kv_disk_size")
 SIM_REL_TOL = 0.1       # a simulated capacity is known to 10 %
 SIM_GROWTH = 1.5        # bracketing step from the warm start
 # probes per simulated capacity: a bracket from 1 req/s at 1.5x reaches 985 req/s in 17,

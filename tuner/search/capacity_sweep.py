@@ -9,7 +9,7 @@ replica's SLO capacity, searched on the simulator, confirmed for real.
    capacity.py) over simulated loads of the workload's own arrival process, warm-started
    at the best capacity found so far. Every simulated load replays the same seeded
    stream, so settings differ by what they do. Settings the simulator does not model (the
-   KV host tier) stay at the baseline's value.
+   disk KV tier) stay at the baseline's value; the host tier's size is searched.
 2. **Confirm for real**: the baseline (the engine defaults, or --baseline) and the best K
    distinct simulated settings are measured on real engines, R rounds interleaved
    (rotated order, one fresh engine per arm and round, the same request stream within a
@@ -271,8 +271,8 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
              f"{config.confirm_rounds} interleaved rounds")
     dropped = [p.name for p in config.space if p.name in SIM_UNMODELLED]
     if dropped:
-        plan.log(f"not searched: {', '.join(dropped)} (the simulator does not model KV tiers;"
-                 " --objective goodput searches them on real engines)")
+        plan.log(f"not searched: {', '.join(dropped)} (the simulator does not model the disk "
+                 "KV tier; --objective goodput searches it on real engines)")
     pilot = None
     timed = plan.sim.profile.fit.form != UNFITTED   # else only the pilot's steps time it
     if config.confirm_rounds >= 2:   # the baseline for real first: its steps, as served

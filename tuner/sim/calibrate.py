@@ -205,10 +205,14 @@ def _memory(engine, tokens: int) -> Memory:
     a_large = runner.profile_peak_activation_bytes(large, 1)
     per_token = max(0.0, (a_large - a_small) / (large - small))
     runner.allocate_kv_cache(engine.num_blocks)  # the probes dropped the pool's views
+    from tuner.sim.tiers import time_copies
+
+    store, load = time_copies(runner.kv_bytes_per_block, pool=runner.kv_pool)
     return Memory(device_bytes=float(runner.device_memory_bytes()) if runner.device.type
                   == "cuda" else 0.0,
                   weight_bytes=float(runner.weight_bytes()),
                   kv_bytes_per_token=runner.kv_bytes_per_block // engine.info.block_size,
                   activation_base=max(0.0, a_small - per_token * small),
                   activation_per_token=per_token, max_model_len=engine.info.max_model_len,
-                  vocab_size=engine.info.vocab_size)
+                  vocab_size=engine.info.vocab_size,
+                  store_seconds_per_byte=store, load_seconds_per_byte=load)

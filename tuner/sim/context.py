@@ -52,7 +52,11 @@ def load_profile(model: str | None, threads: int, *, path: str | None = None,
         return Profile.load(path, expect=ident)
     cached = cached_path(ident)
     if cached.exists():
-        return Profile.load(cached, expect=ident)
+        profile = Profile.load(cached, expect=ident)
+        if profile.memory.load_seconds_per_byte is None:   # cached before copies were timed
+            time_host_copies(profile)
+            profile.save(cached)
+        return profile
     if not calibrate:
         raise ValueError(f"no profile for {ident.model} with {threads} thread(s) at {cached}; "
                          f"run `python -m tuner profile --model {ident.model}`")
@@ -62,6 +66,16 @@ def load_profile(model: str | None, threads: int, *, path: str | None = None,
     profile.save(cached)
     log(f"profile: written to {cached}")
     return profile
+
+
+def time_host_copies(profile: Profile) -> None:
+    """The host KV tier's copy rates (tuner/sim/tiers.py) timed now, on a pool of this
+    model's block bytes, for a profile calibrated before they were part of it."""
+    from tuner.sim.tiers import time_copies
+
+    memory = profile.memory
+    memory.store_seconds_per_byte, memory.load_seconds_per_byte = time_copies(
+        memory.kv_bytes_per_token * 16)
 
 
 @dataclass

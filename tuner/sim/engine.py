@@ -10,7 +10,8 @@ were accepted), in order, up to the first rejection. With a DraftModel (tuner/si
 drafts.py) the drafts themselves come from a ModelledProposer: as often and as long as the
 method drafts on the model's own replies, accepted at its per-position rates. The engine
 reads that clock for every timestamp, so requests' TTFT, inter-token gaps and latencies
-come out in virtual seconds.
+come out in virtual seconds. The host KV tier (kv_offloading_size) is the engine's own, its
+copies timed on the same clock (tuner/sim/tiers.py).
 
 Token ids are folded into a small vocabulary (id mod SIM_VOCAB): the logits stay small,
 and equal prompts stay equal, so the prefix cache hits exactly as it would.
@@ -68,6 +69,15 @@ class ProfiledRunner:
     @staticmethod
     def is_device_fault(exc: BaseException) -> bool:
         return False
+
+    def offload_io(self):
+        """The host tier's copies in virtual time (tuner/sim/tiers.py)."""
+        from tuner.sim.tiers import virtual_io
+
+        memory = self.profile.memory
+        return virtual_io(self.clock, self.kv_bytes_per_block,
+                          store_seconds_per_byte=memory.store_seconds_per_byte,
+                          load_seconds_per_byte=memory.load_seconds_per_byte)
 
     def _token(self, avoid: int | None = None) -> int:
         while True:
@@ -145,9 +155,10 @@ def sim_engine(profile: Profile, settings: dict, *, hf_config,
     engine's own proposer over the made-up tokens, accepted at `acceptance`). ValueError
     for settings the engine would refuse."""
     config = engine_config(settings)
-    if config.kv_offloading_size or config.kv_disk_dir:
-        raise ValueError("the simulator does not model the KV tiers yet "
-                         "(kv_offloading_size, kv_disk_dir); leave them out of the search")
+    if config.kv_disk_dir:
+        raise ValueError("the simulator does not model the disk KV tier (kv_disk_dir, shared "
+                         "by a node's engines); leave it out of the search (the host tier, "
+                         "kv_offloading_size, is simulated)")
     num_blocks = config.num_gpu_blocks_override or profile.memory.num_blocks(
         block_size=config.block_size, fraction=config.gpu_memory_utilization,
         max_num_batched_tokens=config.max_num_batched_tokens,

@@ -178,6 +178,10 @@ class Memory:
     activation_per_token: float
     max_model_len: int
     vocab_size: int
+    # the host KV tier's copies (tuner/sim/tiers.py), timed on this machine; None: not timed
+    # (a profile from before them, or from config.json), and blocks move in no time
+    store_seconds_per_byte: float | None = None
+    load_seconds_per_byte: float | None = None
 
     def num_blocks(self, *, block_size: int, fraction: float, max_num_batched_tokens: int,
                    cpu_memory_gib: float) -> int:

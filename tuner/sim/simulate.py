@@ -41,6 +41,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from engine.kv_medium import Medium
 from engine.sampling_params import SamplingParams
 from tuner.measure.capacity import (SETTLED_FRACTION, CapacityResult, bracket,
                                     search_capacity, settled_attainment)
@@ -100,6 +101,7 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
     schedule = []
     count = steps = 0
     cold = None                 # the engine's counters when the window began
+    cold_host = 0               # and the host tier's hits then
     warm_steps = 0
     totals = getattr(engine.runner, "totals", None)   # a profiled runner's step counters
     warm_totals = dict(totals or {})
@@ -162,6 +164,7 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
             clock.now = min(stream.next_time(), end)
         if begin and not cold and clock.now >= begin:
             cold, warm_steps = engine.get_stats(), steps   # the window's counters start here
+            cold_host = engine.kv.hits_by_medium.get(Medium.CPU, 0)
             warm_totals = dict(totals or {})
     stopped = min(clock.now, end)
     for rid, (req, record, times) in live.items():
@@ -174,6 +177,8 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
         stats = dataclasses.replace(stats, **{
             name: getattr(stats, name) - getattr(cold, name) for name in
             ("prefix_cache_hits", "prefix_cache_queries", "num_preemptions", "evictions")})
+    # prefix tokens the host KV tier served (tuner/sim/tiers.py), over the window
+    host_hits = engine.kv.hits_by_medium.get(Medium.CPU, 0) - cold_host
     samples = Samples(records=records, start=begin, stop=end)
     figures = score(samples, slos)
     figures.update(
@@ -183,6 +188,7 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
         kv_cache_usage_perc_max=max(usage, default=0.0),
         num_blocks=float(engine.num_blocks), steps=float(steps - warm_steps),
         evictions=float(stats.evictions), stopped_at=stopped,
+        host_tier_hit_rate=host_hits / max(1, stats.prefix_cache_queries),
         gave_up=float(bool(settling and settling.failed)),
         sim_wall_s=time.perf_counter() - wall)
     # the window's summed step seconds and shape, as the engine's step counters give them
