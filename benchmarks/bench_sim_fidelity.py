@@ -5,7 +5,7 @@ simulated and real capacity (what the search needs: the ranking), plus the cost 
 simulated capacity against one real one: a cold search to 5 %, and one as the sweep runs it
 (from the defaults' simulated capacity, to tuner/search/capacity_search.SIM_REL_TOL).
 
-    python -m benchmarks.bench_sim_fidelity [--workload chat] [--settings 12]
+    python -m benchmarks.bench_sim_fidelity [--workload chat] [--settings 12] [--grid tiers]
         [--rate 4 | --rate-share 0.6] [--duration 8] [--sim-duration S] [--model M]
         [--profile FILE ...] [--pilot] [--serving] [--probe-lead S]
         [--save FILE] [--real-from FILE] [--real-also FILE ...]
@@ -68,6 +68,13 @@ GRID = [{"max_num_seqs": s, "block_size": b, "max_num_batched_tokens": t,
                            (64, 128, 1024, 0.9), (256, 16, 2048, 0.9), (3, 64, 256, 0.8),
                            (12, 32, 1536, 0.9), (24, 16, 512, 0.5), (48, 32, 2048, 0.95),
                            (6, 8, 768, 0.9), (128, 64, 384, 0.9)]]
+# the host KV tier (tuner/sim/tiers.py): device pools too small for the workload's working
+# set (the embedded model at the CPU profile's 0.5 GiB: 0.1 holds 426 blocks of 16 tokens,
+# 0.07 about 180), each without and with a host tier, and the roomy pool for reference
+TIER_GRID = [{"gpu_memory_utilization": g, "kv_offloading_size": t}
+             for g, t in [(0.1, 0), (0.1, 0.25), (0.1, 1.0), (0.07, 0), (0.07, 1.0),
+                          (0.5, 0)]]
+GRIDS = {"spread": GRID, "tiers": TIER_GRID}
 
 
 def cpu_setup(workload: str, model: str | None) -> SimpleNamespace:
@@ -217,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="chat", choices=WORKLOAD_NAMES)
     ap.add_argument("--settings", type=int, default=12)
+    ap.add_argument("--grid", choices=sorted(GRIDS), default="spread",
+                    help="spread: batch limit, page size, budget, memory over the space; "
+                         "tiers: small device pools without and with a host KV tier")
     rates = ap.add_mutually_exclusive_group()
     rates.add_argument("--rate", type=float, default=4.0, help="the fixed rate of the latencies")
     rates.add_argument("--rate-share", type=float, default=None, metavar="F",
@@ -258,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                  "saved none; not with --real-from")
     for f, other in zip(args.real_also, others):
         grid = [r["settings"] for r in other["rows"]]
-        if grid[:args.settings] != GRID[:args.settings]:
+        if grid[:args.settings] != GRIDS[args.grid][:args.settings]:
             ap.error(f"--real-also {f} measured other settings than these {args.settings} "
                      f"(its first: {grid[:1]}); give a run of this grid")
     if args.rate_share is not None and not 0 < args.rate_share <= 1:
@@ -285,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     # simulated one), to SIM_REL_TOL: its cost per setting, beside the precise cold search
     warm = {label: interpolated(sim.capacity(dict(base), rel_tol=SIM_REL_TOL))
             for label, sim in sims.items()}
-    for i, settings in enumerate(GRID[:args.settings]):
+    for i, settings in enumerate(GRIDS[args.grid][:args.settings]):
         row: dict = {"settings": settings}
         for label, sim in sims.items():
             t0 = time.perf_counter()
@@ -352,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             plan = SimpleNamespace(sim=sim, sim_base=base)
             with SimPool(plan, args.sim_workers, simulate_point) as pool:
-                pool.map([(s, max(warm[label], 0.5)) for s in GRID[:args.settings]])
+                pool.map([(s, max(warm[label], 0.5))
+                          for s in GRIDS[args.grid][:args.settings]])
             per = (time.perf_counter() - t0) / len(rows)
             print(f"  {label}: {per:.2f} s a setting, {real_s / per:.1f}x cheaper than real")
     if args.save:

@@ -99,7 +99,7 @@ def test_the_tier_serves_evicted_prefixes_and_leaks_no_block(hf_config):
     without = _run(hf_config, settings={**SETTINGS, "kv_offloading_size": 0})
     engine, clock = sim_engine(_profile(), SETTINGS, hf_config=hf_config)
     with_tier = _run(hf_config, (engine, clock))
-    assert without.figures["host_tier_hit_rate"] == 0
+    assert "host_tier_hit_rate" not in without.figures   # no tier, no such figure
     assert with_tier.figures["prefix_cache_hit_rate"] > without.figures["prefix_cache_hit_rate"]
     # less prefill to compute
     assert with_tier.figures["step_prefill_tokens"] < without.figures["step_prefill_tokens"]

@@ -12,7 +12,8 @@ from tuner.sim.context import (DEFAULT_SIM_DURATION, SIM_WARMUP_REQUESTS, SimCon
                                engine_threads, load_profile)
 
 SHOWN = ("requests", "completed", "goodput", "slo_attainment", "ttft_p50", "ttft_p90",
-         "tpot_p50", "itl_p50", "e2e_p90", "prefix_cache_hit_rate", "server_preemptions",
+         "tpot_p50", "itl_p50", "e2e_p90", "prefix_cache_hit_rate", "host_tier_hit_rate",
+         "server_preemptions",
          "kv_cache_usage_perc_mean", "spec_acceptance_rate", "num_blocks", "steps",
          "sim_wall_s")
 

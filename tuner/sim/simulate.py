@@ -188,12 +188,13 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
         kv_cache_usage_perc_max=max(usage, default=0.0),
         num_blocks=float(engine.num_blocks), steps=float(steps - warm_steps),
         evictions=float(stats.evictions), stopped_at=stopped,
-        host_tier_hit_rate=host_hits / max(1, stats.prefix_cache_queries),
         gave_up=float(bool(settling and settling.failed)),
         sim_wall_s=time.perf_counter() - wall)
     # the window's summed step seconds and shape, as the engine's step counters give them
     figures.update({f"step_{name}": value - warm_totals[name]
                     for name, value in (totals or {}).items()})
+    if engine.offload is not None:   # of the prompt tokens looked up, served by host memory
+        figures["host_tier_hit_rate"] = host_hits / max(1, stats.prefix_cache_queries)
     if engine.spec_stats.num_draft_tokens:   # as a real trial reports it (server_metrics)
         figures["spec_acceptance_rate"] = engine.spec_stats.acceptance_rate
     return SimResult(samples, figures, schedule)
