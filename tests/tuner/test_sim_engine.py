@@ -5,6 +5,7 @@ system whose capacity is known; bad input is refused by name."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -94,12 +95,13 @@ def test_runner_rows_and_drafts_follow_the_model_runner_contract(hf_config):
     logits, rows = runner.execute(batch)
     assert rows == [1, 2, 2, 2]
     assert logits.shape == (4, 609)
-    picked = logits.argmax(dim=1).tolist()
+    picked = logits.tokens
+    assert logits.tensor().argmax(dim=1).tolist() == picked   # the tensor picks the same
     assert picked[1:3] == [11, 12]       # acceptance 1: both drafts confirmed
     assert clock.now == pytest.approx(STEP)
     runner.acceptance = 0.0
     logits, _ = runner.execute(batch)
-    assert logits.argmax(dim=1).tolist()[1] != 11  # acceptance 0: the first draft rejected
+    assert logits.tokens[1] != 11  # acceptance 0: the first draft rejected
 
 
 def test_capacity_search_finds_the_knee_of_a_known_system(hf_config):
@@ -171,3 +173,49 @@ def test_front_seconds_is_the_difference_of_median_ttfts():
         front_seconds([{"ok": False}], sim)
     with pytest.raises(ValueError, match="the simulated run completed no request"):
         front_seconds(real, [])
+
+
+def test_the_profiled_sampler_picks_what_the_engines_sampler_picks(hf_config):
+    """ProfiledSampler reads each row's token off RowTokens; the engine's own Sampler on
+    the tensor makes the same choices: the same stream, with drafts verified, gives the
+    same schedule either way. A row that asks for more (logprobs, temperature) goes
+    through the tensor."""
+    from engine.sampler import Sampler
+    from engine.sampling_params import SamplingParams
+    from engine.sequence import Sequence
+    from tuner.sim.calibrate import FixedDrafts
+    from tuner.sim.engine import ProfiledSampler, RowTokens
+
+    settings = {**SETTINGS, "speculative_config": {"method": "ngram",
+                                                    "num_speculative_tokens": 3}}
+
+    def run(engine_sampler: bool):
+        engine, clock = sim_engine(_profile(), settings, hf_config=hf_config, acceptance=0.6)
+        assert isinstance(engine.sampler, ProfiledSampler)
+        engine.scheduler.proposer = FixedDrafts(3)   # drafts every step, 60 % accepted
+        if engine_sampler:
+            sampler = Sampler(eos_token_ids=engine.info.eos_token_ids, seed=0,
+                              device=engine.runner.device)
+            engine.sampler = engine.output.sampler = sampler
+            execute = engine.runner.execute
+
+            def tensor_logits(batch, prompt_logits=None):   # the logits as a tensor
+                logits, rows = execute(batch, prompt_logits)
+                return logits.tensor(), rows
+            engine.runner.execute = tensor_logits
+        result = simulate(_profile(), settings, TraceStream(_trace(), max_model_len=256),
+                          duration=30.0, slos={}, hf_config=hf_config, keep_schedule=True,
+                          engine=(engine, clock))
+        return result, engine.spec_stats.num_draft_tokens
+    (fast, drafted), (engine_side, drafted_too) = run(False), run(True)
+    assert fast.schedule == engine_side.schedule and drafted == drafted_too > 0
+    assert fast.figures["ttft_p50"] == engine_side.figures["ttft_p50"]
+
+    sampler = ProfiledSampler(eos_token_ids=frozenset(), seed=0, device=torch.device("cpu"))
+    plain = Sequence("a", [1, 2], 2, SamplingParams(max_tokens=4, temperature=0.0))
+    asks = Sequence("b", [1, 2], 2, SamplingParams(max_tokens=4, temperature=0.0, logprobs=2))
+    rows = RowTokens([7, 9], 16)
+    assert sampler(rows, [plain, plain]).token_ids == [7, 9]
+    out = sampler(rows, [plain, asks])          # through the tensor: logprobs as asked
+    assert out.token_ids == [7, 9] and set(out.top_logprobs[1]) >= {9}
+    assert out.top_logprobs[0] is None and out.logprobs[1] == pytest.approx(0.0, abs=1e-9)

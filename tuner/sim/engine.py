@@ -3,7 +3,8 @@ loop, sampler and output processing) with the model runner replaced by a profile
 
 `ProfiledRunner` answers what engine/model_runner.ModelRunner answers. Its `execute`
 advances a virtual clock by the profile's time for the batch's shape and returns logits
-that make the sampler pick a token of its choosing: a fresh pseudo-random one per row
+(RowTokens: each row's token, which ProfiledSampler reads without the arithmetic over the
+vocabulary) that make the sampler pick a token of its choosing: a fresh pseudo-random one per row
 (a model writing new text), and for a speculative row each draft accepted with the given
 probability (one for every position, or one per position: draft j given drafts 1..j-1
 were accepted), in order, up to the first rejection. With a DraftModel (tuner/sim/
@@ -25,6 +26,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.sampler import Sampler, SampleResult
 from engine.scheduler import ScheduledBatch
 from engine.step_shape import FIGURES as STEP_FIGURES
 from engine.step_shape import StepShape
@@ -115,10 +117,56 @@ class ProfiledRunner:
                 m = min(n, seq.num_prompt_tokens - 1 - c)
                 if m > 0:
                     prompt_logits[i] = torch.zeros(m, self.vocab_size)
-        logits = torch.zeros(len(rows), self.vocab_size)
-        if rows:
-            logits[torch.arange(len(rows)), torch.tensor(targets)] = 30.0
-        return logits, rows
+        return RowTokens(targets, self.vocab_size), rows
+
+
+class RowTokens:
+    """The profiled runner's logits: each row's token, the one its logits would make the
+    sampler pick (`tensor()`: those logits, a spike of SPIKE at it). ProfiledSampler reads
+    the tokens; anything else can ask for the tensor. Selecting rows (`[rows]`) and
+    `shape` work as on the tensor, which is all the engine does with logits between the
+    runner and the sampler (engine/batch_execution.py, engine/spec_decode/verifier.py)."""
+
+    __slots__ = ("tokens", "vocab")
+    SPIKE = 30.0
+
+    def __init__(self, tokens: list[int], vocab: int) -> None:
+        self.tokens, self.vocab = tokens, vocab
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (len(self.tokens), self.vocab)
+
+    def __getitem__(self, rows) -> "RowTokens":
+        return RowTokens([self.tokens[r] for r in rows], self.vocab)
+
+    def tensor(self) -> torch.Tensor:
+        logits = torch.zeros(len(self.tokens), self.vocab)
+        if self.tokens:
+            logits[torch.arange(len(self.tokens)), torch.tensor(self.tokens)] = self.SPIKE
+        return logits
+
+
+def _plain(params) -> bool:
+    """A row the sampler's own arithmetic would give its logits' argmax, at a log
+    probability of 0 to within e^-SPIKE x vocab, with nothing else to report."""
+    return (params.temperature == 0 and params.logprobs is None and not params.logit_bias
+            and not params.needs_penalties and params.structured_outputs is None
+            and not params.min_tokens)
+
+
+class ProfiledSampler(Sampler):
+    """The engine's sampler, reading RowTokens: plain rows (`_plain`: greedy, no
+    processors, no logprobs; every simulated request's) get their row's token without
+    the [rows, vocab] arithmetic; any other batch goes through the sampler on the tensor."""
+
+    def __call__(self, logits, seqs) -> SampleResult:
+        if not isinstance(logits, RowTokens):
+            return super().__call__(logits, seqs)
+        if not all(_plain(s.params) for s in seqs):
+            return super().__call__(logits.tensor(), seqs)
+        n = len(seqs)
+        return SampleResult(list(logits.tokens), [0.0] * n, [None] * n)
 
 
 class TokenCountTokenizer:
@@ -171,6 +219,10 @@ def sim_engine(profile: Profile, settings: dict, *, hf_config,
     runner = ProfiledRunner(profile, clock, hf_config, num_blocks=num_blocks,
                             block_size=config.block_size, acceptance=acceptance, seed=seed)
     engine = LLMEngine(config, runner=runner, tokenizer=TokenCountTokenizer(), clock=clock)
+    sampler = ProfiledSampler(eos_token_ids=engine.info.eos_token_ids, seed=config.seed,
+                              device=runner.device)
+    sampler.structured = engine.sampler.structured
+    engine.sampler = engine.output.sampler = sampler
     spec = config.speculative_config
     model = drafts(spec) if spec and drafts is not None else None
     if model is not None:
