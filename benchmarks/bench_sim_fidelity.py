@@ -69,11 +69,10 @@ GRID = [{"max_num_seqs": s, "block_size": b, "max_num_batched_tokens": t,
                            (12, 32, 1536, 0.9), (24, 16, 512, 0.5), (48, 32, 2048, 0.95),
                            (6, 8, 768, 0.9), (128, 64, 384, 0.9)]]
 # the host KV tier (tuner/sim/tiers.py): device pools too small for the workload's working
-# set (the embedded model at the CPU profile's 0.5 GiB: 0.1 holds 426 blocks of 16 tokens,
-# 0.07 about 180), each without and with a host tier, and the roomy pool for reference
-TIER_GRID = [{"gpu_memory_utilization": g, "kv_offloading_size": t}
-             for g, t in [(0.1, 0), (0.1, 0.25), (0.1, 1.0), (0.07, 0), (0.07, 1.0),
-                          (0.5, 0)]]
+# set (blocks set, so both sides have the same pool), each without and with host tiers of
+# three sizes (the embedded model's 16-token block is 64 KiB: 0.02 GiB holds 327 of them)
+TIER_GRID = [{"num_gpu_blocks_override": b, "kv_offloading_size": t}
+             for b in (200, 400) for t in (0, 0.02, 0.1, 1.0)]
 GRIDS = {"spread": GRID, "tiers": TIER_GRID}
 
 
