@@ -170,6 +170,11 @@ def real_figures(i: int, settings: dict, start: float, args, cpu, load, work: Pa
     the fixed rate (--rate, or --rate-share of that capacity) after the same warm-up as
     the simulated run's: real_s, real_cap, rate, real_ttft_p50/p90, real_itl_p50."""
     launch, slos = cpu.launch, cpu.slos
+    blocks = settings.get("num_gpu_blocks_override")   # not a tuner setting: a flag
+    if blocks is not None:
+        settings = {k: v for k, v in settings.items() if k != "num_gpu_blocks_override"}
+        launch = dataclasses.replace(launch, extra_flags=launch.extra_flags + (
+            "--num-gpu-blocks-override", str(blocks)))
     t0 = time.perf_counter()
     real = measure_capacity(settings, launch, load, slos, workdir=work / f"cap-{i}",
                             start=start, warmup_requests=2, rel_tol=0.1, max_probes=7,
