@@ -114,6 +114,8 @@ def test_only_the_best_k_and_the_baseline_run_for_real_and_the_better_one_wins(
     assert {p["params"].get("kv_offloading_size") for p in record["simulated"]} == {0, 1}
     labels = [a["label"] for a in record["arms"]]
     assert labels == ["baseline", "C1", "C2"]
+    # FakeSim's truth ignores the host tier: every candidate keeps the smallest, 0 GiB
+    assert [a["params"]["kv_offloading_size"] for a in record["arms"][1:]] == [0, 0]
     # a pilot of the baseline, then (K + 1) arms x R rounds real engines, nothing else
     assert len(calls) == 1 + 3 * 3 == record["real_engines"]
     pilot, calls = calls[0], calls[1:]
@@ -366,3 +368,31 @@ def _steps_law(series, windows=30, slower=1.0):
             metrics.observe_step(shape, slower * (0.002 + 2e-5 * shape.prefill_tokens
                                                   + 7e-4 * shape.decode_seqs))
         series.append(parse_totals(generate_latest(metrics.registry).decode(), t=w))
+
+
+def test_a_host_tier_is_trimmed_to_the_smallest_size_that_simulates_as_well(tmp_path):
+    """A candidate's host tier is cut to the smallest size of the space within HEADROOM of
+    its own simulated capacity (a tier costs host memory; on a pool that never fills
+    every size simulates alike); a setting that becomes the baseline's or a chosen one's
+    is skipped."""
+    class TierSim(FakeSim):
+        @staticmethod
+        def truth(settings):   # a tier of 1 GiB or more serves 1.5x; none does not
+            return FakeSim.truth(settings) * (1.5 if settings.get("kv_offloading_size", 0) >= 1
+                                              else 1.0)
+    config = _config(tmp_path, remeasure=2)
+    config.space = build_space(params=["max_num_seqs=1..64:log", "kv_offloading_size=0,1,2,4"])
+    logs: list[str] = []
+    plan = cs.CapacityPlan(sim=TierSim(), sim_base={}, trials=4, log=logs.append)
+    ranked = [cs.SimPoint(p, TierSim.truth(p)) for p in (
+        {"max_num_seqs": 16, "kv_offloading_size": 4}, {"max_num_seqs": 16, "kv_offloading_size": 1},
+        {"max_num_seqs": 8, "kv_offloading_size": 4}, {"max_num_seqs": 4, "kv_offloading_size": 0},
+        {"max_num_seqs": 2, "kv_offloading_size": 0})]
+    # (16, 4) becomes (16, 1), the baseline's; (16, 1) stays itself, the baseline's too
+    chosen, rest = cs.smallest_tiers(plan, ranked, config,
+                                     {"max_num_seqs": 16, "kv_offloading_size": 1})
+    assert [p.params for p in chosen] == [{"max_num_seqs": 8, "kv_offloading_size": 1},
+                                          {"max_num_seqs": 4, "kv_offloading_size": 0}]
+    assert rest == ranked[4:]
+    assert chosen[0].capacity == pytest.approx(TierSim.truth(chosen[0].params), rel=0.1)
+    assert sum("1 GiB kept" in line for line in logs) == 2
