@@ -28,7 +28,8 @@ def profile_file(tmp_path_factory):
     done = _run("profile", "--scale", "0.1", "--block-sizes", "16", "--threads", "1",
                 "--out", str(out))
     assert done.returncode == 0, done.stderr[-2000:]
-    assert re.search(r"held-out median error \d+\.\d%", done.stdout)
+    assert re.search(r"held-out median error \d+\.\d%; host KV tier copies: stores "
+                     r"\d+\.\d\d GB/s, loads \d+\.\d\d GB/s", done.stdout)
     return out
 
 
