@@ -43,6 +43,16 @@ def test_simulate_reports_one_load_and_the_capacity_with_replicas(profile_file, 
     capacity = float(re.search(r"capacity: ([\d.]+) req/s per replica", out).group(1))
     replicas = int(re.search(r"replicas for 40 req/s: (\d+)", out).group(1))
     assert capacity > 0 and replicas == math.ceil(40 / capacity)
+    assert "host_tier_hit_rate" not in one   # no host tier, no such figure
+
+
+def test_simulate_runs_the_host_tier_and_reports_its_hits(profile_file, capsys):
+    code = main(["simulate", "--workload", "rag", "--profile", str(profile_file),
+                 "--duration", "8", "--rate", "2", "--set", "kv_offloading_size=1"])
+    out = capsys.readouterr().out
+    assert code == 0
+    one = dict(re.findall(r"^  (\w+)\s+([\d.e+-]+)$", out, re.M))
+    assert 0 <= float(one["host_tier_hit_rate"]) <= float(one["prefix_cache_hit_rate"]) <= 1
 
 
 def test_a_setting_changes_the_simulated_capacity(profile_file, tmp_path, capsys):
