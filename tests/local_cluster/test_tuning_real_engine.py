@@ -115,10 +115,10 @@ def capacity_tuning() -> dict:
                      "lengthScale": 0.25, "warmupRequests": 1,
                      "slo": {"ttftSeconds": 1.5, "itlSeconds": 0.5},
                      "searchSpace": {"maxNumSeqs": [1, 2, 4, 8]},
-                     # 5: a round starts at the arm's capacity so far, and on 2 shared
-                     # cores one round's can fall 25 % below the last (CI 2026-12-07: the
-                     # baseline 12.43 then below 9.9, all 3 probes failed: capacity 0);
-                     # probes past a bracket stop at the tolerance, so more cost nothing
+                     # 5: a round starts near the arm's capacity so far, and on 2 shared
+                     # cores a round's can fall well below it (CI 2026-12-07: the
+                     # baseline's pilot 9.86, round 1 12.43, round 2 failed all 3 probes:
+                     # capacity 0); a bracketed search stops at its tolerance anyway
                      "capacity": {"maxProbes": 5}, "confirm": {"rounds": 2},
                      "startupTimeout": "180s", "apply": {"mode": "Auto", "minGain": 0}}}
 
