@@ -33,12 +33,17 @@ def profile_file(tmp_path_factory):
     return out
 
 
-def test_simulate_reports_one_load_and_the_capacity_with_replicas(profile_file, capsys):
-    code = main(["simulate", "--workload", "chat", "--profile", str(profile_file),
-                 "--duration", "8", "--rate", "2", "--target-rate", "40"])
+def _simulate(capsys, profile_file, workload: str, *flags: str) -> tuple[str, dict]:
+    """`tuner simulate` of one load at 2 req/s: its output and the load's figures."""
+    code = main(["simulate", "--workload", workload, "--profile", str(profile_file),
+                 "--duration", "8", "--rate", "2", *flags])
     out = capsys.readouterr().out
     assert code == 0
-    one = dict(re.findall(r"^  (\w+)\s+([\d.e+-]+)$", out, re.M))
+    return out, dict(re.findall(r"^  (\w+)\s+([\d.e+-]+)$", out, re.M))
+
+
+def test_simulate_reports_one_load_and_the_capacity_with_replicas(profile_file, capsys):
+    out, one = _simulate(capsys, profile_file, "chat", "--target-rate", "40")
     assert float(one["requests"]) > 0 and 0 <= float(one["slo_attainment"]) <= 1
     capacity = float(re.search(r"capacity: ([\d.]+) req/s per replica", out).group(1))
     replicas = int(re.search(r"replicas for 40 req/s: (\d+)", out).group(1))
@@ -47,11 +52,7 @@ def test_simulate_reports_one_load_and_the_capacity_with_replicas(profile_file, 
 
 
 def test_simulate_runs_the_host_tier_and_reports_its_hits(profile_file, capsys):
-    code = main(["simulate", "--workload", "rag", "--profile", str(profile_file),
-                 "--duration", "8", "--rate", "2", "--set", "kv_offloading_size=1"])
-    out = capsys.readouterr().out
-    assert code == 0
-    one = dict(re.findall(r"^  (\w+)\s+([\d.e+-]+)$", out, re.M))
+    _, one = _simulate(capsys, profile_file, "rag", "--set", "kv_offloading_size=1")
     assert 0 <= float(one["host_tier_hit_rate"]) <= float(one["prefix_cache_hit_rate"]) <= 1
 
 

@@ -23,7 +23,7 @@ replica's SLO capacity, searched on the simulator, confirmed for real.
    exceeds --min-gain. Only these K+1 arms ever start a real engine; a candidate whose
    engine cannot start in the first round gives its place to the next simulated setting.
    A candidate's host KV tier is first cut to the smallest size of the space that
-   simulates within HEADROOM of its capacity (smallest_tiers).
+   simulates within HEADROOM of its capacity (tuner/search/capacity_tiers.py).
    When no candidate simulates more than HEADROOM (3 %) above the baseline there are no
    rounds: the decision keeps the baseline ("no headroom in simulation"), its real
    capacity the pilot's.
@@ -38,13 +38,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from paged_api.search_space import default_value
 from tuner.measure.capacity import CapacityResult, interpolated, measure_capacity, rate_load
 from tuner.search.capacity_latency import latency_comparison, twin
 from tuner.search.stats import decide, paired_gain
 from tuner.search import capacity_front
-from tuner.search.capacity_search import (SIM_UNMODELLED, SimPoint, _describe, _sim_settings,
-                                          candidates, simulate_point, simulated_search)
+from tuner.search.capacity_search import (HEADROOM, SIM_UNMODELLED, SimPoint, _describe,
+                                          _sim_settings, candidates, simulate_point,
+                                          simulated_search)
+from tuner.search.capacity_tiers import smallest_tiers
 from tuner.search.capacity_profile import anchor_time, fit_pool, live_refit, pool_blocks
 from tuner.sim.live_profile import priced_share, read_steps
 from tuner.sim.profile import UNFITTED
@@ -53,11 +54,6 @@ REAL_REL_TOL = 0.1
 REAL_GROWTH = 1.08      # a real search starts near the answer: a small first step,
 REAL_MAX_GROWTH = 2.0   # squared on each further step the same way (capacity.search_capacity)
 LIGHT_SHARE = 0.1       # the pilot's light load, of its simulated capacity: no queueing
-# a simulated gain worth real rounds: equally good settings simulate up to ~1 % apart (the
-# crossing read between probes from different warm starts; SmolLM2 rag: 4.95 against the
-# defaults' 4.92, and 0.65x for real); SmolLM2 summarize's 1.31x real simulated at 1.08x
-HEADROOM = 1.03
-TIER = "kv_offloading_size"   # the host KV tier's size, GiB (smallest_tiers)
 
 
 @dataclass
@@ -247,55 +243,6 @@ def _pilot(plan: CapacityPlan, config, settings: dict, sim: float) -> dict:
 def _infeasible():
     from tuner.measure.runner import Infeasible
     return Infeasible
-
-
-def tier_sizes(space) -> list[float]:
-    """The host KV tier sizes the search space offers, smallest first ([] if none)."""
-    for p in space:
-        if p.name == TIER:
-            values = p.choices if p.choices is not None else ([] if p.log else p.grid_values())
-            return sorted(values)
-    return []
-
-
-def smallest_tiers(plan: CapacityPlan, ranked: list[SimPoint], config, baseline: dict
-                   ) -> tuple[list[SimPoint], list[SimPoint]]:
-    """(the K candidates, the rest): the best distinct simulated settings, each with the
-    smallest host KV tier of the space whose simulated capacity is within HEADROOM of its
-    own (the same start, so a tier that is never used gives the same figure): a tier costs
-    host memory and pays only when the device pool evicts prefixes that come back, and on a
-    pool that never fills every size simulates alike (the search would pick one by chance).
-    A setting that becomes a chosen one's or the baseline's is skipped."""
-    sizes, chosen, keys = tier_sizes(config.space), [], set()
-    for i, point in enumerate(ranked):
-        if len(chosen) == config.remeasure:
-            return chosen, ranked[i:]
-        size = point.params.get(TIER)
-        if size and any(v < size for v in sizes):
-            point = _trim_tier(plan, point, [v for v in sizes if v < size], config.fixed)
-        same = {n: baseline.get(n, default_value(n)) for n in point.params}
-        if tuple(sorted(point.params.items())) in keys or point.params == same:
-            continue
-        keys.add(tuple(sorted(point.params.items())))
-        chosen.append(point)
-    return chosen, []
-
-
-def _trim_tier(plan: CapacityPlan, point: SimPoint, smaller: list[float], fixed: dict
-               ) -> SimPoint:
-    size = point.params[TIER]
-    own = simulate_point(plan, _sim_settings({**fixed, **point.params}), start=point.capacity)
-    if own.capacity is None:
-        return point
-    for v in smaller:
-        params = {**point.params, TIER: v}
-        trial = simulate_point(plan, _sim_settings({**fixed, **params}), start=point.capacity)
-        if trial.capacity is not None and trial.capacity * HEADROOM >= own.capacity:
-            plan.log(f"host KV tier of {_describe(point.params)}: {v:g} GiB simulates "
-                     f"{trial.capacity:.2f} req/s against {size:g} GiB's {own.capacity:.2f} "
-                     f"(within {HEADROOM - 1:.0%}): {v:g} GiB kept")
-            return dataclasses.replace(trial, params=params)
-    return point
 
 
 def no_headroom(baseline: float | None, arms: list[dict]) -> str | None:
