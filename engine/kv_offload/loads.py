@@ -62,8 +62,11 @@ class LoadJob:
         self.state = LoadState.PLANNED  # under OffloadTiers._lock once queued
         self.cancelled = False  # the request went while the worker ran the job
         self.num_loaded = 0  # leading blocks now in the pool (worker, before DONE)
-        self.read: list[torch.Tensor] = []  # the blocks read (disk hits are promoted to host with them)
+        # the blocks read (disk hits are promoted to host with them)
+        self.read: list[torch.Tensor] = []
         self.seconds = 0.0
+        self.read_seconds = 0.0  # of `seconds`: reading disk files
+        self.copy_seconds = 0.0  # of `seconds`: copying the blocks read into the pool
 
     @property
     def block_ids(self) -> list[int]:

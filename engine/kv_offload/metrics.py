@@ -1,7 +1,7 @@
 """Prometheus families of the KV tiers, read from their counters at scrape time.
 
 vLLM's names where vLLM has them (its offloading connector): `vllm:kv_offload_total_bytes`
-and `vllm:kv_offload_total_time` by `transfer_type` (`GPU_to_CPU`, `CPU_to_GPU`, ...),
+and `vllm:kv_offload_total_time` (seconds) by `transfer_type` (`GPU_to_CPU`, `CPU_to_GPU`, ...),
 `vllm:kv_offload_cpu_cache_usage_perc`; the rest in the same style (docs/engine.md).
 """
 from __future__ import annotations
@@ -42,7 +42,15 @@ def collector(tiers: OffloadTiers, model_name: str) -> Any:
                               stats.blocks_stored[Medium.DISK] * disk_bytes)
             nbytes.add_metric([model_name, "Disk_to_GPU"],
                               stats.blocks_loaded[Medium.DISK] * disk_bytes)
-            yield from (stored, loaded, nbytes)
+            took = family(CounterMetricFamily, "vllm:kv_offload_total_time",
+                          "Seconds the copies between the KV tiers took (GPU_to_CPU: the "
+                          "step thread's snapshot of the stored blocks).", ("transfer_type",))
+            for kind, medium, table in (("GPU_to_CPU", Medium.CPU, stats.seconds_stored),
+                                        ("CPU_to_GPU", Medium.CPU, stats.seconds_loaded),
+                                        ("CPU_to_Disk", Medium.DISK, stats.seconds_stored),
+                                        ("Disk_to_GPU", Medium.DISK, stats.seconds_loaded)):
+                took.add_metric([model_name, kind], table[medium])
+            yield from (stored, loaded, nbytes, took)
 
             seconds = family(HistogramMetricFamily, "vllm:kv_offload_load_seconds",
                              "Time the load worker spent on one request's KV blocks (reading "

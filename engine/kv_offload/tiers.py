@@ -61,6 +61,15 @@ class TierStats:
     loads_cancelled: int = 0  # blocks whose request was gone before its load was done
     loads_failed: int = 0  # blocks recomputed: their read failed (or one before them did)
     load_seconds_sum: float = 0.0
+    # seconds the copies took, by the tier stored to / loaded from (the transfer types of
+    # vllm:kv_offload_total_time): a host store, the step thread's snapshot of the blocks
+    # (the worker's cut into one tensor per block runs off the step); a disk store, the
+    # worker's file writes; a load, the load worker's copies into the pool (shared among
+    # the job's blocks by their tier) and, from disk, its file reads
+    seconds_stored: dict[str, float] = field(
+        default_factory=lambda: {Medium.CPU: 0.0, Medium.DISK: 0.0})
+    seconds_loaded: dict[str, float] = field(
+        default_factory=lambda: {Medium.CPU: 0.0, Medium.DISK: 0.0})
     load_buckets: list[int] = field(default_factory=lambda: [0] * (len(LOAD_SECONDS_BUCKETS) + 1))
 
     def observe_load(self, seconds: float) -> None:
@@ -149,13 +158,19 @@ class OffloadTiers:
         start = time.perf_counter()
         try:
             for hit, _ in job.loads:
-                data = hit.entry.data if hit.medium == Medium.CPU else self.disk.read(
-                    hit.block_hash)
+                if hit.medium == Medium.CPU:
+                    data = hit.entry.data
+                else:
+                    read = time.perf_counter()
+                    data = self.disk.read(hit.block_hash)
+                    job.read_seconds += time.perf_counter() - read
                 if data is None:
                     break  # a bad file: this block and the ones after it are recomputed
                 job.read.append(data)
             if job.read:
+                copy = time.perf_counter()
                 self.io.load(job.read, job.block_ids[:len(job.read)])
+                job.copy_seconds = time.perf_counter() - copy
             job.num_loaded = len(job.read)
         finally:
             job.seconds = time.perf_counter() - start
@@ -189,8 +204,10 @@ class OffloadTiers:
             self._end(job, kept=job.num_loaded)
             self.stats.observe_load(job.seconds)
             self.stats.loads_failed += len(job.loads) - job.num_loaded
+            self.stats.seconds_loaded[Medium.DISK] += job.read_seconds
             for (hit, _), data in zip(job.loads, job.read):
                 self.stats.blocks_loaded[hit.medium] += 1
+                self.stats.seconds_loaded[hit.medium] += job.copy_seconds / len(job.read)
                 if hit.medium == Medium.DISK and hit.block_hash not in self.host:
                     hit.entry.data, hit.entry.on_disk = data, True  # promoted to host memory
                     hit.entry.ready.set()
@@ -215,7 +232,10 @@ class OffloadTiers:
         stores = [(b, h) for b, h in stores if h not in self.host]
         if not stores:
             return
+        start = time.perf_counter()
         snapshot = self.io.gather([b for b, _ in stores])
+        if self.host.max_entries:   # else they only pass through, to disk (as _fill counts)
+            self.stats.seconds_stored[Medium.CPU] += time.perf_counter() - start
         entries = [HostEntry(h) for _, h in stores]
         if not self.worker.submit(lambda: self._fill(snapshot, entries)):
             self.stats.stores_dropped += len(entries)
@@ -258,10 +278,12 @@ class OffloadTiers:
                 self.kv.events.copied(entry.block_hash, Medium.DISK)
 
     def _write(self, entries: list[HostEntry]) -> None:
+        start = time.perf_counter()
         for entry in entries:
             if entry.data is not None and self.disk.write(entry.block_hash, entry.data):
                 entry.on_disk = True
                 self.stats.blocks_stored[Medium.DISK] += 1
+        self.stats.seconds_stored[Medium.DISK] += time.perf_counter() - start
 
     # ---- upkeep --------------------------------------------------------------------------------
     def drain(self) -> None:

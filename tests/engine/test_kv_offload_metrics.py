@@ -37,6 +37,16 @@ def test_tier_metrics_count_stores_loads_and_hits(tmp_path):
         assert loaded > 0
         assert m["vllm:kv_offload_total_bytes_total{transfer_type=GPU_to_CPU}"] > 0
         assert m["vllm:kv_offload_load_seconds_count"] > 0
+        # every copy that moved bytes took time, none that moved nothing did; a load's time
+        # is within the load jobs' own (their histogram's sum)
+        took = {kind: m[f"vllm:kv_offload_total_time_total{{transfer_type={kind}}}"]
+                for kind in ("GPU_to_CPU", "CPU_to_GPU", "CPU_to_Disk", "Disk_to_GPU")}
+        for kind, seconds in took.items():
+            moved = m[f"vllm:kv_offload_total_bytes_total{{transfer_type={kind}}}"]
+            assert (seconds > 0) == (moved > 0), (kind, seconds, moved)
+        assert took["GPU_to_CPU"] > 0 and took["CPU_to_Disk"] > 0
+        assert 0 < took["CPU_to_GPU"] + took["Disk_to_GPU"] <= \
+            m["vllm:kv_offload_load_seconds_sum"]
         tiers = sum(m[f"vllm:prefix_cache_tier_hits_total{{medium={x}}}"]
                     for x in ("GPU", "CPU", "Disk"))
         hits = m["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]

@@ -37,18 +37,30 @@ def text_endpoint(answer) -> ThreadingHTTPServer:
     return httpd
 
 
+# the host KV tier's copies fed with `copies`: seconds per byte of stores and loads
+COPY_RATES = {"GPU_to_CPU": 4e-10, "CPU_to_GPU": 2.5e-10}
+COPY_BYTES_PER_TICK = 64 << 10
+
 # speculation (k = 2) fed with `spec`: a draft on DRAFT_SHARE of the decode rows, its
 # first token accepted at ACCEPT[0], its second at ACCEPT[1] when the first was
 DRAFT_SHARE, ACCEPT = 0.5, (0.8, 0.5)
 
 
 @contextlib.contextmanager
-def feeding_metrics(num_gpu_blocks: int | None = None, *, spec: bool = False):
+def feeding_metrics(num_gpu_blocks: int | None = None, *, spec: bool = False,
+                    copies: bool = False):
     """Yields the endpoint's base URL; steps are observed every 10 ms meanwhile, their mix
     drifting (as a service's does, so that windows differ). With `num_gpu_blocks` it also
     exports vllm:cache_config_info, as the engine does; with `spec`, the speculative
-    decoding counters of two-token drafts at DRAFT_SHARE and ACCEPT (in expectation)."""
+    decoding counters of two-token drafts at DRAFT_SHARE and ACCEPT (in expectation); with
+    `copies`, the host KV tier's copy counters (vllm:kv_offload_total_bytes and _time by
+    transfer_type) at COPY_RATES."""
     metrics, stop = ServerMetrics(model_name="m", max_model_len=2048), threading.Event()
+    if copies:
+        from prometheus_client import Counter
+        labels = ("model_name", "transfer_type")
+        moved = Counter("vllm:kv_offload_total_bytes", "", labels, registry=metrics.registry)
+        took = Counter("vllm:kv_offload_total_time", "", labels, registry=metrics.registry)
     if num_gpu_blocks is not None:
         metrics.set_cache_config(block_size=16, num_gpu_blocks=num_gpu_blocks,
                                  enable_prefix_caching=True, gpu_memory_utilization=0.9)
@@ -76,6 +88,9 @@ def feeding_metrics(num_gpu_blocks: int | None = None, *, spec: bool = False):
                     metrics.spec_decode_num_accepted_tokens.inc(first * (1 + ACCEPT[1]))
                     for pos, value in enumerate((first, first * ACCEPT[1])):
                         metrics._spec_per_pos.labels("m", str(pos)).inc(value)
+            for kind, rate in COPY_RATES.items() if copies else ():
+                moved.labels("m", kind).inc(COPY_BYTES_PER_TICK)
+                took.labels("m", kind).inc(COPY_BYTES_PER_TICK * rate)
 
     httpd = text_endpoint(lambda: (200, generate_latest(metrics.registry)))
     feeder = threading.Thread(target=serve, daemon=True)

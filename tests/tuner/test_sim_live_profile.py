@@ -276,3 +276,93 @@ def test_a_series_without_drafts_takes_the_calibrations_draft_terms_at_its_own_s
     # nothing to carry from a base without draft terms
     bare = Fit("rows", {k: v for k, v in calibration.items() if "draft" not in k}, 0.0)
     assert carry_drafts(tokens, bare, shapes) is tokens
+
+
+def test_a_tiered_engines_copy_counters_time_the_profiles_host_tier(tiny_checkpoints,
+                                                                     monkeypatch):
+    """A live profile of an engine with a host KV tier takes its copy rates from the
+    engine's own counters (vllm:kv_offload_total_bytes / _total_time on /metrics): each
+    the tier's seconds over its bytes, stores and loads apart; the rest of the profile's
+    memory model stays."""
+    from engine import LLM, SamplingParams
+    from engine.kv_medium import Medium
+    from engine.kv_offload.metrics import collector
+    from tuner.sim import live_profile as live
+
+    block = 2 * 2 * 16 * 2 * 16 * 4   # the tiny checkpoints' block: layers, K/V, 16 tokens
+    llm = LLM(model=tiny_checkpoints["llama"], block_size=16, num_gpu_blocks_override=10,
+              max_model_len=128, kv_offloading_size=40 * block / 2**30)
+    tiers = llm.llm_engine.offload
+    metrics = ServerMetrics(model_name="m", max_model_len=128)
+    metrics.registry.register(collector(tiers, "m"))
+
+    def read(t):
+        metrics.observe_step(StepShape(decode_seqs=1), 0.01)   # the step series is there
+        return parse_totals(generate_latest(metrics.registry).decode(), t=t)
+
+    first = read(0)
+    assert first.copies == {live.STORE: (0.0, 0.0), live.LOAD: (0.0, 0.0)}
+    rng = random.Random(7)
+    prefixes = [[rng.randrange(3, 250) for _ in range(64)] for _ in range(6)]
+    for tail in (1, 2):   # each prefix evicts earlier ones to the host tier; then back
+        for prefix in prefixes:
+            llm.generate([{"prompt_token_ids": prefix + [tail]}],
+                         SamplingParams(temperature=0, max_tokens=2))
+            tiers.drain()
+    last = read(1)
+    stats = tiers.stats
+    assert tiers.block_bytes == block
+    stored, loaded = stats.blocks_stored[Medium.CPU], stats.blocks_loaded[Medium.CPU]
+    assert stored > 0 and loaded > 0
+    # a load's copy time is shared among its blocks: all of them within the jobs' own time
+    assert 0 < stats.seconds_loaded[Medium.CPU] <= stats.load_seconds_sum
+    assert last.copies[live.STORE] == (stored * block, pytest.approx(
+        stats.seconds_stored[Medium.CPU]))
+    assert last.copies[live.LOAD] == (loaded * block, pytest.approx(
+        stats.seconds_loaded[Medium.CPU]))
+
+    base = _calibrated()
+    base.memory.store_seconds_per_byte, base.memory.load_seconds_per_byte = 1.0, 2.0
+    assert live.copy_rates([first, last]) == {}   # fewer than MIN_COPY_BYTES moved
+    monkeypatch.setattr(live, "MIN_COPY_BYTES", block)
+    rates = live.copy_rates([first, last])
+    assert rates[live.STORE] == pytest.approx(stats.seconds_stored[Medium.CPU] / (stored * block))
+    assert rates[live.LOAD] == pytest.approx(stats.seconds_loaded[Medium.CPU] / (loaded * block))
+    assert 0 < rates[live.STORE] < 1e-6 and 0 < rates[live.LOAD] < 1e-6   # above 1 MB/s
+    timed = live.with_copy_rates(base, [first, last])
+    assert (timed.memory.store_seconds_per_byte, timed.memory.load_seconds_per_byte) == \
+        (rates[live.STORE], rates[live.LOAD])
+    assert dataclasses.replace(timed.memory, store_seconds_per_byte=1.0,
+                               load_seconds_per_byte=2.0) == base.memory
+    assert timed.fit == base.fit
+
+
+def test_copy_rates_need_bytes_moved_and_no_restart_and_keep_what_they_did_not_time():
+    from tuner.sim import live_profile as live
+
+    mb = live.MIN_COPY_BYTES
+
+    def at(t, store, load=None):
+        copies = {live.STORE: store} if load is None else {live.STORE: store, live.LOAD: load}
+        return Totals(t, 0, 0.0, {}, copies)
+
+    # the load moved enough, the store one byte short of the bound
+    series = [at(0, (0, 0.0), (mb, 1.0)), at(1, (mb - 1, 0.5)),
+              at(2, (mb - 1, 0.5), (3 * mb, 2.0))]
+    assert live.copy_rates(series) == {live.LOAD: pytest.approx(1.0 / (2 * mb))}
+    base = _calibrated()
+    base.memory.store_seconds_per_byte = 7e-10
+    timed = live.with_copy_rates(base, series)
+    assert timed.memory.store_seconds_per_byte == 7e-10
+    assert timed.memory.load_seconds_per_byte == pytest.approx(1.0 / (2 * mb))
+    assert live.copy_rates([at(0, (5 * mb, 1.0)), at(1, (mb, 0.1))]) == {}   # restarted
+    assert live.copy_rates([at(0, (0, 0.0)), at(1, (mb, 0.0))]) == {}   # took no time
+    assert live.copy_rates([at(0, (0, 0.0)), at(1, (mb, 1.0))]) == {live.STORE: 1.0 / mb}
+    assert live.copy_rates([at(0, (0, 0.0))]) == {}
+    assert live.with_copy_rates(base, [at(0, (0, 0.0))]) is base
+    # a live profile takes them with its fit
+    fitted = live.live_profile(base, [
+        dataclasses.replace(s, copies={live.LOAD: (i * mb, i * 1e-3)})
+        for i, s in enumerate(_series(random.Random(5)))])
+    assert fitted.memory.load_seconds_per_byte == pytest.approx(1e-3 / mb)
+    assert fitted.memory.store_seconds_per_byte == 7e-10

@@ -109,8 +109,10 @@ def model_memory(profile, target_spec: dict):
 def service_profile(run, profile, log, *, at: float | None = None):
     """`profile` timed by the target's own served steps, with spec.prometheus.url: its
     pods' paged:engine_step_* counters over the last SERVICE_WINDOW s (the SLO planner's
-    LiveSteps reading); `profile` unchanged without Prometheus or when the series holds
-    too few busy windows (the pilot's steps time it then)."""
+    LiveSteps reading), and the host KV tier's copy rates from the same series where the
+    target runs a tier (live_profile.with_copy_rates; config.json has none, and untimed
+    copies take no simulated time); `profile` unchanged without Prometheus or when the
+    series holds too few busy windows (the pilot's steps time it then)."""
     import time
 
     from tuner.incluster.live_verify import target_selector
@@ -130,7 +132,7 @@ def service_profile(run, profile, log, *, at: float | None = None):
         return profile
     log(f"profile: fitted from {run.spec.target}'s own {fitted.num_steps} served steps "
         f"(Prometheus), form {fitted.fit.form}, held-out error "
-        f"{fitted.fit.heldout_error:.1%}")
+        f"{fitted.fit.heldout_error:.1%}; {fitted.memory.copies_text()}")
     return fitted
 
 

@@ -173,17 +173,8 @@ def profile_main(parser: argparse.ArgumentParser, args) -> int:
     print(f"profile of {profile.identity.model} ({profile.identity.hardware}, "
           f"{threads} thread(s), torch {profile.identity.torch}): {profile.num_steps} steps; "
           f"form {profile.fit.form} ({coef} s); held-out median error "
-          f"{profile.fit.heldout_error:.1%}{_copies(profile)}\nwritten to {out}")
+          f"{profile.fit.heldout_error:.1%}; {profile.memory.copies_text()}\nwritten to {out}")
     return 0
-
-
-def _copies(profile) -> str:
-    """The host KV tier's copy rates (tuner/sim/tiers.py), as GB/s, where timed."""
-    m = profile.memory
-    if not m.load_seconds_per_byte or not m.store_seconds_per_byte:
-        return ""
-    return (f"; host KV tier copies: stores {1e-9 / m.store_seconds_per_byte:.2f} GB/s, "
-            f"loads {1e-9 / m.load_seconds_per_byte:.2f} GB/s")
 
 
 def _live(parser: argparse.ArgumentParser, args, threads: int):

@@ -14,6 +14,12 @@ calibration what sizes its pool.
 
 A window with fewer than MIN_WINDOW_STEPS steps (an idle service) is skipped; a counter
 that went down (the engine restarted) skips its window.
+
+A service with a host KV tier also times its copies (`vllm:kv_offload_total_bytes` and
+`vllm:kv_offload_total_time` by transfer_type): the series' GPU_to_CPU and CPU_to_GPU
+seconds per byte replace the profile's store and load rates (`copy_rates`), which a
+profile from config.json alone (the in-cluster Job's) lacks: its simulated copies took no
+time.
 """
 from __future__ import annotations
 
@@ -34,6 +40,9 @@ from tuner.sim.profile import (FORMS, SERVED_ROWS, SERVED_ROWS_SQUARED, UNFITTED
 STEP_SECONDS = "paged:engine_step_duration_seconds"
 STEP_SHAPE = "paged:engine_step_shape"
 MIN_WINDOW_STEPS = 5
+COPY_BYTES, COPY_SECONDS = "vllm:kv_offload_total_bytes", "vllm:kv_offload_total_time"
+STORE, LOAD = "GPU_to_CPU", "CPU_to_GPU"   # the host tier's copies (the simulated ones)
+MIN_COPY_BYTES = 1 << 20   # fewer bytes moved over a series: too few copies to time
 
 
 @dataclass
@@ -43,6 +52,8 @@ class Totals:
     steps: float
     seconds: float
     figures: dict[str, float] = field(default_factory=dict)
+    # transfer_type -> (bytes, seconds) of the KV tiers' copies; empty without a tier
+    copies: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def parse_totals(text: str, *, t: float) -> Totals:
@@ -50,9 +61,15 @@ def parse_totals(text: str, *, t: float) -> Totals:
     steps = seconds = 0.0
     figures = dict.fromkeys(STEP_FIGURES, 0.0)
     seen = False
+    moved: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == STEP_SECONDS + "_count":
+            kind = sample.labels.get("transfer_type")
+            if kind in (STORE, LOAD) and sample.name in (COPY_BYTES + "_total",
+                                                          COPY_SECONDS + "_total"):
+                moved.setdefault(kind, [0.0, 0.0])[
+                    sample.name == COPY_SECONDS + "_total"] += sample.value
+            elif sample.name == STEP_SECONDS + "_count":
                 steps, seen = steps + sample.value, True
             elif sample.name == STEP_SECONDS + "_sum":
                 seconds += sample.value
@@ -61,7 +78,7 @@ def parse_totals(text: str, *, t: float) -> Totals:
     if not seen:
         raise ValueError(f"the metrics hold no {STEP_SECONDS}: is this an engine of this "
                          "project (python -m engine.entrypoints.api_server), and recent enough?")
-    return Totals(t, steps, seconds, figures)
+    return Totals(t, steps, seconds, figures, {k: (b, s) for k, (b, s) in moved.items()})
 
 
 def scrape(url: str, *, timeout: float = 10.0) -> Totals:
@@ -100,12 +117,51 @@ def prometheus_series(reader, selector: str, *, start: float, end: float,
             shape = reader.query(f"sum by (figure) ({STEP_SHAPE}_total{selector})", at=t)
             figures = dict.fromkeys(STEP_FIGURES, 0.0)
             figures.update({m.get("figure"): v for m, v in shape if m.get("figure") in figures})
-            series.append(Totals(t, steps, seconds, figures))
+            series.append(Totals(t, steps, seconds, figures,
+                                 prometheus_copies(reader, selector, t)))
         t += interval
     if not series:
         raise ValueError(f"Prometheus has no {STEP_SECONDS} for {selector} between "
                          f"{start:.0f} and {end:.0f}: does it scrape the engine?")
     return series
+
+
+def prometheus_copies(reader, selector: str, t: float) -> dict[str, tuple[float, float]]:
+    """transfer_type -> (bytes, seconds) of the host tier's copies at `t`; empty for a
+    service without a tier (or an engine older than vllm:kv_offload_total_time)."""
+    def by_kind(name: str) -> dict[str, float]:
+        rows = reader.query(f"sum by (transfer_type) ({name}_total{selector})", at=t)
+        return {m.get("transfer_type"): v for m, v in rows}
+    nbytes, seconds = by_kind(COPY_BYTES), by_kind(COPY_SECONDS)
+    return {k: (nbytes[k], seconds[k]) for k in (STORE, LOAD) if k in nbytes and k in seconds}
+
+
+def copy_rates(series: list[Totals]) -> dict[str, float]:
+    """Seconds per byte of the host tier's copies over `series` (its first to its last
+    reading), by transfer type (STORE, LOAD): only those that moved MIN_COPY_BYTES or more
+    in between and took time; none where a counter went down (a restart)."""
+    if len(series) < 2:
+        return {}
+    rates = {}
+    for kind in (STORE, LOAD):
+        if kind not in series[0].copies or kind not in series[-1].copies:
+            continue
+        (b0, s0), (b1, s1) = series[0].copies[kind], series[-1].copies[kind]
+        if b1 - b0 >= MIN_COPY_BYTES and s1 - s0 > 0:
+            rates[kind] = (s1 - s0) / (b1 - b0)
+    return rates
+
+
+def with_copy_rates(profile: Profile, series: list[Totals]) -> Profile:
+    """`profile` with the store and load rates the series timed (copy_rates); the rest of
+    its memory model, and any rate the series did not time, kept."""
+    rates = copy_rates(series)
+    if not rates:
+        return profile
+    return dataclasses.replace(profile, memory=dataclasses.replace(
+        profile.memory,
+        store_seconds_per_byte=rates.get(STORE, profile.memory.store_seconds_per_byte),
+        load_seconds_per_byte=rates.get(LOAD, profile.memory.load_seconds_per_byte)))
 
 
 def windows(series: list[Totals], *, min_steps: int = MIN_WINDOW_STEPS
@@ -192,10 +248,11 @@ def carry_drafts(live: Fit, base: Fit, shapes: list[dict]) -> Fit:
 def live_profile(base: Profile, series: list[Totals]) -> Profile:
     """`base` (a calibrated profile of the same model) with its step-time fit replaced by
     the live series' fit (the draft terms carried from `base` where the series verified
-    no draft: carry_drafts)."""
+    no draft: carry_drafts), and its host tier's copy rates by the series' where it timed
+    copies (with_copy_rates)."""
     live, steps = fit_live(series)
     live = carry_drafts(live, base.fit, windows(series)[0])
-    return dataclasses.replace(base, fit=live, num_steps=steps,
+    return dataclasses.replace(with_copy_rates(base, series), fit=live, num_steps=steps,
                                created=f"live: {len(series) - 1} windows, "
                                        f"{time.strftime('%Y-%m-%dT%H:%M:%S')}")
 

@@ -190,6 +190,13 @@ class Memory:
         budget = fraction * device - self.weight_bytes - activations
         return int(budget // (block_size * self.kv_bytes_per_token))
 
+    def copies_text(self) -> str:
+        """The host KV tier's copy rates as GB/s, or that they are not timed."""
+        if not self.load_seconds_per_byte or not self.store_seconds_per_byte:
+            return "host KV tier copies not timed (they take no time)"
+        return (f"host KV tier copies: stores {1e-9 / self.store_seconds_per_byte:.2f} GB/s, "
+                f"loads {1e-9 / self.load_seconds_per_byte:.2f} GB/s")
+
 
 @dataclass
 class Profile:
