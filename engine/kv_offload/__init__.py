@@ -23,14 +23,17 @@ MODEL_IDS_DIR = ".model-ids"  # in kv_disk_dir: the weight files' content digest
 @dataclass
 class OffloadIO:
     """How blocks move under the tiers and who moves them: a `KVTransfer` (transfer.py's
-    interface), the store and load workers (`TransferWorker`'s), and the queue the load
-    worker posts finished jobs to (None: the tiers' own). The model runner supplies them
-    (`runner.offload_io()`): its pool and two threads (`pool_io`), or the simulator's copies
-    in virtual time (tuner/sim/tiers.py), under the same tiers."""
+    interface), the store and load workers (`TransferWorker`'s), the queue the load
+    worker posts finished jobs to (None: the tiers' own), and what makes the disk tier
+    (`make_disk(kv_disk_dir, capacity_bytes)`; None: disk.py's `DiskTier` on that
+    directory). The model runner supplies them (`runner.offload_io()`): its pool and two
+    threads (`pool_io`), or the simulator's copies and disk in virtual time
+    (tuner/sim/tiers.py), under the same tiers."""
     transfer: Any
     store_worker: Any
     load_worker: Any
     done: Any = None
+    make_disk: Any = None
 
 
 def pool_io(pool: Any) -> OffloadIO:
@@ -56,7 +59,9 @@ def make_offload(config: Any, runner: Any, kv: Any, model_path: str) -> OffloadT
     io = runner.offload_io()
     transfer = io.transfer
     disk = None
-    if config.kv_disk_dir is not None:
+    if config.kv_disk_dir is not None and io.make_disk is not None:
+        disk = io.make_disk(config.kv_disk_dir, int(config.kv_disk_size * GIB))
+    elif config.kv_disk_dir is not None:
         dtype = str(runner.dtype).removeprefix("torch.")
         disk = DiskTier(config.kv_disk_dir, int(config.kv_disk_size * GIB),
                         namespace=namespace_digest(

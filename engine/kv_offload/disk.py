@@ -91,6 +91,11 @@ class DiskTier:
     def path_for(self, block_hash: bytes) -> Path:
         return self.root / (self._key(block_hash).hex() + SUFFIX)
 
+    def has(self, block_hash: bytes) -> bool:
+        """A file under the block's name is there (written by any engine on the directory;
+        read and checked only by a load)."""
+        return self.path_for(block_hash).exists()
+
     # ---- write (worker thread) -----------------------------------------------------------------
     def write(self, block_hash: bytes, block: torch.Tensor) -> bool:
         """Stores one block; False when skipped (no room, or the write failed)."""

@@ -108,7 +108,7 @@ class OffloadTiers:
         entry = self.host.get(block_hash)
         if entry is not None:
             return TierHit(block_hash, entry, Medium.CPU) if entry.loadable else None
-        if self.disk is None or not self.disk.path_for(block_hash).exists():
+        if self.disk is None or not self.disk.has(block_hash):
             return None
         return TierHit(block_hash, HostEntry(block_hash), Medium.DISK)  # read by the load
 
@@ -268,7 +268,7 @@ class OffloadTiers:
         the directory) is not written again: the key is its content, and reading it
         refreshed its place in the disk tier's LRU."""
         if self.disk is not None:
-            entries = [e for e in entries if not self.disk.path_for(e.block_hash).exists()]
+            entries = [e for e in entries if not self.disk.has(e.block_hash)]
         if self.disk is None or not entries:
             return
         if not self.worker.submit(lambda: self._write(entries)):

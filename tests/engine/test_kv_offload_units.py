@@ -5,7 +5,6 @@ temporary files. test_kv_offload.py runs the tiers inside the engine."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
@@ -89,8 +88,8 @@ def test_stores_the_copy_queue_refuses_are_counted_as_dropped():
     from engine.kv_offload import HostTier, OffloadTiers
 
     class NoFilesYet:  # a disk tier holding none of these blocks (the writes never run)
-        def path_for(self, block_hash):
-            return Path("/nonexistent-kv-disk") / block_hash.hex()
+        def has(self, block_hash):
+            return False
 
     worker = _Worker([False, True, False, False])
     tiers = OffloadTiers(HostTier(64, 64), _Transfer(), worker, disk=NoFilesYet())

@@ -56,8 +56,6 @@ class FakeSim:
         self.calls.append(settings)
         self.starts.append(start)
         self.fits.append(self.profile.fit)
-        if "kv_disk_dir" in settings or "kv_disk_size" in settings:
-            raise AssertionError("the simulator was given a setting it does not model")
         fit, calibration = self.profile.fit, self.calibration.fit
         family = (fit.form, fit.heldout_error)   # kept when step times are scaled
         scale = 1.0 if family == (calibration.form, calibration.heldout_error) \
@@ -257,15 +255,16 @@ def test_no_headroom_in_simulation_measures_the_pilot_alone(tmp_path, monkeypatc
                                        "gpu_memory_utilization=0.9",
                                        "max_num_batched_tokens=none",
                                        "num_speculative_tokens=none"])
-    # its disk KV tier is measured for real, left out of its simulated twin (FakeSim
-    # refuses it)
+    # its disk KV tier is measured for real and simulated (tuner/sim/tiers.py VirtualDisk)
     disk = {"max_num_seqs": 16, "kv_disk_dir": "/var/kv", "kv_disk_size": 4.0}
     config.baseline = Baseline(disk, disk, "above the space")
     logs: list[str] = []
+    sim = FakeSim()
     record = cs.run_capacity_sweep(config, cs.CapacityPlan(
-        sim=FakeSim(), sim_base={}, trials=8, target_rate=50, log=logs.append))
+        sim=sim, sim_base={}, trials=8, target_rate=50, log=logs.append))
     assert len(calls) == 1 == record["real_engines"]   # the pilot, no rounds
     assert calls[0]["settings"] == disk
+    assert sim.calls[0] == disk   # its simulated twin keeps the disk tier
     assert record["rounds"] == 0 and record["winner"] is None
     assert [a["label"] for a in record["arms"]] == ["baseline"]
     pilot = record["pilot"]["capacity"]

@@ -130,8 +130,6 @@ def test_bad_input_is_refused_by_name(hf_config):
         TraceStream(_trace(), rate=0, max_model_len=256)
     with pytest.raises(ValueError, match="holds no requests"):
         TraceStream([], max_model_len=256)
-    with pytest.raises(ValueError, match="kv_disk_dir"):   # the host tier is simulated
-        sim_engine(_profile(), {"kv_disk_dir": "/tmp/kv"}, hf_config=hf_config)
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         sim_engine(_profile(), {"gpu_memory_utilization": 0.01, "cpu_memory_gib": 0.1},
                    hf_config=hf_config)

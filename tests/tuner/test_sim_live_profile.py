@@ -301,7 +301,7 @@ def test_a_tiered_engines_copy_counters_time_the_profiles_host_tier(tiny_checkpo
         return parse_totals(generate_latest(metrics.registry).decode(), t=t)
 
     first = read(0)
-    assert first.copies == {live.STORE: (0.0, 0.0), live.LOAD: (0.0, 0.0)}
+    assert first.copies == dict.fromkeys(live.COPY_KINDS, (0.0, 0.0))
     rng = random.Random(7)
     prefixes = [[rng.randrange(3, 250) for _ in range(64)] for _ in range(6)]
     for tail in (1, 2):   # each prefix evicts earlier ones to the host tier; then back

@@ -48,6 +48,22 @@ def test_the_simulators_base_is_the_targets_engine_and_its_cpu_memory():
     assert base["cpu_memory_gib"] == pytest.approx(0.25)   # 1 GiB less the runtime
     gpu = capacity_job.simulator_base({**CPU_TARGET, "resources": {"gpus": 1}})
     assert "cpu_memory_gib" not in gpu and gpu["max_num_seqs"] == 4
+    assert not {"kv_offloading_size", "kv_disk_dir", "kv_disk_size"} & set(base)
+    # its KV tiers are the simulated twin's too (tuner/sim/tiers.py), as the engine's flags
+    tiered = {**CPU_TARGET, "kvCache": {"offloadGiB": 2, "disk": {
+        "sizeGiB": 10, "volume": {"emptyDir": {}}}}}
+    base = capacity_job.simulator_base(tiered)
+    assert (base["kv_offloading_size"], base["kv_disk_dir"], base["kv_disk_size"]) == \
+        (2, "/kv-cache", 10)
+    from transformers import AutoConfig
+
+    from engine.model_loader import resolve_model_path
+    from tuner.sim.engine import sim_engine
+    engine, _ = sim_engine(config_profile("builtin://default", 1), base,
+                           hf_config=AutoConfig.from_pretrained(resolve_model_path(None)))
+    assert engine.offload.disk is not None and engine.offload.host.capacity_bytes == 2 * 2**30
+    off = capacity_job.simulator_base({**CPU_TARGET, "kvCache": {"offloadGiB": 0}})
+    assert "kv_offloading_size" not in off
 
 
 POOL = """

@@ -76,9 +76,19 @@ class TrialServiceLaunch:
 
 def simulator_base(target_spec: dict) -> dict:
     """The settings every simulated engine starts with: the target's spec.engine (as the
-    engine takes them) and, on a CPU target, the CPU memory the operator gives its pods."""
+    engine takes them), its KV tiers (spec.kvCache: the host tier's size, and a disk tier
+    as the engine's flags name it; the simulator writes no directory), and, on a CPU
+    target, the CPU memory the operator gives its pods. A searched setting overrides its
+    entry here (a candidate without the host tier turns it off)."""
+    from paged_api.kv_cache import KV_DISK_DIR, parse_kv_cache
+
     base = {k: v for k, v in settings_k8s.from_spec(target_spec.get("engine") or {}).items()
             if v is not None}
+    tiers = parse_kv_cache(target_spec.get("kvCache"), prefix_caching=True)
+    if tiers is not None and tiers.host_bytes:
+        base["kv_offloading_size"] = tiers.offload_gib
+    if tiers is not None and tiers.disk_size_gib is not None:
+        base |= {"kv_disk_dir": KV_DISK_DIR, "kv_disk_size": tiers.disk_size_gib}
     memory = target_memory(target_spec)
     if memory.on_cpu and memory.device_bytes:
         base["cpu_memory_gib"] = memory.device_bytes / GIB

@@ -16,7 +16,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner.measure.scoring import load_samples
-from tuner.search.capacity_search import _sim_settings
 
 QUANTILES = tuple(q / 20 for q in range(1, 20))   # 5 % .. 95 %
 SIM_REQUESTS = 64   # the simulated twin's window holds this many arrivals at least
@@ -39,7 +38,7 @@ def twin(sim, base: dict):
     settings `base` under each arm's (less what the simulator does not model), for at
     least the context's window, from an empty queue."""
     return lambda settings, rate, duration: sim.run(
-        {**base, **_sim_settings(settings)}, rate, duration=max(sim.duration, duration),
+        {**base, **settings}, rate, duration=max(sim.duration, duration),
         fresh=True)
 
 

@@ -14,9 +14,6 @@ from paged_api.search_space import Param, default_value
 from tuner.measure.capacity import CapacityResult, interpolated
 from tuner.search.sim_pool import SimPool
 
-# the disk KV tier is not simulated (a directory a node's engines share; tuner/sim/engine.py):
-# a baseline's is left out of its simulated twin. The host tier is (tuner/sim/tiers.py).
-SIM_UNMODELLED = ("kv_disk_dir", "kv_disk_size")
 # a simulated gain worth real rounds: equally good settings simulate up to ~1 % apart (the
 # crossing read between probes from different warm starts; SmolLM2 rag: 4.95 against the
 # defaults' 4.92, and 0.65x for real); SmolLM2 summarize's 1.31x real simulated at 1.08x
@@ -61,8 +58,7 @@ def simulated_search(plan, space: list[Param], *, fixed: dict, baseline: dict, s
                      start: float = 1.0) -> tuple[SimPoint, list[SimPoint]]:
     """(the baseline's simulated point, its search from `start` req/s; every searched
     point in order, each from the best capacity so far)."""
-    space = [p for p in space if p.name not in SIM_UNMODELLED]
-    base = simulate_point(plan, _sim_settings(baseline), start=start)
+    base = simulate_point(plan, dict(baseline), start=start)
     if base.capacity is None:
         raise ValueError(f"the baseline settings are refused: {base.infeasible}")
     plan.log(f"simulated baseline {_describe(base.params)}: {base.capacity:.2f} req/s "
@@ -90,7 +86,7 @@ def simulated_search(plan, space: list[Param], *, fixed: dict, baseline: dict, s
                 if _key(params) not in seen:
                     fresh.setdefault(_key(params), params)
             start = max(best, 0.5)
-            done = pool.map([(_sim_settings({**fixed, **params}), start)
+            done = pool.map([({**fixed, **params}, start)
                              for params in fresh.values()])
             for (key, params), point in zip(fresh.items(), done):
                 point.params = params
@@ -126,8 +122,8 @@ def _speculating(space: list[Param], fixed: dict) -> list[dict]:
     num_speculative_tokens is not searched, none for a continuous range)."""
     for p in space:
         if p.name == "num_speculative_tokens":
-            return [_sim_settings({**fixed, p.name: v}) for v in listed_values(p)]
-    return [_sim_settings(fixed)]
+            return [{**fixed, p.name: v} for v in listed_values(p)]
+    return [dict(fixed)]
 
 
 def listed_values(p: Param) -> list:
@@ -139,10 +135,6 @@ def is_baseline(params: dict, baseline: dict) -> bool:
     """Whether these searched values are the baseline's (a dimension it leaves unset at
     the engine's default)."""
     return params == {n: baseline.get(n, default_value(n)) for n in params}
-
-
-def _sim_settings(settings: dict) -> dict:
-    return {k: v for k, v in settings.items() if k not in SIM_UNMODELLED}
 
 
 def _describe(params: dict) -> str:

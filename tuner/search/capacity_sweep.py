@@ -42,8 +42,8 @@ from tuner.measure.capacity import CapacityResult, interpolated, measure_capacit
 from tuner.search.capacity_latency import latency_comparison, twin
 from tuner.search.stats import decide, paired_gain
 from tuner.search import capacity_front
-from tuner.search.capacity_search import (HEADROOM, SIM_UNMODELLED, SimPoint, _describe,
-                                          _sim_settings, candidates, simulate_point,
+from tuner.search.capacity_search import (HEADROOM, SimPoint, _describe,
+                                          candidates, simulate_point,
                                           simulated_search)
 from tuner.search.capacity_tiers import smallest_tiers
 from tuner.search.capacity_profile import anchor_time, fit_pool, live_refit, pool_blocks
@@ -269,14 +269,10 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
     plan.log(f"capacity sweep: {plan.trials} simulated settings, then the best "
              f"{config.remeasure} and the baseline ({baseline.source}) measured for real over "
              f"{config.confirm_rounds} interleaved rounds")
-    dropped = [p.name for p in config.space if p.name in SIM_UNMODELLED]
-    if dropped:
-        plan.log(f"not searched: {', '.join(dropped)} (the simulator does not model the disk "
-                 "KV tier; --objective goodput searches it on real engines)")
     pilot = None
     timed = plan.sim.profile.fit.form != UNFITTED   # else only the pilot's steps time it
     if config.confirm_rounds >= 2:   # the baseline for real first: its steps, as served
-        first = simulate_point(plan, _sim_settings(baseline.settings), start=1.0) if timed \
+        first = simulate_point(plan, dict(baseline.settings), start=1.0) if timed \
             else SimPoint(baseline.settings, plan.pilot_start)
         if first.capacity is None:
             raise ValueError(f"the baseline settings are refused: {first.infeasible}")
@@ -293,12 +289,12 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
 
         def predict(sim) -> float | None:   # the baseline's simulated capacity on `sim`
             return simulate_point(dataclasses.replace(plan, sim=sim),
-                                  _sim_settings(baseline.settings), start=base_start).capacity
+                                  dict(baseline.settings), start=base_start).capacity
         live_refit(plan, pilot.pop("series"), real=pilot["capacity"], calibrated=timed,
                    predict=predict)
         if plan.front:
             capacity_front.calibrate_front(
-                plan, {**plan.sim_base, **_sim_settings(baseline.settings)}, light)
+                plan, {**plan.sim_base, **dict(baseline.settings)}, light)
         if plan.sim.profile.fit.form != UNFITTED:
             anchor_time(plan, real=pilot["capacity"], simulated=predict(plan.sim),
                         predict=predict)

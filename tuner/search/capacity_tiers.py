@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tuner.search.capacity_search import (HEADROOM, SimPoint, _describe, _key, _sim_settings,
+from tuner.search.capacity_search import (HEADROOM, SimPoint, _describe, _key,
                                           is_baseline, listed_values, simulate_point)
 
 TIER = "kv_offloading_size"   # the host KV tier's size, GiB
@@ -41,12 +41,12 @@ def smallest_tiers(plan, ranked: list[SimPoint], config, baseline: dict
 def _trim_tier(plan, point: SimPoint, smaller: list[float], fixed: dict
                ) -> SimPoint:
     size = point.params[TIER]
-    own = simulate_point(plan, _sim_settings({**fixed, **point.params}), start=point.capacity)
+    own = simulate_point(plan, {**fixed, **point.params}, start=point.capacity)
     if own.capacity is None:
         return point
     for v in smaller:
         params = {**point.params, TIER: v}
-        trial = simulate_point(plan, _sim_settings({**fixed, **params}), start=point.capacity)
+        trial = simulate_point(plan, {**fixed, **params}, start=point.capacity)
         if trial.capacity is not None and trial.capacity * HEADROOM >= own.capacity:
             plan.log(f"host KV tier of {_describe(point.params)}: {v:g} GiB simulates "
                      f"{trial.capacity:.2f} req/s against {size:g} GiB's {own.capacity:.2f} "

@@ -207,7 +207,7 @@ def _memory(engine, tokens: int) -> Memory:
     runner.allocate_kv_cache(engine.num_blocks)  # the probes dropped the pool's views
     from tuner.sim.tiers import time_copies
 
-    store, load = time_copies(runner.kv_bytes_per_block, pool=runner.kv_pool)
+    store, load, disk = time_copies(runner.kv_bytes_per_block, pool=runner.kv_pool)
     return Memory(device_bytes=float(runner.device_memory_bytes()) if runner.device.type
                   == "cuda" else 0.0,
                   weight_bytes=float(runner.weight_bytes()),
@@ -215,4 +215,5 @@ def _memory(engine, tokens: int) -> Memory:
                   activation_base=max(0.0, a_small - per_token * small),
                   activation_per_token=per_token, max_model_len=engine.info.max_model_len,
                   vocab_size=engine.info.vocab_size,
-                  store_seconds_per_byte=store, load_seconds_per_byte=load)
+                  store_seconds_per_byte=store, load_seconds_per_byte=load,
+                  disk_load_seconds_per_byte=disk)

@@ -13,7 +13,7 @@ from tuner.sim.context import (DEFAULT_SIM_DURATION, SIM_WARMUP_REQUESTS, SimCon
 
 SHOWN = ("requests", "completed", "goodput", "slo_attainment", "ttft_p50", "ttft_p90",
          "tpot_p50", "itl_p50", "e2e_p90", "prefix_cache_hit_rate", "host_tier_hit_rate",
-         "server_preemptions",
+         "disk_tier_hit_rate", "server_preemptions",
          "kv_cache_usage_perc_mean", "spec_acceptance_rate", "num_blocks", "steps",
          "sim_wall_s")
 

@@ -53,7 +53,7 @@ def load_profile(model: str | None, threads: int, *, path: str | None = None,
     cached = cached_path(ident)
     if cached.exists():
         profile = Profile.load(cached, expect=ident)
-        if profile.memory.load_seconds_per_byte is None:   # cached before copies were timed
+        if profile.memory.disk_load_seconds_per_byte is None:   # cached before copies were timed
             time_host_copies(profile)
             profile.save(cached)
         return profile
@@ -69,13 +69,16 @@ def load_profile(model: str | None, threads: int, *, path: str | None = None,
 
 
 def time_host_copies(profile: Profile) -> None:
-    """The host KV tier's copy rates (tuner/sim/tiers.py) timed now, on a pool of this
-    model's block bytes, for a profile calibrated before they were part of it."""
+    """The KV tiers' copy rates (tuner/sim/tiers.py) the profile lacks, timed now on a pool
+    of this model's block bytes: it was calibrated before they were part of it."""
     from tuner.sim.tiers import time_copies
 
     memory = profile.memory
-    memory.store_seconds_per_byte, memory.load_seconds_per_byte = time_copies(
-        memory.kv_bytes_per_token * 16)
+    timed = time_copies(memory.kv_bytes_per_token * 16)
+    for name, value in zip(("store_seconds_per_byte", "load_seconds_per_byte",
+                            "disk_load_seconds_per_byte"), timed):
+        if getattr(memory, name) is None:   # the calibration's own rates stay
+            setattr(memory, name, value)
 
 
 @dataclass

@@ -79,7 +79,8 @@ class ProfiledRunner:
         memory = self.profile.memory
         return virtual_io(self.clock, self.kv_bytes_per_block,
                           store_seconds_per_byte=memory.store_seconds_per_byte,
-                          load_seconds_per_byte=memory.load_seconds_per_byte)
+                          load_seconds_per_byte=memory.load_seconds_per_byte,
+                          disk_load_seconds_per_byte=memory.disk_load_seconds_per_byte)
 
     def _token(self, avoid: int | None = None) -> int:
         while True:
@@ -203,10 +204,6 @@ def sim_engine(profile: Profile, settings: dict, *, hf_config,
     engine's own proposer over the made-up tokens, accepted at `acceptance`). ValueError
     for settings the engine would refuse."""
     config = engine_config(settings)
-    if config.kv_disk_dir:
-        raise ValueError("the simulator does not model the disk KV tier (kv_disk_dir, shared "
-                         "by a node's engines); leave it out of the search (the host tier, "
-                         "kv_offloading_size, is simulated)")
     num_blocks = config.num_gpu_blocks_override or profile.memory.num_blocks(
         block_size=config.block_size, fraction=config.gpu_memory_utilization,
         max_num_batched_tokens=config.max_num_batched_tokens,

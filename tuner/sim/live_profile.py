@@ -15,11 +15,11 @@ calibration what sizes its pool.
 A window with fewer than MIN_WINDOW_STEPS steps (an idle service) is skipped; a counter
 that went down (the engine restarted) skips its window.
 
-A service with a host KV tier also times its copies (`vllm:kv_offload_total_bytes` and
-`vllm:kv_offload_total_time` by transfer_type): the series' GPU_to_CPU and CPU_to_GPU
-seconds per byte replace the profile's store and load rates (`copy_rates`), which a
-profile from config.json alone (the in-cluster Job's) lacks: its simulated copies took no
-time.
+A service with KV tiers also times its copies (`vllm:kv_offload_total_bytes` and
+`vllm:kv_offload_total_time` by transfer_type): the series' GPU_to_CPU, CPU_to_GPU and
+Disk_to_GPU seconds per byte replace the profile's store, load and disk load rates
+(`copy_rates`), which a profile from config.json alone (the in-cluster Job's) lacks: its
+simulated copies took no time.
 """
 from __future__ import annotations
 
@@ -41,7 +41,9 @@ STEP_SECONDS = "paged:engine_step_duration_seconds"
 STEP_SHAPE = "paged:engine_step_shape"
 MIN_WINDOW_STEPS = 5
 COPY_BYTES, COPY_SECONDS = "vllm:kv_offload_total_bytes", "vllm:kv_offload_total_time"
-STORE, LOAD = "GPU_to_CPU", "CPU_to_GPU"   # the host tier's copies (the simulated ones)
+# the copies the simulator times: the host tier's store and load, a disk block's load
+STORE, LOAD, DISK_LOAD = "GPU_to_CPU", "CPU_to_GPU", "Disk_to_GPU"
+COPY_KINDS = (STORE, LOAD, DISK_LOAD)
 MIN_COPY_BYTES = 1 << 20   # fewer bytes moved over a series: too few copies to time
 
 
@@ -65,7 +67,7 @@ def parse_totals(text: str, *, t: float) -> Totals:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             kind = sample.labels.get("transfer_type")
-            if kind in (STORE, LOAD) and sample.name in (COPY_BYTES + "_total",
+            if kind in COPY_KINDS and sample.name in (COPY_BYTES + "_total",
                                                           COPY_SECONDS + "_total"):
                 moved.setdefault(kind, [0.0, 0.0])[
                     sample.name == COPY_SECONDS + "_total"] += sample.value
@@ -133,17 +135,17 @@ def prometheus_copies(reader, selector: str, t: float) -> dict[str, tuple[float,
         rows = reader.query(f"sum by (transfer_type) ({name}_total{selector})", at=t)
         return {m.get("transfer_type"): v for m, v in rows}
     nbytes, seconds = by_kind(COPY_BYTES), by_kind(COPY_SECONDS)
-    return {k: (nbytes[k], seconds[k]) for k in (STORE, LOAD) if k in nbytes and k in seconds}
+    return {k: (nbytes[k], seconds[k]) for k in COPY_KINDS if k in nbytes and k in seconds}
 
 
 def copy_rates(series: list[Totals]) -> dict[str, float]:
-    """Seconds per byte of the host tier's copies over `series` (its first to its last
-    reading), by transfer type (STORE, LOAD): only those that moved MIN_COPY_BYTES or more
+    """Seconds per byte of the KV tiers' copies over `series` (its first to its last
+    reading), by transfer type (COPY_KINDS): only those that moved MIN_COPY_BYTES or more
     in between and took time; none where a counter went down (a restart)."""
     if len(series) < 2:
         return {}
     rates = {}
-    for kind in (STORE, LOAD):
+    for kind in COPY_KINDS:
         if kind not in series[0].copies or kind not in series[-1].copies:
             continue
         (b0, s0), (b1, s1) = series[0].copies[kind], series[-1].copies[kind]
@@ -153,15 +155,16 @@ def copy_rates(series: list[Totals]) -> dict[str, float]:
 
 
 def with_copy_rates(profile: Profile, series: list[Totals]) -> Profile:
-    """`profile` with the store and load rates the series timed (copy_rates); the rest of
-    its memory model, and any rate the series did not time, kept."""
+    """`profile` with the copy rates the series timed (copy_rates); the rest of its memory
+    model, and any rate the series did not time, kept."""
     rates = copy_rates(series)
     if not rates:
         return profile
+    m = profile.memory
     return dataclasses.replace(profile, memory=dataclasses.replace(
-        profile.memory,
-        store_seconds_per_byte=rates.get(STORE, profile.memory.store_seconds_per_byte),
-        load_seconds_per_byte=rates.get(LOAD, profile.memory.load_seconds_per_byte)))
+        m, store_seconds_per_byte=rates.get(STORE, m.store_seconds_per_byte),
+        load_seconds_per_byte=rates.get(LOAD, m.load_seconds_per_byte),
+        disk_load_seconds_per_byte=rates.get(DISK_LOAD, m.disk_load_seconds_per_byte)))
 
 
 def windows(series: list[Totals], *, min_steps: int = MIN_WINDOW_STEPS

@@ -182,6 +182,8 @@ class Memory:
     # (a profile from before them, or from config.json), and blocks move in no time
     store_seconds_per_byte: float | None = None
     load_seconds_per_byte: float | None = None
+    # a disk tier's load, per file byte: the read and the copy into the pool
+    disk_load_seconds_per_byte: float | None = None
 
     def num_blocks(self, *, block_size: int, fraction: float, max_num_batched_tokens: int,
                    cpu_memory_gib: float) -> int:
@@ -194,8 +196,10 @@ class Memory:
         """The host KV tier's copy rates as GB/s, or that they are not timed."""
         if not self.load_seconds_per_byte or not self.store_seconds_per_byte:
             return "host KV tier copies not timed (they take no time)"
+        disk = (f", disk loads {1e-9 / self.disk_load_seconds_per_byte:.2f} GB/s"
+                if self.disk_load_seconds_per_byte else "")
         return (f"host KV tier copies: stores {1e-9 / self.store_seconds_per_byte:.2f} GB/s, "
-                f"loads {1e-9 / self.load_seconds_per_byte:.2f} GB/s")
+                f"loads {1e-9 / self.load_seconds_per_byte:.2f} GB/s{disk}")
 
 
 @dataclass

@@ -52,6 +52,8 @@ from tuner.sim.settle import Settling
 
 KV_SAMPLE_EVERY = 4  # steps between samples of the pool's usage
 
+TIERS = (Medium.CPU, Medium.DISK)   # the KV tiers below the pool whose hits are counted
+
 
 @dataclass
 class SimResult:
@@ -101,7 +103,7 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
     schedule = []
     count = steps = 0
     cold = None                 # the engine's counters when the window began
-    cold_host = 0               # and the host tier's hits then
+    cold_tiers = dict.fromkeys(TIERS, 0)   # and the KV tiers' hits then
     warm_steps = 0
     totals = getattr(engine.runner, "totals", None)   # a profiled runner's step counters
     warm_totals = dict(totals or {})
@@ -164,7 +166,7 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
             clock.now = min(stream.next_time(), end)
         if begin and not cold and clock.now >= begin:
             cold, warm_steps = engine.get_stats(), steps   # the window's counters start here
-            cold_host = engine.kv.hits_by_medium.get(Medium.CPU, 0)
+            cold_tiers = {m: engine.kv.hits_by_medium.get(m, 0) for m in TIERS}
             warm_totals = dict(totals or {})
     stopped = min(clock.now, end)
     for rid, (req, record, times) in live.items():
@@ -177,8 +179,8 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
         stats = dataclasses.replace(stats, **{
             name: getattr(stats, name) - getattr(cold, name) for name in
             ("prefix_cache_hits", "prefix_cache_queries", "num_preemptions", "evictions")})
-    # prefix tokens the host KV tier served (tuner/sim/tiers.py), over the window
-    host_hits = engine.kv.hits_by_medium.get(Medium.CPU, 0) - cold_host
+    # prefix tokens the host and disk KV tiers served (tuner/sim/tiers.py), over the window
+    tier_hits = {m: engine.kv.hits_by_medium.get(m, 0) - cold_tiers[m] for m in TIERS}
     samples = Samples(records=records, start=begin, stop=end)
     figures = score(samples, slos)
     figures.update(
@@ -194,7 +196,11 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
     figures.update({f"step_{name}": value - warm_totals[name]
                     for name, value in (totals or {}).items()})
     if engine.offload is not None:   # of the prompt tokens looked up, served by host memory
-        figures["host_tier_hit_rate"] = host_hits / max(1, stats.prefix_cache_queries)
+        figures["host_tier_hit_rate"] = tier_hits[Medium.CPU] / max(
+            1, stats.prefix_cache_queries)
+    if engine.offload is not None and engine.offload.disk is not None:   # ... by the disk
+        figures["disk_tier_hit_rate"] = tier_hits[Medium.DISK] / max(
+            1, stats.prefix_cache_queries)
     if engine.spec_stats.num_draft_tokens:   # as a real trial reports it (server_metrics)
         figures["spec_acceptance_rate"] = engine.spec_stats.acceptance_rate
     return SimResult(samples, figures, schedule)
