@@ -74,6 +74,8 @@ GRID = [{"max_num_seqs": s, "block_size": b, "max_num_batched_tokens": t,
 TIER_GRID = [{"num_gpu_blocks_override": b, "kv_offloading_size": t}
              for b in (200, 400) for t in (0, 0.02, 0.1, 1.0)]
 GRIDS = {"spread": GRID, "tiers": TIER_GRID}
+# of the prompt tokens looked up at the fixed rate, those found cached, and by which tier
+HIT_RATES = ("prefix_cache_hit_rate", "host_tier_hit_rate", "disk_tier_hit_rate")
 
 
 def cpu_setup(workload: str, model: str | None) -> SimpleNamespace:
@@ -193,13 +195,15 @@ def real_figures(i: int, settings: dict, start: float, args, cpu, load, work: Pa
                 warm, duration=args.sim_warmup_requests / rate), slos,
                 workdir=work / f"fixed-{i}" / "warmup")
             wait_idle(engine.url)
-        measure(engine.url, fixed_load, slos, workdir=work / f"fixed-{i}",
-                warmup_requests=0 if args.sim_warmup_requests else 2)
+        served = measure(engine.url, fixed_load, slos, workdir=work / f"fixed-{i}",
+                         warmup_requests=0 if args.sim_warmup_requests else 2)
     finally:
         engine.stop()
     measured = score(after_lead(load_samples(work / f"fixed-{i}" / "samples.jsonl"),
                                 args.probe_lead), slos)
     row.update({f"real_{k}": measured.get(k) for k in ("ttft_p50", "ttft_p90", "itl_p50")})
+    # the engine's own counters over the load (its lead included): hits by tier
+    row.update({f"real_{k}": served.get(k) for k in HIT_RATES})
     return row
 
 
@@ -325,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, sim in sims.items():
             fixed = sim.run({**base, **settings}, rate).figures
             row.update({f"{label}_{k}": fixed.get(k) for k in ("ttft_p50", "ttft_p90",
-                                                                "itl_p50")})
+                                                                "itl_p50") + HIT_RATES})
         rows.append(row)
         print(f"{i:>2} {settings}: capacity real {row['real_cap']:.2f}, " + ", ".join(
             f"{label} {row[f'{label}_cap']:.2f}" for label in sims)
@@ -339,6 +343,15 @@ def main(argv: list[str] | None = None) -> int:
             errs = [e for r in rows
                     if (e := rel(r[f"{label}_{fig}"], r[f"real_{fig}"])) is not None]
             print(f"{fig:<12} {statistics.median(errs):>17.1%}" if errs else f"{fig:<12} -")
+        for fig in HIT_RATES:   # rates: the difference in points, not a relative error
+            pairs = [(r[f"{label}_{fig}"], r[f"real_{fig}"]) for r in rows
+                     if r.get(f"{label}_{fig}") is not None
+                     and r.get(f"real_{fig}") is not None]
+            if pairs:
+                gap = statistics.median(abs(sim - real) for sim, real in pairs)
+                print(f"{fig}: median |simulated - real| {gap:.3f} over {len(pairs)} "
+                      "settings (simulated / real: "
+                      + ", ".join(f"{sim:.2f}/{real:.2f}" for sim, real in pairs) + ")")
         tau = kendalltau([r[f"{label}_cap"] for r in rows],
                          [r["real_cap"] for r in rows]).statistic
         ratio = statistics.median(r["real_cap"] / r[f"{label}_cap"] for r in rows

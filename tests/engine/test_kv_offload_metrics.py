@@ -4,7 +4,9 @@ from __future__ import annotations
 import random
 
 import httpx
+import pytest
 from tests.server.conftest import ServerProcess, scrape, wait_for
+from tuner.measure import server_metrics
 
 
 def test_tier_metrics_count_stores_loads_and_hits(tmp_path):
@@ -16,6 +18,7 @@ def test_tier_metrics_count_stores_loads_and_hits(tmp_path):
         rng = random.Random(0)
         prefixes = [[rng.randrange(3, 200) for _ in range(304)] for _ in range(4)]
         before = scrape(server.base_url)
+        snapshot = server_metrics.scrape(server.base_url)   # the tuner's reading of a window
 
         def complete(prefix: list[int], tail: int) -> None:
             r = httpx.post(server.base_url + "/v1/completions", timeout=120, json={
@@ -57,6 +60,14 @@ def test_tier_metrics_count_stores_loads_and_hits(tmp_path):
             m["vllm:kv_offload_capacity_bytes{medium=CPU}"]
         assert 0 < m["vllm:kv_offload_cpu_cache_usage_perc"] <= 1
         assert m["vllm:kv_offload_disk_bad_files_total{reason=corrupt}"] == 0
+        # a trial's figures: the share of looked-up prompt tokens each tier served
+        figures = server_metrics.server_figures(snapshot, server_metrics.scrape(server.base_url))
+        queries = m["vllm:prefix_cache_queries_total"] - before["vllm:prefix_cache_queries_total"]
+        for medium, label in (("CPU", "host"), ("Disk", "disk")):
+            key = f"vllm:prefix_cache_tier_hits_total{{medium={medium}}}"
+            assert figures[f"{label}_tier_hit_rate"] == pytest.approx(
+                (m[key] - before.get(key, 0)) / queries)
+        assert figures["host_tier_hit_rate"] + figures["disk_tier_hit_rate"] > 0
         assert m["vllm:kv_offload_blocks_not_loaded_total{reason=failed}"] == 0
         assert m["vllm:kv_offload_blocks_not_loaded_total{reason=cancelled}"] == 0
     finally:

@@ -87,3 +87,34 @@ def test_server_figures_of_a_window():
 def test_malformed_text_is_an_error():
     with pytest.raises(ValueError):
         metrics.parse("vllm:x{model_name=\"m\" 1\n")
+
+
+def _tiers(cpu: float, disk: float, *, disk_on: bool) -> str:
+    """The KV tiers' families as the engine exports them (engine/kv_offload/metrics.py):
+    tier hits for every medium once a tier is on, capacities only for the tiers that are."""
+    text = ("# TYPE vllm:prefix_cache_tier_hits counter\n"
+            f'vllm:prefix_cache_tier_hits_total{{medium="GPU",model_name="m"}} 40\n'
+            f'vllm:prefix_cache_tier_hits_total{{medium="CPU",model_name="m"}} {cpu}\n'
+            f'vllm:prefix_cache_tier_hits_total{{medium="Disk",model_name="m"}} {disk}\n'
+            "# TYPE vllm:kv_offload_capacity_bytes gauge\n"
+            'vllm:kv_offload_capacity_bytes{medium="CPU",model_name="m"} 1e9\n')
+    if disk_on:
+        text += 'vllm:kv_offload_capacity_bytes{medium="Disk",model_name="m"} 1e10\n'
+    return text
+
+
+def test_the_tiers_hit_rates_are_their_share_of_the_looked_up_tokens():
+    before = metrics.parse(BEFORE + _tiers(5, 0, disk_on=True))
+    after = metrics.parse(AFTER + _tiers(65, 30, disk_on=True))
+    figures = metrics.server_figures(before, after)
+    assert figures["host_tier_hit_rate"] == pytest.approx(60 / 200)
+    assert figures["disk_tier_hit_rate"] == pytest.approx(30 / 200)
+    # summed over media for the plain counter: the tiers' labels do not leak into it
+    assert after.value("vllm:prefix_cache_tier_hits") == 40 + 65 + 30
+    # a host tier alone: no disk figure (the engine counts Disk hits at 0 all the same)
+    alone = metrics.server_figures(metrics.parse(BEFORE + _tiers(5, 0, disk_on=False)),
+                                   metrics.parse(AFTER + _tiers(65, 0, disk_on=False)))
+    assert "disk_tier_hit_rate" not in alone and alone["host_tier_hit_rate"] == 0.3
+    # no tier at all: neither
+    assert not {"host_tier_hit_rate", "disk_tier_hit_rate"} & set(
+        metrics.server_figures(metrics.parse(BEFORE), metrics.parse(AFTER)))

@@ -11,7 +11,7 @@ import math
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -24,6 +24,8 @@ QUEUE = "vllm:request_queue_time_seconds"
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 SPEC_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
+TIER_HITS = "vllm:prefix_cache_tier_hits_total"   # by medium: GPU, CPU, Disk
+TIER_CAPACITY = "vllm:kv_offload_capacity_bytes"   # by medium: the tiers that are on
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,8 @@ class Snapshot:
 
     values: dict[str, float]
     buckets: dict[str, dict[float, float]]
+    # a counter by its `medium` label (the KV tiers': vllm:prefix_cache_tier_hits_total)
+    media: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def value(self, name: str) -> float | None:
         """A counter (with or without `_total`) or gauge, summed over label sets."""
@@ -45,6 +49,7 @@ def parse(text: str) -> Snapshot:
     """Parse Prometheus text exposition into a Snapshot; ValueError on malformed text."""
     values: dict[str, float] = defaultdict(float)
     buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+    media: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name.endswith("_bucket") and "le" in sample.labels:
@@ -52,7 +57,10 @@ def parse(text: str) -> Snapshot:
                 buckets[sample.name[: -len("_bucket")]][le] += sample.value
             elif not sample.name.endswith("_created"):
                 values[sample.name] += sample.value
-    return Snapshot(dict(values), {k: dict(v) for k, v in buckets.items()})
+                if "medium" in sample.labels:
+                    media[sample.name][sample.labels["medium"]] += sample.value
+    return Snapshot(dict(values), {k: dict(v) for k, v in buckets.items()},
+                    {k: dict(v) for k, v in media.items()})
 
 
 def scrape(base_url: str, *, timeout: float = 10.0) -> Snapshot:
@@ -112,6 +120,13 @@ def server_figures(before: Snapshot, after: Snapshot) -> dict[str, float]:
     hits = counter_delta(before, after, "vllm:prefix_cache_hits")
     if queries and hits is not None:
         out["prefix_cache_hit_rate"] = hits / queries
+    # of the prompt tokens looked up, those the KV tiers served (as the simulator reports)
+    tiers_before, tiers_after = (snap.media.get(TIER_HITS, {}) for snap in (before, after))
+    present = after.media.get(TIER_CAPACITY, {})   # the tiers the engine runs
+    for medium, label in (("CPU", "host"), ("Disk", "disk")):
+        if queries and medium in tiers_after and medium in present:
+            out[f"{label}_tier_hit_rate"] = (
+                tiers_after[medium] - tiers_before.get(medium, 0.0)) / queries
     out |= spec_decode_figures(counter_delta(before, after, SPEC_DRAFT_TOKENS),
                                counter_delta(before, after, SPEC_ACCEPTED_TOKENS))
     return out
