@@ -5,7 +5,7 @@ simulated and real capacity (what the search needs: the ranking), plus the cost 
 simulated capacity against one real one: a cold search to 5 %, and one as the sweep runs it
 (from the defaults' simulated capacity, to tuner/search/capacity_search.SIM_REL_TOL).
 
-    python -m benchmarks.bench_sim_fidelity [--workload chat] [--settings 12] [--grid tiers]
+    python -m benchmarks.bench_sim_fidelity [--workload chat] [--settings 12] [--grid tiers|disk]
         [--rate 4 | --rate-share 0.6] [--duration 8] [--sim-duration S] [--model M]
         [--profile FILE ...] [--pilot] [--serving] [--probe-lead S]
         [--save FILE] [--real-from FILE] [--real-also FILE ...]
@@ -73,7 +73,18 @@ GRID = [{"max_num_seqs": s, "block_size": b, "max_num_batched_tokens": t,
 # three sizes (the embedded model's 16-token block is 64 KiB: 0.02 GiB holds 327 of them)
 TIER_GRID = [{"num_gpu_blocks_override": b, "kv_offloading_size": t}
              for b in (200, 400) for t in (0, 0.02, 0.1, 1.0)]
-GRIDS = {"spread": GRID, "tiers": TIER_GRID}
+# the disk tier under a small host tier (0.02 GiB), without and with 0.1 and 1 GiB of disk;
+# the real side writes a fresh directory per engine (on_disk)
+DISK_GRID = [{"num_gpu_blocks_override": b, "kv_offloading_size": 0.02,
+              **({"kv_disk_size": d} if d else {})} for b in (200, 400) for d in (0, 0.1, 1.0)]
+GRIDS = {"spread": GRID, "tiers": TIER_GRID, "disk": DISK_GRID}
+
+
+def on_disk(settings: dict, directory: str | Path) -> dict:
+    """A setting with a disk tier (kv_disk_size) given its directory; others unchanged."""
+    if "kv_disk_size" not in settings:
+        return settings
+    return {**settings, "kv_disk_dir": str(directory)}
 # of the prompt tokens looked up at the fixed rate, those found cached, and by which tier
 HIT_RATES = ("prefix_cache_hit_rate", "host_tier_hit_rate", "disk_tier_hit_rate")
 
@@ -178,7 +189,8 @@ def real_figures(i: int, settings: dict, start: float, args, cpu, load, work: Pa
         launch = dataclasses.replace(launch, extra_flags=launch.extra_flags + (
             "--num-gpu-blocks-override", str(blocks)))
     t0 = time.perf_counter()
-    real = measure_capacity(settings, launch, load, slos, workdir=work / f"cap-{i}",
+    real = measure_capacity(on_disk(settings, work / f"disk-{i}-capacity"), launch, load,
+                            slos, workdir=work / f"cap-{i}",
                             start=start, warmup_requests=2, rel_tol=0.1, max_probes=7,
                             warmup_load=args.sim_warmup_requests, lead=args.probe_lead)
     row = {"real_s": time.perf_counter() - t0, "real_cap": interpolated(real)}
@@ -186,7 +198,8 @@ def real_figures(i: int, settings: dict, start: float, args, cpu, load, work: Pa
         args.rate_share * row["real_cap"], 0.1)
     fixed_load = dataclasses.replace(rate_load(load, rate), seed=1,
                                      duration=load.duration + args.probe_lead)
-    engine = launch.process(settings, work / f"fixed-{i}" / "engine.log")
+    engine = launch.process(on_disk(settings, work / f"disk-{i}-fixed"),
+                            work / f"fixed-{i}" / "engine.log")
     engine.start(timeout=launch.startup_timeout)
     try:
         if args.sim_warmup_requests:   # the same steady state as the simulated run's
@@ -234,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settings", type=int, default=12)
     ap.add_argument("--grid", choices=sorted(GRIDS), default="spread",
                     help="spread: batch limit, page size, budget, memory over the space; "
-                         "tiers: small device pools without and with a host KV tier")
+                         "tiers: small device pools without and with a host KV tier; disk: "
+                         "a small host tier without and with a disk tier under it")
     rates = ap.add_mutually_exclusive_group()
     rates.add_argument("--rate", type=float, default=4.0, help="the fixed rate of the latencies")
     rates.add_argument("--rate-share", type=float, default=None, metavar="F",
@@ -305,13 +319,14 @@ def main(argv: list[str] | None = None) -> int:
             for label, sim in sims.items()}
     for i, settings in enumerate(GRIDS[args.grid][:args.settings]):
         row: dict = {"settings": settings}
+        simulated = on_disk(settings, "simulated")   # a VirtualDisk: no directory
         for label, sim in sims.items():
             t0 = time.perf_counter()
-            cap_sim = sim.capacity({**base, **settings}, rel_tol=0.05)
+            cap_sim = sim.capacity({**base, **simulated}, rel_tol=0.05)
             row[f"{label}_s"] = time.perf_counter() - t0
             row[f"{label}_cap"] = interpolated(cap_sim)
             t0 = time.perf_counter()
-            swept = sim.capacity({**base, **settings}, start=max(warm[label], 0.5),
+            swept = sim.capacity({**base, **simulated}, start=max(warm[label], 0.5),
                                  rel_tol=SIM_REL_TOL, growth=SIM_GROWTH,
                                  max_probes=SIM_MAX_PROBES)
             row[f"{label}_sweep_s"] = time.perf_counter() - t0
@@ -327,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                 row[f"{label}_cap"] for label in sims) / 2, 0.5), args, cpu, load, work))
         rate = row["rate"]
         for label, sim in sims.items():
-            fixed = sim.run({**base, **settings}, rate).figures
+            fixed = sim.run({**base, **simulated}, rate).figures
             row.update({f"{label}_{k}": fixed.get(k) for k in ("ttft_p50", "ttft_p90",
                                                                 "itl_p50") + HIT_RATES})
         rows.append(row)
@@ -379,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             plan = SimpleNamespace(sim=sim, sim_base=base)
             with SimPool(plan, args.sim_workers, simulate_point) as pool:
-                pool.map([(s, max(warm[label], 0.5))
+                pool.map([(on_disk(s, "simulated"), max(warm[label], 0.5))
                           for s in GRIDS[args.grid][:args.settings]])
             per = (time.perf_counter() - t0) / len(rows)
             print(f"  {label}: {per:.2f} s a setting, {real_s / per:.1f}x cheaper than real")
