@@ -74,10 +74,12 @@ GRID = [{"max_num_seqs": s, "block_size": b, "max_num_batched_tokens": t,
 TIER_GRID = [{"num_gpu_blocks_override": b, "kv_offloading_size": t}
              for b in (200, 400) for t in (0, 0.02, 0.1, 1.0)]
 # the disk tier under a small host tier (0.02 GiB), without and with 0.1 and 1 GiB of disk;
-# the real side writes a fresh directory per engine (on_disk)
+# the real side writes a fresh directory per engine (real_launch)
 DISK_GRID = [{"num_gpu_blocks_override": b, "kv_offloading_size": 0.02,
               **({"kv_disk_size": d} if d else {})} for b in (200, 400) for d in (0, 0.1, 1.0)]
 GRIDS = {"spread": GRID, "tiers": TIER_GRID, "disk": DISK_GRID}
+# of the prompt tokens looked up at the fixed rate, those found cached, and by which tier
+HIT_RATES = ("prefix_cache_hit_rate", "host_tier_hit_rate", "disk_tier_hit_rate")
 
 
 def on_disk(settings: dict, directory: str | Path) -> dict:
@@ -85,8 +87,20 @@ def on_disk(settings: dict, directory: str | Path) -> dict:
     if "kv_disk_size" not in settings:
         return settings
     return {**settings, "kv_disk_dir": str(directory)}
-# of the prompt tokens looked up at the fixed rate, those found cached, and by which tier
-HIT_RATES = ("prefix_cache_hit_rate", "host_tier_hit_rate", "disk_tier_hit_rate")
+
+
+def real_launch(launch, settings: dict, disk_dir: Path):
+    """(launch, settings) of a real engine: the settings no tuner setting names (a pool
+    in blocks, a disk tier in `disk_dir`) as the engine's flags."""
+    flags: tuple[str, ...] = ()
+    if settings.get("num_gpu_blocks_override") is not None:
+        flags += ("--num-gpu-blocks-override", str(settings["num_gpu_blocks_override"]))
+    if "kv_disk_size" in settings:
+        flags += ("--kv-disk-dir", str(disk_dir),
+                  "--kv-disk-size", str(settings["kv_disk_size"]))
+    rest = {k: v for k, v in settings.items()
+            if k not in ("num_gpu_blocks_override", "kv_disk_size")}
+    return dataclasses.replace(launch, extra_flags=launch.extra_flags + flags), rest
 
 
 def cpu_setup(workload: str, model: str | None) -> SimpleNamespace:
@@ -182,15 +196,10 @@ def real_figures(i: int, settings: dict, start: float, args, cpu, load, work: Pa
     """One setting's real capacity (its search starting at `start`), then its latencies at
     the fixed rate (--rate, or --rate-share of that capacity) after the same warm-up as
     the simulated run's: real_s, real_cap, rate, real_ttft_p50/p90, real_itl_p50."""
-    launch, slos = cpu.launch, cpu.slos
-    blocks = settings.get("num_gpu_blocks_override")   # not a tuner setting: a flag
-    if blocks is not None:
-        settings = {k: v for k, v in settings.items() if k != "num_gpu_blocks_override"}
-        launch = dataclasses.replace(launch, extra_flags=launch.extra_flags + (
-            "--num-gpu-blocks-override", str(blocks)))
+    slos = cpu.slos
+    launch, tuned = real_launch(cpu.launch, settings, work / f"disk-{i}-capacity")
     t0 = time.perf_counter()
-    real = measure_capacity(on_disk(settings, work / f"disk-{i}-capacity"), launch, load,
-                            slos, workdir=work / f"cap-{i}",
+    real = measure_capacity(tuned, launch, load, slos, workdir=work / f"cap-{i}",
                             start=start, warmup_requests=2, rel_tol=0.1, max_probes=7,
                             warmup_load=args.sim_warmup_requests, lead=args.probe_lead)
     row = {"real_s": time.perf_counter() - t0, "real_cap": interpolated(real)}
@@ -198,8 +207,8 @@ def real_figures(i: int, settings: dict, start: float, args, cpu, load, work: Pa
         args.rate_share * row["real_cap"], 0.1)
     fixed_load = dataclasses.replace(rate_load(load, rate), seed=1,
                                      duration=load.duration + args.probe_lead)
-    engine = launch.process(on_disk(settings, work / f"disk-{i}-fixed"),
-                            work / f"fixed-{i}" / "engine.log")
+    launch, tuned = real_launch(cpu.launch, settings, work / f"disk-{i}-fixed")
+    engine = launch.process(tuned, work / f"fixed-{i}" / "engine.log")
     engine.start(timeout=launch.startup_timeout)
     try:
         if args.sim_warmup_requests:   # the same steady state as the simulated run's
