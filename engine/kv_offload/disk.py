@@ -14,7 +14,10 @@ A file that is short, corrupt (CRC) or of another format/namespace is a miss, ne
 A failed write (a full disk: ENOSPC, or any OSError) skips that block, counts it and logs
 once. The size bound holds with several writers: after each write the writer re-lists the
 directory (sizes of names it has seen are remembered) and, when the total exceeds the bound,
-deletes the least recently used files (oldest mtime; a hit refreshes it) until it fits.
+deletes the least recently used files (oldest mtime; a hit refreshes it) until TRIM_SHARE of
+the bound is free (in whole blocks), so that the writes after it do not trim again: finding
+the oldest stats every file (7 ms a write at a full 0.1 GiB of 64-KiB blocks, 97 ms at 1 GiB,
+when every write past the bound trimmed to the bound exactly).
 """
 from __future__ import annotations
 
@@ -39,6 +42,13 @@ SUFFIX = ".kvb"
 # magic, version, dtype name, block shape (5 dims), namespace, key, payload bytes, crc32
 HEADER = struct.Struct("<4sH16s5I32s32sQI")
 STALE_TMP_SECONDS = 300  # a temporary file this old belongs to a writer that died
+TRIM_SHARE = 0.1  # of the bound a trim frees, in whole blocks (none below ten blocks' bound)
+
+
+def trim_target(capacity_bytes: int, file_bytes: int) -> int:
+    """What a trim brings the directory down to: the bound less TRIM_SHARE of it, rounded
+    down to whole block files (the bound itself when that share is under one file)."""
+    return capacity_bytes - int(capacity_bytes * TRIM_SHARE) // file_bytes * file_bytes
 
 
 def namespace_digest(*, model_path: str, dtype: str, block_shape: tuple[int, ...],
@@ -135,7 +145,7 @@ class DiskTier:
 
     def _scan_and_trim(self) -> int:
         """Re-reads the directory (every writer's files), deletes the least recently used
-        until the total fits the bound; returns the total. A file's size is read once (a
+        until the total is down to trim_target once it is over the bound; returns the total. A file's size is read once (a
         name is a digest of its content's key, so the size stays); the times only when the
         bound is exceeded: a write lists the directory, it does not stat every file."""
         try:
@@ -159,6 +169,7 @@ class DiskTier:
                 total += size
         self._sizes = sizes
         if total > self.capacity_bytes:
+            target = trim_target(self.capacity_bytes, self.file_bytes)
             files = []
             for name, size in sizes.items():
                 st = _stat(self.root / name)
@@ -166,7 +177,7 @@ class DiskTier:
                     files.append((st.st_mtime, name, size))
             files.sort()
             for _, name, size in files:
-                if total <= self.capacity_bytes:
+                if total <= target:
                     break
                 if _unlink(self.root / name):
                     self.files_evicted += 1

@@ -18,7 +18,7 @@ from test_kv_offload import GREEDY, prompts, run_phases, tokens, with_tail
 from engine import LLM
 from engine.kv_event_wire import BlockStored
 from engine.kv_medium import Medium
-from engine.kv_offload.disk import HEADER, DiskTier
+from engine.kv_offload.disk import HEADER, DiskTier, trim_target
 
 SHAPE = (2, 2, 4, 2, 8)  # [2, layers, block_size, kv_heads, head_dim]
 NS = b"n" * 32
@@ -133,6 +133,39 @@ def test_the_bound_trims_the_least_recently_used_and_counts_other_writers_files(
     disk.write(b"e" * 16, block(4))  # 5 blocks' bytes: d (1200), then a (1500) go
     assert not disk.path_for(b"a" * 16).exists() and not disk.path_for(b"d" * 16).exists()
     assert disk.usage_bytes == 3 * fb and disk.files_evicted == 3
+
+
+def test_a_trim_frees_a_tenth_of_the_bound_so_the_next_writes_do_not_trim(tmp_path,
+                                                                          monkeypatch):
+    """Past the bound a write deletes the oldest files down to trim_target (a tenth of the
+    bound free, in whole files), so the writes after it list the directory but stat only
+    their own new file, until the bound is passed again."""
+    import engine.kv_offload.disk as disk_module
+
+    fb = tier(tmp_path).file_bytes
+    disk = tier(tmp_path, capacity=20 * fb)
+    keys = [bytes([i]) * 16 for i in range(24)]
+
+    def write(i):
+        assert disk.write(keys[i], block(i))
+        os.utime(disk.path_for(keys[i]), (1000 + i, 1000 + i))   # written in this order
+    for i in range(20):
+        write(i)
+    assert disk.files_evicted == 0 and disk.usage_bytes == 20 * fb
+    stats = []
+    real_stat = disk_module._stat
+    monkeypatch.setattr(disk_module, "_stat", lambda path: stats.append(path) or real_stat(path))
+    write(20)   # 21 files: the three oldest go, 18 stay
+    assert disk.files_evicted == 3 and disk.usage_bytes == 18 * fb
+    assert [disk.has(k) for k in keys[:4]] == [False, False, False, True]
+    assert len(stats) > 20   # the trim read every file's time
+    stats.clear()
+    write(21)
+    write(22)   # back at the bound: no trim, one stat per write (its new file's size)
+    assert disk.files_evicted == 3 and disk.usage_bytes == 20 * fb and len(stats) == 2
+    write(23)   # past it again
+    assert disk.files_evicted == 6 and disk.usage_bytes == 18 * fb
+    assert trim_target(20 * fb, fb) == 18 * fb and trim_target(3 * fb, fb) == 3 * fb
 
 
 # ---- engines on a disk tier ------------------------------------------------------------------

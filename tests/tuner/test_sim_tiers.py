@@ -156,12 +156,15 @@ def test_slower_disk_loads_delay_first_tokens(hf_config):
     assert "disk_tier_hit_rate" not in _run(hf_config).figures   # no disk, no such figure
 
 
-def test_the_virtual_disk_keeps_what_the_real_one_keeps(tmp_path):
+@pytest.mark.parametrize("files", [3, 20])
+def test_the_virtual_disk_keeps_what_the_real_one_keeps(tmp_path, files):
     """The same writes and reads on the engine's DiskTier (the touched file's mtime set in
     order after each, as a slower clock would have it; a read refreshes it) and on a
-    VirtualDisk of the same bound: the same files survive; a bound below one file stores
-    nothing."""
+    VirtualDisk of the same bound: the same files survive, the same usage, the same trims
+    (a bound of 3 files trims to 3, one of 20 to 18: disk.trim_target); a bound below one
+    file stores nothing."""
     import os
+    import random
 
     import torch
 
@@ -170,14 +173,17 @@ def test_the_virtual_disk_keeps_what_the_real_one_keeps(tmp_path):
 
     shape = (2, 1, 16, 1, 64)   # 8 KiB of float32
     block = torch.zeros(shape)
-    bound = 3 * (HEADER.size + block.numel() * 4)
+    bound = files * (HEADER.size + block.numel() * 4)
     real = DiskTier(tmp_path, bound, namespace=bytes(32), block_shape=shape,
                     dtype=torch.float32)
     virtual = VirtualDisk(bound, block.numel() * 4)
     assert virtual.file_bytes == real.file_bytes
-    keys = [bytes([k]) * 16 for k in range(6)]
+    keys = [bytes([k]) * 16 for k in range(3 * files)]
+    rng = random.Random(files)
     ops = [("w", 0), ("w", 1), ("w", 2), ("r", 0), ("w", 3), ("r", 2), ("w", 4), ("r", 1),
-           ("w", 5)]
+           ("w", 5)] if files == 3 else [
+        ("r", rng.randrange(k)) if k and rng.random() < 0.3 else ("w", k)
+        for k in range(3 * files)]
     for tick, (op, k) in enumerate(ops):
         if op == "w":
             assert real.write(keys[k], block) and virtual.write(keys[k], block)
@@ -187,7 +193,11 @@ def test_the_virtual_disk_keeps_what_the_real_one_keeps(tmp_path):
             os.utime(real.path_for(keys[k]), (1000 + tick, 1000 + tick))
         assert [real.has(k) for k in keys] == [virtual.has(k) for k in keys], (op, k)
         assert real.usage_bytes == virtual.usage_bytes
-    assert [virtual.has(k) for k in keys] == [False, False, True, False, True, True]
+        assert real.files_evicted == virtual.files_evicted
+    if files == 3:
+        assert [virtual.has(k) for k in keys] == [False, False, True, False, True, True, False,
+                                                  False, False]
+    assert virtual.files_evicted > 0
     tiny = VirtualDisk(100, block.numel() * 4)
     assert not tiny.write(keys[0], block) and tiny.writes_skipped == 1 and not tiny.has(keys[0])
 

@@ -120,15 +120,16 @@ class VirtualDone:
 
 class VirtualDisk:
     """DiskTier's interface (engine/kv_offload/disk.py) over no files: the directory as one
-    replica fills it, from empty. A file is the block's bytes and the real header; the
-    bound removes the least recently written or read file first (the real tier removes the
-    oldest mtime, which a read refreshes)."""
+    replica fills it, from empty. A file is the block's bytes and the real header; past the
+    bound the least recently written or read files go, down to the real tier's
+    trim_target (the real tier removes the oldest mtime, which a read refreshes)."""
 
     def __init__(self, capacity_bytes: int, block_bytes: int) -> None:
-        from engine.kv_offload.disk import HEADER
+        from engine.kv_offload.disk import HEADER, trim_target
 
         self.capacity_bytes = capacity_bytes
         self.file_bytes = HEADER.size + block_bytes
+        self.target = trim_target(capacity_bytes, self.file_bytes)
         self._files: OrderedDict[bytes, None] = OrderedDict()   # oldest first
         self.usage_bytes = 0
         self.write_failures = self.writes_skipped = self.files_evicted = 0
@@ -143,9 +144,10 @@ class VirtualDisk:
             return False
         self._files[block_hash] = None
         self._files.move_to_end(block_hash)
-        while len(self._files) * self.file_bytes > self.capacity_bytes:
-            self._files.popitem(last=False)
-            self.files_evicted += 1
+        if len(self._files) * self.file_bytes > self.capacity_bytes:   # down to the target
+            while len(self._files) * self.file_bytes > self.target:
+                self._files.popitem(last=False)
+                self.files_evicted += 1
         self.usage_bytes = len(self._files) * self.file_bytes
         return True
 
