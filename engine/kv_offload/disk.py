@@ -145,9 +145,10 @@ class DiskTier:
 
     def _scan_and_trim(self) -> int:
         """Re-reads the directory (every writer's files), deletes the least recently used
-        until the total is down to trim_target once it is over the bound; returns the total. A file's size is read once (a
-        name is a digest of its content's key, so the size stays); the times only when the
-        bound is exceeded: a write lists the directory, it does not stat every file."""
+        until the total is down to trim_target once it is over the bound; returns the
+        total. A file's size is read once (a name is a digest of its content's key, so the
+        size stays); the times only when the bound is exceeded: a write lists the
+        directory, it does not stat every file."""
         try:
             names = os.listdir(self.root)
         except OSError:

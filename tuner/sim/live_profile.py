@@ -63,14 +63,13 @@ def parse_totals(text: str, *, t: float) -> Totals:
     steps = seconds = 0.0
     figures = dict.fromkeys(STEP_FIGURES, 0.0)
     seen = False
-    moved: dict[str, list[float]] = {}
+    moved: dict[str, list[float]] = {}   # transfer_type -> [bytes, seconds]
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             kind = sample.labels.get("transfer_type")
-            if kind in COPY_KINDS and sample.name in (COPY_BYTES + "_total",
-                                                          COPY_SECONDS + "_total"):
-                moved.setdefault(kind, [0.0, 0.0])[
-                    sample.name == COPY_SECONDS + "_total"] += sample.value
+            column = {COPY_BYTES + "_total": 0, COPY_SECONDS + "_total": 1}.get(sample.name)
+            if kind in COPY_KINDS and column is not None:
+                moved.setdefault(kind, [0.0, 0.0])[column] += sample.value
             elif sample.name == STEP_SECONDS + "_count":
                 steps, seen = steps + sample.value, True
             elif sample.name == STEP_SECONDS + "_sum":
