@@ -125,6 +125,12 @@ def pilot_sims(sims: dict, base: dict, launch, load, slos, work: Path, duration:
         {}, launch, load, slos, workdir=work, start=simulated / 2, warmup_requests=2,
         rel_tol=0.1, max_probes=7, watch=watch, warmup_load=first.warmup_requests)
     real = f"{interpolated(pilot):.2f}" if pilot else "(saved)"
+    if len(series) > 1 and series[-1].steps > series[0].steps:
+        a, b = series[0], series[-1]
+        print(f"pilot: {b.steps - a.steps:.0f} steps, loop gaps between them "
+              f"{(b.gap - a.gap) / (b.steps - a.steps) * 1000:.2f} ms per step "
+              f"({(b.gap - a.gap) / max(b.looped - a.looped, 1e-9):.1%} of the loop's time)",
+              flush=True)
     out = {}
     if serving:
         for label, sim in sims.items():

@@ -55,6 +55,7 @@ class AsyncEngine:
         self._routes: dict[str, tuple[RequestGroup, int, SamplingParams]] = {}
         self._probe_ids = itertools.count()
         self._shape = None   # the shape of the step the loop is running (observe_step)
+        self._step_ended: float | None = None   # when the last timed step ended (gaps)
         engine.step_observer = self._observe_shape
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -156,6 +157,7 @@ class AsyncEngine:
         while running:
             try:
                 if not self.engine.has_unfinished_requests():
+                    self._step_ended = None   # an idle wait is no gap between steps
                     running = self._handle(self._commands.get())  # idle: block for work
                 while running:
                     try:
@@ -166,7 +168,11 @@ class AsyncEngine:
                     started, self._shape = time.perf_counter(), None
                     self._deliver(self.engine.step())
                     if self._shape is not None:   # a step ran: time it with its delivery
-                        self.metrics.observe_step(self._shape, time.perf_counter() - started)
+                        ended = time.perf_counter()
+                        self.metrics.observe_step(self._shape, ended - started)
+                        if self._step_ended is not None:
+                            self.metrics.step_gap.observe(started - self._step_ended)
+                        self._step_ended = ended
                 self.metrics.observe_stats(self.engine.get_stats())
             except Exception as exc:
                 if not self._recover(exc):

@@ -145,6 +145,13 @@ class ServerMetrics:
             "paged:engine_step_shape", "Summed composition of the steps in "
             "paged:engine_step_duration_seconds, per figure of engine/step_shape.py.",
             ["model_name", "figure"], registry=reg)
+        # What the loop spends between two steps while requests are unfinished (new
+        # requests taken in, stats, the GIL shared with the HTTP side): a live profile adds
+        # it to each step's time, since a simulated engine runs its steps back to back.
+        self.step_gap = hist(
+            "paged:engine_step_gap_seconds",
+            "Serving-loop time between the end of one step and the start of the next while "
+            "requests were unfinished (no idle wait), in seconds.", STEP_BUCKETS)
         self._step_figures = {name: self._step_shape.labels(model_name, name)
                               for name in STEP_FIGURES}
         self._max_backlog = 0

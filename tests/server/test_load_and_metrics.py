@@ -132,6 +132,11 @@ def test_metrics_agree_with_the_requests_served(server, client, http):
     assert delta(shape % "decode_seqs") == generated - 4
     assert delta("paged:engine_step_duration_seconds_count") == generated
     assert 0 < delta("paged:engine_step_duration_seconds_sum") <= elapsed
+    # the loop's gaps between steps: one before each step of a request after its first;
+    # the idle wait between two requests is none
+    assert delta("paged:engine_step_gap_seconds_count") == generated - 4
+    assert 0 < delta("paged:engine_step_gap_seconds_sum") <= \
+        elapsed - delta("paged:engine_step_duration_seconds_sum")
     # buckets are cumulative and end at +Inf == count
     assert after['vllm:e2e_request_latency_seconds_bucket{le=+Inf}'] == \
         after["vllm:e2e_request_latency_seconds_count"]

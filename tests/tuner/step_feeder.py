@@ -41,6 +41,9 @@ def text_endpoint(answer) -> ThreadingHTTPServer:
 COPY_RATES = {"GPU_to_CPU": 4e-10, "CPU_to_GPU": 2.5e-10}
 COPY_BYTES_PER_TICK = 64 << 10
 
+# the loop's gap after each step fed with `gaps` (paged:engine_step_gap_seconds)
+GAP = 0.001
+
 # speculation (k = 2) fed with `spec`: a draft on DRAFT_SHARE of the decode rows, its
 # first token accepted at ACCEPT[0], its second at ACCEPT[1] when the first was
 DRAFT_SHARE, ACCEPT = 0.5, (0.8, 0.5)
@@ -48,13 +51,13 @@ DRAFT_SHARE, ACCEPT = 0.5, (0.8, 0.5)
 
 @contextlib.contextmanager
 def feeding_metrics(num_gpu_blocks: int | None = None, *, spec: bool = False,
-                    copies: bool = False):
+                    copies: bool = False, gaps: bool = False):
     """Yields the endpoint's base URL; steps are observed every 10 ms meanwhile, their mix
     drifting (as a service's does, so that windows differ). With `num_gpu_blocks` it also
     exports vllm:cache_config_info, as the engine does; with `spec`, the speculative
     decoding counters of two-token drafts at DRAFT_SHARE and ACCEPT (in expectation); with
     `copies`, the host KV tier's copy counters (vllm:kv_offload_total_bytes and _time by
-    transfer_type) at COPY_RATES."""
+    transfer_type) at COPY_RATES; with `gaps`, a loop gap of GAP after each step."""
     metrics, stop = ServerMetrics(model_name="m", max_model_len=2048), threading.Event()
     if copies:
         from prometheus_client import Counter
@@ -80,6 +83,8 @@ def feeding_metrics(num_gpu_blocks: int | None = None, *, spec: bool = False,
                 metrics.observe_step(shape, LAW["intercept"]
                                      + LAW["prefill_tokens"] * shape.prefill_tokens
                                      + LAW["decode_seqs"] * shape.decode_seqs)
+                if gaps:
+                    metrics.step_gap.observe(GAP)
                 if spec:
                     drafts = DRAFT_SHARE * shape.decode_seqs
                     metrics.spec_decode_num_drafts.inc(drafts)
@@ -104,7 +109,8 @@ def feeding_metrics(num_gpu_blocks: int | None = None, *, spec: bool = False,
         httpd.server_close()
 
 
-def assert_recovers_the_law(coefficients: dict) -> None:
+def assert_recovers_the_law(coefficients: dict, *, gap: float = 0.0) -> None:
+    """The fit is LAW, its intercept with `gap` (the loop's gap after each step) added."""
     # (a reading may catch a step half counted: a little noise per window)
-    for name, value in LAW.items():
+    for name, value in {**LAW, "intercept": LAW["intercept"] + gap}.items():
         assert abs(coefficients.get(name, 0.0) - value) <= 0.1 * value, (name, coefficients)

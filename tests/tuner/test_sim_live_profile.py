@@ -56,6 +56,33 @@ def test_windows_of_a_live_series_recover_a_known_step_law():
     assert fit.heldout_error < 0.01
 
 
+def test_the_loops_gaps_between_steps_are_charged_to_the_steps():
+    """A served engine idles between its steps (new requests, stats, the GIL); a simulated
+    one runs them back to back, so the live fit prices each step with its gap: a constant
+    gap is the intercept's, one per prefill token that token's price."""
+    metrics, rng = ServerMetrics(model_name="m", max_model_len=4096), random.Random(4)
+    series = [parse_totals(generate_latest(metrics.registry).decode(), t=0)]
+    gaps = 0.0
+    for w in range(30):
+        for _ in range(rng.randint(MIN_WINDOW_STEPS, 40)):
+            shape = _step(rng)
+            gap = 0.001 + 1e-5 * shape.prefill_tokens
+            metrics.observe_step(shape, _seconds(shape))
+            metrics.step_gap.observe(gap)
+            gaps += gap
+        series.append(parse_totals(generate_latest(metrics.registry).decode(), t=w + 1))
+    assert series[-1].gap == pytest.approx(gaps)
+    assert series[-1].looped == pytest.approx(series[-1].seconds + gaps)
+    fit, _ = fit_live(series)
+    assert fit.coefficients["intercept"] == pytest.approx(TRUE["intercept"] + 0.001, rel=0.02)
+    assert fit.coefficients["prefill_tokens"] == pytest.approx(
+        TRUE["prefill_tokens"] + 1e-5, rel=0.02)
+    # an engine that exports no gaps (older than the series) is fitted on its steps alone
+    older = [dataclasses.replace(t, gap=0.0) for t in series]
+    assert fit_live(older)[0].coefficients["intercept"] == pytest.approx(TRUE["intercept"],
+                                                                        rel=0.02)
+
+
 def test_idle_windows_and_a_restart_are_skipped():
     t = lambda i, steps, sec, tok: Totals(i, steps, sec, {"prefill_tokens": tok})  # noqa: E731
     series = [t(0, 100, 1.0, 1000), t(1, 100 + MIN_WINDOW_STEPS - 1, 1.1, 1100),  # idle
@@ -66,6 +93,10 @@ def test_idle_windows_and_a_restart_are_skipped():
     assert steps == busy + 20
     assert [s["prefill_tokens"] for s in shapes] == pytest.approx([1900 / busy, 20.0])
     assert seconds == pytest.approx([0.9 / busy, 0.01])
+    # the gaps count in each window's time, and their counter falling alone (the last
+    # window) is a restart too
+    gapped = [dataclasses.replace(x, gap=g) for x, g in zip(series, (0, 0, 0.5, 0.6, 0.1))]
+    assert windows(gapped)[1] == pytest.approx([1.4 / busy])
 
 
 def test_too_few_busy_windows_and_a_foreign_metrics_page_are_clear_errors():

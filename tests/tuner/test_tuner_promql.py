@@ -96,13 +96,14 @@ def test_a_failed_scrape_is_not_a_scrape(prometheus):
 def test_a_live_profile_is_fitted_from_prometheus(prometheus):
     """tuner/sim/live_profile.prometheus_series: the step counters as Prometheus scraped
     them (1 s), read back at 1 s windows, recover the law they grew by; the host KV
-    tier's copy counters beside them, the rates they grew at."""
-    from step_feeder import COPY_RATES, assert_recovers_the_law, feeding_metrics
+    tier's copy counters beside them, the rates they grew at; the loop's gaps after each
+    step, in each step's price."""
+    from step_feeder import COPY_RATES, GAP, assert_recovers_the_law, feeding_metrics
     from tuner.sim.live_profile import copy_rates, fit_live, prometheus_series
 
     proc, targets = prometheus
     reader, sel = PrometheusReader(proc.url, timeout=30), '{job="live-profile"}'
-    with feeding_metrics(copies=True) as url:
+    with feeding_metrics(copies=True, gaps=True) as url:
         write_target(targets, "live-profile", url, {"job": "live-profile"})
         try:
             first = reader.wait_for_scrape(sel, after=0)
@@ -116,7 +117,7 @@ def test_a_live_profile_is_fitted_from_prometheus(prometheus):
     series = prometheus_series(reader, sel, start=first, end=last, interval=1.0)
     fit, steps = fit_live(series)
     assert len(series) >= 12 and steps > 500
-    assert_recovers_the_law(fit.coefficients)
+    assert_recovers_the_law(fit.coefficients, gap=GAP)
     assert copy_rates(series) == pytest.approx(COPY_RATES, rel=0.01)
     with pytest.raises(ValueError, match='no paged:engine_step_duration_seconds for {job="none"}'):
         prometheus_series(reader, '{job="none"}', start=first, end=last, interval=1.0)

@@ -4,7 +4,10 @@ The serving loop exports every step's time, delivery to the streams included
 (`paged:engine_step_duration_seconds`, a histogram: its _sum and _count), and its
 composition (`paged:engine_step_shape_total{figure=...}`, the figures of
 engine/step_shape.py summed over steps). Between two readings of those counters a window
-holds n steps of summed time T and summed figures F; a profile form is linear
+holds n steps of summed time T and summed figures F; T also holds the loop's time between
+those steps while requests were unfinished (`paged:engine_step_gap_seconds`: new requests
+taken in, stats, the GIL shared with the HTTP side), which a simulated engine, running its
+steps back to back, must charge to the steps. A profile form is linear
 (t = intercept + sum c_i f_i), so the window's mean step obeys the same law:
 T / n = intercept + sum c_i F_i / n. Windows are then fitted exactly like timed steps
 (tuner/sim/profile.fit: the form chosen by held-out error), and the result replaces the
@@ -38,6 +41,7 @@ from tuner.sim.profile import (FORMS, SERVED_ROWS, SERVED_ROWS_SQUARED, UNFITTED
                                nonnegative_lstsq)
 
 STEP_SECONDS = "paged:engine_step_duration_seconds"
+STEP_GAP = "paged:engine_step_gap_seconds"
 STEP_SHAPE = "paged:engine_step_shape"
 MIN_WINDOW_STEPS = 5
 COPY_BYTES, COPY_SECONDS = "vllm:kv_offload_total_bytes", "vllm:kv_offload_total_time"
@@ -56,11 +60,18 @@ class Totals:
     figures: dict[str, float] = field(default_factory=dict)
     # transfer_type -> (bytes, seconds) of the KV tiers' copies; empty without a tier
     copies: dict[str, tuple[float, float]] = field(default_factory=dict)
+    gap: float = 0.0   # summed loop time between steps with requests unfinished (STEP_GAP)
+
+    @property
+    def looped(self) -> float:
+        """The serving loop's time for these steps: the steps and the gaps between them
+        (what a simulated engine, which runs its steps back to back, charges per step)."""
+        return self.seconds + self.gap
 
 
 def parse_totals(text: str, *, t: float) -> Totals:
     """The step counters in a /metrics text (summed over model names)."""
-    steps = seconds = 0.0
+    steps = seconds = gap = 0.0
     figures = dict.fromkeys(STEP_FIGURES, 0.0)
     seen = False
     moved: dict[str, list[float]] = {}   # transfer_type -> [bytes, seconds]
@@ -74,12 +85,15 @@ def parse_totals(text: str, *, t: float) -> Totals:
                 steps, seen = steps + sample.value, True
             elif sample.name == STEP_SECONDS + "_sum":
                 seconds += sample.value
+            elif sample.name == STEP_GAP + "_sum":
+                gap += sample.value
             elif sample.name == STEP_SHAPE + "_total" and sample.labels.get("figure") in figures:
                 figures[sample.labels["figure"]] += sample.value
     if not seen:
         raise ValueError(f"the metrics hold no {STEP_SECONDS}: is this an engine of this "
                          "project (python -m engine.entrypoints.api_server), and recent enough?")
-    return Totals(t, steps, seconds, figures, {k: (b, s) for k, (b, s) in moved.items()})
+    return Totals(t, steps, seconds, figures, {k: (b, s) for k, (b, s) in moved.items()},
+                  gap)
 
 
 def scrape(url: str, *, timeout: float = 10.0) -> Totals:
@@ -118,8 +132,9 @@ def prometheus_series(reader, selector: str, *, start: float, end: float,
             shape = reader.query(f"sum by (figure) ({STEP_SHAPE}_total{selector})", at=t)
             figures = dict.fromkeys(STEP_FIGURES, 0.0)
             figures.update({m.get("figure"): v for m, v in shape if m.get("figure") in figures})
+            gap = reader.scalar(f"sum({STEP_GAP}_sum{selector})", at=t)
             series.append(Totals(t, steps, seconds, figures,
-                                 prometheus_copies(reader, selector, t)))
+                                 prometheus_copies(reader, selector, t), gap or 0.0))
         t += interval
     if not series:
         raise ValueError(f"Prometheus has no {STEP_SECONDS} for {selector} between "
@@ -168,15 +183,17 @@ def with_copy_rates(profile: Profile, series: list[Totals]) -> Profile:
 
 def windows(series: list[Totals], *, min_steps: int = MIN_WINDOW_STEPS
             ) -> tuple[list[dict], list[float], int]:
-    """(mean step shape, mean step seconds) of each busy window, and the steps they hold."""
+    """(mean step shape, mean loop seconds per step: the step and its gap) of each busy
+    window, and the steps they hold."""
     shapes, seconds, total = [], [], 0
     for a, b in zip(series, series[1:]):
         n = b.steps - a.steps
         deltas = {k: b.figures.get(k, 0.0) - a.figures.get(k, 0.0) for k in STEP_FIGURES}
-        if n < min_steps or b.seconds < a.seconds or min(deltas.values()) < 0:
+        if n < min_steps or b.seconds < a.seconds or b.gap < a.gap or \
+                min(deltas.values()) < 0:
             continue   # idle, or the engine restarted in between
         shapes.append({k: v / n for k, v in deltas.items()})
-        seconds.append((b.seconds - a.seconds) / n)
+        seconds.append((b.looped - a.looped) / n)
         total += int(n)
     return shapes, seconds, total
 
@@ -200,7 +217,7 @@ def priced_share(fit: Fit, series: list[Totals]) -> float | None:
     if len(series) < 2 or fit.form == UNFITTED:
         return None
     a, b = series[0], series[-1]
-    steps, seconds = b.steps - a.steps, b.seconds - a.seconds
+    steps, seconds = b.steps - a.steps, b.looped - a.looped
     figures = {k: b.figures.get(k, 0.0) - a.figures.get(k, 0.0) for k in STEP_FIGURES}
     if steps <= 0 or seconds <= 0 or min(figures.values()) < 0:
         return None
