@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 import torch
-from test_kv_offload import GREEDY, prompts, run_phases, tokens, with_tail
+from test_kv_offload import GREEDY, prompts, run_phases, with_tail
 
 from engine import LLM
 from engine.kv_event_wire import BlockStored
@@ -166,6 +166,38 @@ def test_a_trim_frees_a_tenth_of_the_bound_so_the_next_writes_do_not_trim(tmp_pa
     write(23)   # past it again
     assert disk.files_evicted == 6 and disk.usage_bytes == 18 * fb
     assert trim_target(20 * fb, fb) == 18 * fb and trim_target(3 * fb, fb) == 3 * fb
+
+
+def test_a_writer_lists_the_directory_once_per_hundredth_of_the_bound_it_writes(tmp_path):
+    """A write adds its file to the last listing's total; the directory is listed again
+    after RELIST_SHARE of the bound written (here 3 files), or as soon as that total passes
+    the bound, so a lone writer never leaves the directory over it; another writer's files
+    count from the next listing on."""
+    from engine.kv_offload.disk import RELIST_SHARE
+
+    fb = tier(tmp_path).file_bytes
+    disk = tier(tmp_path, capacity=300 * fb)
+    assert disk.relist_bytes == 3 * fb == int(300 * fb * RELIST_SHARE)
+    assert disk.listings == 1   # at start
+    for i in range(9):
+        assert disk.write(i.to_bytes(16, "little"), block(i))
+    assert disk.listings == 1 + 3 and disk.usage_bytes == 9 * fb
+    for name in ("e" * 64, "f" * 64):   # another writer's two files
+        (tmp_path / f"{name}.kvb").write_bytes(b"x" * fb)
+    assert disk.write((9).to_bytes(16, "little"), block(9))
+    assert disk.usage_bytes == 10 * fb   # not listed yet
+    for i in (10, 11):
+        assert disk.write(i.to_bytes(16, "little"), block(i))
+    assert disk.listings == 1 + 4 and disk.usage_bytes == 14 * fb
+    for i in range(12, 300):
+        assert disk.write(i.to_bytes(16, "little"), block(i))
+        on_disk = sum(e.stat().st_size for e in os.scandir(tmp_path))
+        assert on_disk <= disk.capacity_bytes and disk.usage_bytes == on_disk, i
+    # 14 files before the loop; its writes up to the 300th file listed every third write
+    # (writes 14, 17, ..., 296: 95 listings); the one that made 301 files listed at once
+    # and trimmed to trim_target; the last one did not list
+    assert disk.files_evicted == 301 - trim_target(300 * fb, fb) // fb
+    assert disk.listings == 1 + 4 + 95 + 1
 
 
 # ---- engines on a disk tier ------------------------------------------------------------------
