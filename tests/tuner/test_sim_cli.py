@@ -56,6 +56,18 @@ def test_simulate_runs_the_host_tier_and_reports_its_hits(profile_file, capsys):
     assert 0 <= float(one["host_tier_hit_rate"]) <= float(one["prefix_cache_hit_rate"]) <= 1
 
 
+def test_simulate_takes_a_fixed_pool_and_a_disk_tier_the_tuner_does_not_search(
+        profile_file, capsys):
+    """A what-if may fix engine settings outside the search space: a pool of so many
+    blocks, and a disk KV tier under the host tier (simulated, no directory), whose hits
+    it reports; without the disk tier, no such figure."""
+    tiers = ("--set", "kv_offloading_size=0.005", "--set", "num_gpu_blocks_override=160")
+    _, disk = _simulate(capsys, profile_file, "rag", *tiers, "--set", "kv_disk_size=0.05")
+    assert int(disk["num_blocks"]) == 160 and float(disk["disk_tier_hit_rate"]) > 0
+    _, host = _simulate(capsys, profile_file, "rag", *tiers)
+    assert int(host["num_blocks"]) == 160 and "disk_tier_hit_rate" not in host
+
+
 def test_a_setting_changes_the_simulated_capacity(profile_file, tmp_path, capsys):
     # A known law in place of the calibration's fit (which, measured on a loaded 2-core
     # machine, may make a batch of 16 hardly cheaper per token than one sequence): a step
@@ -80,6 +92,8 @@ def test_a_setting_changes_the_simulated_capacity(profile_file, tmp_path, capsys
     (["--acceptance", "-0.1"], "--acceptance must be in [0, 1]"),
     (["--set", "page_size=16"], "page_size"),
     (["--set", "max_num_seqs=4,8"], "one value"),
+    (["--set", "kv_disk_size=-1"], "--set kv_disk_size must be"),
+    (["--set", "num_gpu_blocks_override=many"], "--set num_gpu_blocks_override must be"),
     (["--warmup-requests", "-1"], "--warmup-requests -1: the simulator's warm-up is a number"),
 ])
 def test_bad_input_is_refused_by_name(profile_file, capsys, argv, message):

@@ -54,7 +54,8 @@ def add_parsers(sub) -> None:
                      help="a profile file (default: cached for the model and threads, else "
                           "calibrated now)")
     sim.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                     help="an engine setting (api/paged_api/settings.py name), repeatable")
+                     help="an engine setting the tuner searches (api/paged_api/settings.py "
+                          "name), or num_gpu_blocks_override or kv_disk_size; repeatable")
     sim.add_argument("--slo", action="append", default=[], metavar="[KIND.]NAME=SECONDS")
     sim.add_argument("--rate", type=float, default=None,
                      help="also report the figures of one load at this rate (req/s)")
@@ -88,12 +89,23 @@ def workload_profile(model: str | None) -> dict:
     return {}
 
 
+# engine settings the tuner does not search but a what-if may fix: a pool of so many
+# blocks, a disk KV tier of so many GiB (simulated without a directory: tuner/sim/tiers.py)
+WHAT_IF_ONLY = ("num_gpu_blocks_override", "kv_disk_size")
+
+
 def parse_sets(items: list[str]) -> dict:
+    """--set NAME=VALUE items: the tuner's settings (one value each) and WHAT_IF_ONLY."""
+    from paged_api import settings as engine_settings
     from paged_api.search_space import SpaceError, parse_param
 
     fixed = {}
     for item in items:
         name, sep, value = item.partition("=")
+        if sep and name.strip() in WHAT_IF_ONLY:
+            fixed[name.strip()] = engine_settings.parse_text(name.strip(), value.strip(),
+                                                             f"--set {name.strip()}")
+            continue
         try:
             param = parse_param(name.strip(), value) if sep else None
         except SpaceError as exc:
@@ -144,10 +156,11 @@ def context_for(args, *, fixed: dict, log=lambda s: print(s, file=sys.stderr)) -
 
 def sim_settings(model: str | None, fixed: dict) -> dict:
     """The settings a simulated engine starts with: the sweep's CPU profile's memory, then
-    --set."""
+    --set (a disk tier given a directory name the simulator never opens)."""
     prof = workload_profile(model)
     base = {"cpu_memory_gib": prof["cpu_memory_gib"]} if "cpu_memory_gib" in prof else {}
-    return {**base, **fixed}
+    disk = {"kv_disk_dir": "(simulated)"} if fixed.get("kv_disk_size") is not None else {}
+    return {**base, **fixed, **disk}
 
 
 def profile_main(parser: argparse.ArgumentParser, args) -> int:
