@@ -84,3 +84,63 @@ def test_small_steps_that_square_bracket_near_starts_in_two_probes_and_far_ones_
 def test_a_max_growth_below_the_growth_is_refused():
     with pytest.raises(ValueError, match="max_growth"):
         search_capacity(_knee(1), {}, start=1.0, growth=1.5, max_growth=1.2)
+
+
+# ---- a probe holds only when its queue does not grow -------------------------------------
+
+def _queue(rate: float, *, slope: float, base: float = 0.1, n: int = 80, window: float = 8.0,
+           kind: str = "chat", fail_late: bool = False):
+    """`n` requests sent evenly over `window` s, each with TTFT base + slope x its send
+    time (a queue building at `slope` s of wait per s), every one meeting a 3-s TTFT SLO;
+    with `fail_late`, the later requests got no first token."""
+    from tuner.measure.scoring import Samples
+
+    records = [{"kind": kind, "start": i * window / n, "ok": not (fail_late and i > n // 3),
+                "ttft": base + slope * i * window / n, "e2e": 1.0, "itl": [],
+                "output_tokens": 1} for i in range(n)]
+    return Samples(records=records, start=0.0, stop=window)
+
+
+SLO3 = {"chat": {"ttft": 3.0}}
+
+
+def test_a_queue_that_grows_fails_the_probe_though_every_request_met_its_slo():
+    from tuner.measure.capacity import SUSTAIN_SECONDS, probe_verdict, queue_growth
+
+    flat = probe_verdict(_queue(10, slope=0.0), SLO3, 0.9)
+    assert flat["passed"] and flat["growth"] == pytest.approx(0.0) and flat["attainment"] == 1
+    # 0.2 s of wait per s: the settled 6 s stay under 1.3 s, but a minute more would not
+    building = probe_verdict(_queue(10, slope=0.2), SLO3, 0.9)
+    assert building["attainment"] == 1 and not building["passed"]
+    assert building["growth"] == pytest.approx(0.2 / 3.0, rel=0.02)
+    # the rule's edge: the later half's median share plus SUSTAIN_SECONDS of its growth
+    late, growth = queue_growth(_queue(10, slope=0.004), SLO3)
+    assert late + growth * SUSTAIN_SECONDS == pytest.approx(
+        (0.1 + 0.004 * 4.45) / 3 + 0.004 / 3 * SUSTAIN_SECONDS, rel=0.02)
+    for slope, holds in ((0.03, True), (0.045, False)):   # 0.73 and 1.04 of the SLO
+        assert probe_verdict(_queue(10, slope=slope), SLO3, 0.9)["passed"] is holds, slope
+
+
+def test_requests_without_a_first_token_grow_the_queue_and_kinds_without_a_ttft_slo_do_not():
+    from tuner.measure.capacity import probe_verdict, queue_growth
+
+    # two thirds failed, all in the later half: an infinite median there
+    assert queue_growth(_queue(10, slope=0.0, fail_late=True), SLO3)[1] == float("inf")
+    assert not probe_verdict(_queue(10, slope=0.0, fail_late=True), SLO3, 0.0)["passed"]
+    # without a TTFT SLO (or with too few requests) the attainment alone decides
+    assert queue_growth(_queue(10, slope=0.2), {"chat": {"e2e": 30.0}}) is None
+    assert probe_verdict(_queue(10, slope=0.2), {"chat": {"e2e": 30.0}}, 0.9)["passed"]
+    assert queue_growth(_queue(10, slope=0.2, n=3), SLO3) is None   # 3 settled
+
+
+def test_the_search_stops_where_the_queue_starts_to_grow():
+    """A replica whose queue builds above 12 req/s (every request inside the SLO for a
+    probe's window up to 12.5 req/s): the search finds 12; the failing probe that brackets
+    it met the attainment (its queue grew), and the capacity is not read past it."""
+    def probe(rate: float):
+        return _queue(rate, slope=max(0.0, rate - 12.0) * 0.5)
+    result = search_capacity(probe, SLO3, start=4.0, rel_tol=0.05, max_probes=20)
+    assert 12.0 / 1.05 <= result.rate <= 12.1 < result.upper <= result.rate * 1.06
+    top = min((p for p in result.probes if not p["passed"]), key=lambda p: p["rate"])
+    assert top["rate"] == result.upper and top["attainment"] == 1   # its queue grew
+    assert interpolated(result) == result.rate

@@ -275,7 +275,7 @@ def verify_capacity(run, record: dict) -> dict[str, Any]:
     live pod at the rate the gain promises, the baseline's median real capacity times the
     winner's lower bound (at least 1); held when its settled requests meet the SLOs at the
     target attainment. The pod serves its own traffic beside it, as in production."""
-    from tuner.measure.capacity import probe_load, rate_load, settled_attainment
+    from tuner.measure.capacity import SUSTAIN_SECONDS, probe_load, probe_verdict, rate_load
     from tuner.measure.scoring import load_samples
     from tuner.measure.trial import measure
 
@@ -288,11 +288,14 @@ def verify_capacity(run, record: dict) -> dict[str, Any]:
     load = rate_load(probe_load(run.load, 999), rate, trace_rate=run.source.trace_rate)
     measure(run.cluster.endpoint_url(run.spec.target), load, run.slos, workdir=workdir,
             warmup_requests=run.spec.warmup_requests, prometheus=run.prometheus)
-    share, settled = settled_attainment(load_samples(workdir / "samples.jsonl"), run.slos)
-    held = settled > 0 and share >= attainment
+    verdict = probe_verdict(load_samples(workdir / "samples.jsonl"), run.slos, attainment)
+    share, settled, held = verdict["attainment"], verdict["requests"], verdict["passed"]
     return {"held": held, "rate": round(rate, 4), "attainment": round(share, 4),
             "requests": settled, "baselineCapacity": round(statistics.median(rates), 4),
             "message": f"verified on {run.spec.target} with a {run.spec.duration:g} s "
                        f"open-loop load at {rate:.3f} req/s (the baseline's capacity x the "
                        f"gain's lower bound): {share:.0%} of {settled} settled requests met "
-                       f"the SLOs, {attainment:.0%} needed"}
+                       f"the SLOs, {attainment:.0%} needed"
+                       + ("" if held or share < attainment else
+                          f"; but their queue grew faster than the pod holds for "
+                          f"{SUSTAIN_SECONDS:g} s")}

@@ -17,11 +17,22 @@ running at the stop count as misses only when sent that early (by then they have
 a quarter of the window: an overloaded queue), so a short window does not penalise the
 last few requests of a healthy run. One measurement per probe: the search assumes that
 a higher rate never does better, and its answer is known to within the final bracket.
+
+A probe also fails when its queue grows faster than the replica could hold for
+SUSTAIN_SECONDS (`queue_growth`): a window is short beside a TTFT SLO (chat on a CPU: 3 s
+against 8-10 s probes), so an overloaded replica passed while its queue built. Chat's
+embedded-model engine at 48 sequences passed 72.5 req/s, and 40 s at that rate took its
+median TTFT from 1.1 s (the first 5 s) to 9 s (the fourth 5 s); at 50 req/s from 0.06 s
+to 2.9 s (2026-12-07). The settled requests' TTFT in their kind's SLO (a request with no
+first token: infinite) is compared between the window's earlier and later half (by send
+time, medians); the probe holds when the later half's, grown at that pace for
+SUSTAIN_SECONDS more, stays within the SLO.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -30,6 +41,7 @@ from tuner.measure.loadgen import LoadSpec
 from tuner.measure.scoring import Samples, load_samples, meets_slo
 
 SETTLED_FRACTION = 0.75
+SUSTAIN_SECONDS = 60.0   # how long a passing rate must hold its queue within the TTFT SLO
 PROBE_SEED_STRIDE = 1000   # probe k of a search loads seed + k * this (rounds: seed + r)
 WARMUP_PROBE = 999         # the warm-up load's stream: a probe number no search reaches
 
@@ -44,6 +56,43 @@ def settled_attainment(samples: Samples, slos: dict) -> tuple[float, int]:
         return 0.0, 0
     good = sum(meets_slo(r, slos.get(r.get("kind"), {})) for r in early)
     return good / len(early), len(early)
+
+
+def queue_growth(samples: Samples, slos: dict) -> tuple[float, float] | None:
+    """(the later half's median TTFT as a share of its SLO, that share's growth per second
+    from the earlier half's) over the settled requests that have a TTFT SLO, halved by send
+    time and compared at their medians (a request without a first token: an infinite
+    share); None with fewer than 4 such requests or without markers."""
+    if samples.start is None or samples.stop is None:
+        return None
+    cutoff = samples.start + SETTLED_FRACTION * (samples.stop - samples.start)
+    timed = sorted((r["start"], r["ttft"] / slo if r.get("ok") and r.get("ttft") is not None
+                    else math.inf)
+                   for r in samples.records if r["start"] <= cutoff
+                   for slo in [slos.get(r.get("kind"), {}).get("ttft")] if slo)
+    if len(timed) < 4:
+        return None
+    half = len(timed) // 2
+    early, late = timed[:half], timed[half:]
+    mid = lambda rows: statistics.median(x for x, _ in rows)    # noqa: E731
+    share = lambda rows: statistics.median(u for _, u in rows)  # noqa: E731
+    apart = max(mid(late) - mid(early), 1e-9)
+    late_share = share(late)
+    if math.isinf(late_share):
+        return late_share, math.inf
+    return late_share, (late_share - share(early)) / apart
+
+
+def probe_verdict(samples: Samples, slos: dict, attainment: float) -> dict:
+    """A probe's figures and verdict: {"attainment", "requests", "growth", "passed"}: the
+    settled share met the target and the queue holds for SUSTAIN_SECONDS (queue_growth;
+    growth None: no TTFT SLO or too few requests to tell, then the share alone)."""
+    share, count = settled_attainment(samples, slos)
+    grown = queue_growth(samples, slos)
+    holds = grown is None or grown[0] + max(grown[1], 0.0) * SUSTAIN_SECONDS <= 1.0
+    return {"attainment": share, "requests": count,
+            "growth": None if grown is None else grown[1],
+            "passed": count > 0 and share >= attainment and holds}
 
 
 @dataclass
@@ -76,11 +125,9 @@ def search_capacity(probe: Callable[[float], Samples], slos: dict, *, start: flo
     result = CapacityResult(rate=0.0, upper=None, attainment=attainment)
 
     def passes(rate: float) -> bool:
-        share, count = settled_attainment(probe(rate), slos)
-        ok = count > 0 and share >= attainment
-        result.probes.append({"rate": rate, "attainment": share, "requests": count,
-                              "passed": ok})
-        return ok
+        verdict = probe_verdict(probe(rate), slos, attainment)
+        result.probes.append({"rate": rate, **verdict})
+        return verdict["passed"]
 
     lo, hi, rate, step = None, None, start, growth
     while len(result.probes) < max_probes and (lo is None or hi is None):
@@ -115,11 +162,12 @@ def interpolated(result: CapacityResult) -> float:
     """The rate where attainment crosses the target, read linearly between the highest
     passing and the lowest failing probe (their own attainments), so that two searches
     whose brackets coincide still tell a 5 % difference apart; the passing rate itself
-    when nothing above it failed, 0 when nothing passed."""
+    when nothing above it failed or the failure above met the target (its queue grew),
+    0 when nothing passed."""
     lo, hi = bracket(result)
     if lo is None:
         return 0.0
-    if hi is None:
+    if hi is None or hi["attainment"] >= result.attainment:   # (hi: its queue grew)
         return lo["rate"]
     drop = lo["attainment"] - hi["attainment"]
     share = (lo["attainment"] - result.attainment) / drop if drop > 0 else 0.0

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from engine.kv_medium import Medium
 from engine.sampling_params import SamplingParams
 from tuner.measure.capacity import (SETTLED_FRACTION, CapacityResult, bracket,
-                                    search_capacity, settled_attainment)
+                                    probe_verdict, search_capacity)
 from tuner.measure.scoring import Samples, score
 from tuner.sim.engine import SIM_VOCAB, sim_engine
 from tuner.sim.profile import Profile
@@ -257,8 +257,8 @@ def sim_capacity(run_at, slos: dict, *, start: float = 1.0, attainment: float = 
                              rel_tol=rel_tol, max_probes=max_probes, growth=growth)
     _, top = bracket(result)
     if top is not None and runs[top["rate"]].figures.get("gave_up"):
-        share, count = settled_attainment(run_at(top["rate"], False).samples, slos)
-        top.update(attainment=share, requests=count, rerun=True)
+        top.update(probe_verdict(run_at(top["rate"], False).samples, slos, attainment),
+                   rerun=True)
     return result
 
 
