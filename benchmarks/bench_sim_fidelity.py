@@ -136,7 +136,8 @@ def pilot_sims(sims: dict, base: dict, launch, load, slos, work: Path, duration:
         for label, sim in sims.items():
             profile, info = serving_term(sim.profile, series)
             out[f"{label}+serving"] = dataclasses.replace(sim, profile=profile)
-            print(f"{label}+serving: {info['seconds_per_row'] * 1000:.3f} ms per served row "
+            print(f"{label}+serving: {info['seconds_per_step'] * 1000:.3f} ms per served step "
+                  f"+ {info['seconds_per_row'] * 1000:.3f} ms per served row "
                   f"+ {info['seconds_per_row_squared'] * 1e6:.2f} us per row squared "
                   f"from the pilot's {info['windows']} windows ({info['steps']} steps; their "
                   f"median error {info['error_before']:.1%} -> {info['error_after']:.1%}); "

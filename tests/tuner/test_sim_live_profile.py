@@ -132,9 +132,9 @@ SERVING = 3e-4   # seconds a served step adds per row it delivers
 
 
 def _served_series(rng, windows=30, serving=SERVING, squared=0.0, levels=False,
-                   counted=False):
-    """Counters of a served engine: the in-process law plus `serving` per delivered row
-    and `squared` per row squared; with `levels` each window's steps all decode one
+                   counted=False, per_step=0.0):
+    """Counters of a served engine: the in-process law plus `serving` per delivered row,
+    `squared` per row squared and `per_step` per step; with `levels` each window's steps all decode one
     number of rows, 0-60 (a load level: a pilot's probes); with `counted` the engine
     counts each step's rows squared (StepShape.of does; older engines did not)."""
     metrics = ServerMetrics(model_name="m", max_model_len=4096)
@@ -148,7 +148,8 @@ def _served_series(rng, windows=30, serving=SERVING, squared=0.0, levels=False,
             rows = shape.decode_seqs + shape.prefill_seqs
             if counted:
                 shape = dataclasses.replace(shape, served_rows_squared=rows ** 2)
-            metrics.observe_step(shape, _seconds(shape) + serving * rows + squared * rows ** 2)
+            metrics.observe_step(shape, _seconds(shape) + serving * rows + squared * rows ** 2
+                                 + per_step)
         series.append(parse_totals(generate_latest(metrics.registry).decode(), t=w + 1))
     return series
 
@@ -162,7 +163,7 @@ def _calibrated(coefficients=None):
 
 def test_the_serving_term_recovers_what_serving_adds_per_delivered_row(tmp_path):
     from tuner.sim.live_profile import serving_term
-    from tuner.sim.profile import SERVED_ROWS, SERVED_ROWS_SQUARED, Profile
+    from tuner.sim.profile import SERVED_ROWS, SERVED_ROWS_SQUARED, SERVED_STEP, Profile
 
     profile, info = serving_term(_calibrated(), _served_series(random.Random(4)))
     assert info["seconds_per_row"] == pytest.approx(SERVING, rel=1e-6)
@@ -172,8 +173,9 @@ def test_the_serving_term_recovers_what_serving_adds_per_delivered_row(tmp_path)
     shape = StepShape(prefill_tokens=200, prefill_seqs=2, decode_seqs=30)
     assert profile.step_seconds(shape) == pytest.approx(_seconds(shape) + SERVING * 32)
     assert {k: v for k, v in profile.fit.coefficients.items()
-            if k not in (SERVED_ROWS, SERVED_ROWS_SQUARED)} == TRUE
+            if k not in (SERVED_ROWS, SERVED_ROWS_SQUARED, SERVED_STEP)} == TRUE
     assert info["seconds_per_row_squared"] == pytest.approx(0, abs=1e-9)   # a linear cost
+    assert info["seconds_per_step"] == pytest.approx(0, abs=1e-9)          # none per step
     # saved and read back with it; a profile that has one is refitted, not stacked
     profile.save(tmp_path / "p.json")
     again = Profile.load(tmp_path / "p.json")
@@ -201,6 +203,28 @@ def test_a_per_row_cost_that_grows_with_the_rows_is_recovered_and_priced():
     big = StepShape(prefill_tokens=0, prefill_seqs=0, decode_seqs=60, decode_context=3000)
     assert profile.step_seconds(big) == pytest.approx(_seconds(big) + 60e-3 + 2e-5 * 3600)
     # the squared term priced over one window's summed counters: at its steps' mean rows
+    assert priced_share(profile.fit, served[:2]) == pytest.approx(1.0, rel=1e-6)
+
+
+def test_a_cost_per_served_step_is_recovered_beside_the_cost_per_row():
+    """Chat's served one-row steps (2026-12-07) cost 4.1 ms a token against 3.6 ms priced
+    by a cost per row fitted on large batches: serving also costs per step. Windows at
+    several load levels give both back, and a one-row step is priced at its cost."""
+    from tuner.sim.live_profile import priced_share, serving_term
+    from tuner.sim.profile import SERVED_STEP
+
+    served = _served_series(random.Random(9), windows=40, serving=3e-4, per_step=8e-4,
+                            levels=True)
+    profile, info = serving_term(_calibrated(), served)
+    assert info["seconds_per_step"] == pytest.approx(8e-4, rel=1e-4)
+    assert info["seconds_per_row"] == pytest.approx(3e-4, rel=1e-4)
+    assert profile.fit.coefficients[SERVED_STEP] == pytest.approx(8e-4, rel=1e-4)
+    one = StepShape(prefill_tokens=0, prefill_seqs=0, decode_seqs=1, decode_context=300)
+    assert profile.step_seconds(one) == pytest.approx(_seconds(one) + 3e-4 + 8e-4)
+    # a step that delivered no row is not charged for serving
+    idle = StepShape(prefill_tokens=0, prefill_seqs=0, decode_seqs=0)
+    assert profile.step_seconds(idle) == pytest.approx(max(_seconds(idle), 1e-6))
+    # priced over a window's summed counters: once per step
     assert priced_share(profile.fit, served[:2]) == pytest.approx(1.0, rel=1e-6)
 
 

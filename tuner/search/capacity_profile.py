@@ -81,7 +81,8 @@ def with_serving_term(plan, series: list, predict: Callable[[object], float | No
         return None
     served = dataclasses.replace(plan.sim, profile=profile)
     capacity = predict(served)
-    term = (f"{info['seconds_per_row'] * 1000:.3f} ms per served row + "
+    term = (f"{info['seconds_per_step'] * 1000:.3f} ms per served step + "
+            f"{info['seconds_per_row'] * 1000:.3f} ms per served row + "
             f"{info['seconds_per_row_squared'] * 1e6:.2f} us per row squared, the serving "
             f"term of the pilot's {info['windows']} busy windows (their step time's median error "
             f"{info['error_before']:.1%} -> {info['error_after']:.1%})")

@@ -40,9 +40,12 @@ SIMPLER_SLACK = 0.05  # a form with more terms must cut the held-out error by mo
 
 SERVED_ROWS = "served_rows"  # the serving term's figure: rows a step delivers (serving_term)
 SERVED_ROWS_SQUARED = "served_rows_squared"   # its square, counted per step: the cost that grows
+SERVED_STEP = "served_step"   # 1 for a step that delivered rows: serving's cost per step
 
 
 def feature(shape: StepShape | dict, name: str) -> float:
+    if name == SERVED_STEP:
+        return 1.0 if feature(shape, SERVED_ROWS) else 0.0
     if name == SERVED_ROWS:
         return feature(shape, "decode_seqs") + feature(shape, "prefill_seqs")
     if name == SERVED_ROWS_SQUARED:
