@@ -144,3 +144,12 @@ def test_the_search_stops_where_the_queue_starts_to_grow():
     top = min((p for p in result.probes if not p["passed"]), key=lambda p: p["rate"])
     assert top["rate"] == result.upper and top["attainment"] == 1   # its queue grew
     assert interpolated(result) == result.rate
+
+
+def test_a_probe_failed_by_its_queue_alone_is_not_read_as_a_crossing():
+    """Passed at 10 (0.98), failed at 12 with 0.95 met (its queue grew): the attainment
+    never crossed 0.9 between them, so the capacity is 10, not a point toward 12."""
+    result = CapacityResult(rate=10, upper=12, attainment=0.9, probes=[
+        {"rate": 10, "attainment": 0.98, "requests": 100, "passed": True},
+        {"rate": 12, "attainment": 0.95, "requests": 100, "passed": False}])
+    assert interpolated(result) == 10
