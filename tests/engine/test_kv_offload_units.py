@@ -191,9 +191,9 @@ def test_a_device_eviction_of_a_block_on_the_host_refreshes_it_there(policy):
 
 
 def test_a_disk_write_removes_stale_temporary_files_and_keeps_fresh_ones(tmp_path):
-    """A `.tmp-` file older than STALE_TMP_SECONDS is a dead writer's: the next write's
-    scan removes it. A younger one is another writer's file in progress: kept, and not
-    counted in the bound (it is no block yet)."""
+    """A `.tmp-` file older than STALE_TMP_SECONDS is a dead writer's: the next listing
+    (once per RELIST_SHARE of the bound written) removes it. A younger one is another
+    writer's file in progress: kept, and not counted in the bound (it is no block yet)."""
     import time
 
     import torch
@@ -210,7 +210,13 @@ def test_a_disk_write_removes_stale_temporary_files_and_keeps_fresh_ones(tmp_pat
         path = tmp_path / f".tmp-{who}{SUFFIX}"
         path.write_bytes(b"partial")
         os.utime(path, (now - age, now - age))
-    assert disk.write(b"h" * 16, torch.zeros(shape))
+    listed, written = disk.listings, 0
+    while disk.listings == listed:   # the writes until the next listing
+        assert disk.write(written.to_bytes(16, "little"), torch.zeros(shape))
+        written += 1
+        if disk.listings == listed:   # not listed yet: the dead writer's file is still there
+            assert (tmp_path / f".tmp-dead{SUFFIX}").exists()
+    assert written == -(-disk.relist_bytes // disk.file_bytes)   # its share, in whole files
     left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-"))
     assert left == [f".tmp-fresh{SUFFIX}", f".tmp-old-but-alive{SUFFIX}"]
-    assert disk.usage_bytes == disk.file_bytes
+    assert disk.usage_bytes == written * disk.file_bytes
