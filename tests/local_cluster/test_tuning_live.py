@@ -103,13 +103,17 @@ def test_auto_verifies_the_gain_with_promql_on_the_live_traffic(
     assert before["requests"] >= 20 and after["requests"] >= 20
     assert after["end"] - before["end"] >= 8   # the baseline window preceded the apply
     # the query counted the live service's requests (not the trial services'): as many
-    # as the traffic saw served in the window, give or take the scrape edges
-    for figures in (before, after):
+    # as the traffic saw served in the window, give or take the scrape edges; after the
+    # apply the window may hold the rollout, and what a replaced pod served after its last
+    # scrape is lost to Prometheus (CI 2026-12-07: 162.8 counted against 237 served), so
+    # there the count may fall short by more, never exceed it
+    for figures, short in ((before, 0.3), (after, 0.45)):
         served = served_in(live_traffic["liveok"], figures, 8)
         failed = sum(figures["end"] - 8 < t <= figures["end"]
                      for t in live_traffic["liveok"].failed)
-        assert abs(figures["requests"] - served) <= max(6, 0.3 * served), \
-            (figures, served, failed)
+        slack = (figures, served, failed)
+        assert figures["requests"] - served <= max(6, 0.3 * served), slack
+        assert served - figures["requests"] <= max(6, short * served), slack
     assert engine_of(target, "liveok") == {**ENGINE_DEFAULTS, "blockSize": 16,
                                            "maxNumSeqs": 4}
 
