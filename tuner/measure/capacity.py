@@ -73,14 +73,11 @@ def queue_growth(samples: Samples, slos: dict) -> tuple[float, float] | None:
     if len(timed) < 4:
         return None
     half = len(timed) // 2
-    early, late = timed[:half], timed[half:]
-    mid = lambda rows: statistics.median(x for x, _ in rows)    # noqa: E731
-    share = lambda rows: statistics.median(u for _, u in rows)  # noqa: E731
-    apart = max(mid(late) - mid(early), 1e-9)
-    late_share = share(late)
-    if math.isinf(late_share):
-        return late_share, math.inf
-    return late_share, (late_share - share(early)) / apart
+    (sent_early, early), (sent_late, late) = (
+        map(statistics.median, zip(*rows)) for rows in (timed[:half], timed[half:]))
+    if math.isinf(late):
+        return late, math.inf
+    return late, (late - early) / max(sent_late - sent_early, 1e-9)
 
 
 def probe_verdict(samples: Samples, slos: dict, attainment: float) -> dict:
