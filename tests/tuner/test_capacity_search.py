@@ -121,6 +121,33 @@ def test_a_queue_that_grows_fails_the_probe_though_every_request_met_its_slo():
         assert probe_verdict(_queue(10, slope=slope), SLO3, 0.9)["passed"] is holds, slope
 
 
+def test_a_burst_that_lifts_part_of_the_later_half_is_not_a_growing_queue():
+    """A stable queue's busy period: the later half's TTFTs spread over 0.1-0.9 s where
+    the earlier half's spread over 0.1-0.5 s. Their medians differ (0.3 -> 0.5 s, which a
+    minute ahead would pass the 3-s SLO), but the later half did not shift as a whole (its
+    lower quartile is below the earlier half's upper one): no growth, the probe holds. A
+    ramp of the same medians shifts the whole half and fails."""
+    from tuner.measure.capacity import SUSTAIN_SECONDS, probe_verdict, queue_growth
+    from tuner.measure.scoring import Samples
+
+    def samples(early_spread, late_spread, ramp=0.0):
+        records = [{"kind": "chat", "start": i * 0.1, "ok": True, "e2e": 1.0, "itl": [],
+                    "output_tokens": 1,
+                    "ttft": 0.1 + ramp * i * 0.1 + (late_spread if i >= 30 else early_spread)
+                    * (i * 7 % 10) / 9} for i in range(80)]
+        return Samples(records=records, start=0.0, stop=8.0)
+
+    burst = samples(0.4, 0.8)
+    late, growth = queue_growth(burst, SLO3)
+    assert growth == 0.0 and late == pytest.approx(0.5 / 3, rel=0.15)
+    assert probe_verdict(burst, SLO3, 0.9)["passed"]
+    # the same medians' difference over the halves' send times, read as growth, fails
+    shifted = samples(0.0, 0.0, ramp=0.2 / 3.0)
+    late, growth = queue_growth(shifted, SLO3)
+    assert growth > 0 and late + growth * SUSTAIN_SECONDS > 1
+    assert not probe_verdict(shifted, SLO3, 0.9)["passed"]
+
+
 def test_requests_without_a_first_token_grow_the_queue_and_kinds_without_a_ttft_slo_do_not():
     from tuner.measure.capacity import probe_verdict, queue_growth
 
