@@ -158,9 +158,22 @@ def fit_pool(plan, blocks: int, settings: dict) -> None:
 
 
 ANCHOR_TOLERANCE = 0.1        # the baseline simulated within 10 % of its pilot: left as is
-ANCHOR_STEPS = 4              # simulations of the baseline at most, after the first
+ANCHOR_STEPS = 6              # simulations of the baseline at most, after the first
 ANCHOR_RANGE = (1 / 16, 16)   # the factor's bounds: beyond them the profile is not this engine
 ANCHOR_MIN_SLOPE = 0.1        # d log capacity / d log factor below this: not time-bound
+
+
+def _slope(tried: list[tuple[float, float]]) -> float:
+    """k of log capacity = a - k log factor, least squares over every (factor, capacity)
+    tried (one: 1). Every pair weighs alike, so one capacity search that read its knee high
+    or low (pass and fail interleave near a knee) bends the trend less than it bends a
+    secant through the last two pairs."""
+    if len(tried) == 1:
+        return 1.0
+    xs = [math.log(f) for f, _ in tried]
+    ys = [math.log(c) for _, c in tried]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return -sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
 def scaled(sim, factor: float):
@@ -180,28 +193,34 @@ def anchor_time(plan, *, real: float, simulated: float | None,
     share on the served engine: steps timed under another load of the machine (a shared
     CI node, a Job's pod beside the trials), delivery to the streams in another process.
     The settings' ranking comes from the profile's shape; its level from the one real
-    capacity the sweep holds. The factor is found by secant steps on log capacity against
-    log factor (capacity ~ factor^-k, k from the last two points, first 1); the closest
-    factor tried stays. Where the baseline's capacity barely moves with the step time (a
-    pool-bound baseline), nothing is scaled. plan.anchor records it."""
+    capacity the sweep holds. Each step goes where the trend of log capacity against log
+    factor (capacity ~ factor^-k, k and its level fitted over every pair tried: _slope;
+    first k = 1) meets the pilot; the closest factor tried stays. A simulated capacity
+    search reads its knee a little high or low at each factor (passing and failing rates
+    interleave there), so one pair off the trend must not steer the next step (CI,
+    2026-12-07: a secant through the last two stopped 37 % short of the pilot). Where two
+    steps barely move the baseline's capacity (a pool-bound baseline), nothing is scaled.
+    plan.anchor records it."""
     if not (real > 0 and simulated and simulated > 0):
         plan.anchor = None
         return
     tried = [(1.0, simulated)]
-    slope = 1.0
     while abs(tried[-1][1] - real) / real > ANCHOR_TOLERANCE and len(tried) <= ANCHOR_STEPS:
-        factor, capacity = tried[-1]
-        step = math.exp(math.log(capacity / real) / slope)
-        nxt = min(max(factor * step, ANCHOR_RANGE[0]), ANCHOR_RANGE[1])
-        if nxt == factor:
+        slope = _slope(tried)
+        if slope < ANCHOR_MIN_SLOPE:
+            if len(tried) >= 3:
+                break   # two steps barely moved it: not bound by step time
+            slope = 1.0   # one flat step may be a knee's noise: a second one tells
+        xs, ys = [math.log(f) for f, _ in tried], [math.log(c) for _, c in tried]
+        level = sum(ys) / len(ys) + slope * sum(xs) / len(xs)
+        nxt = min(max(math.exp((level - math.log(real)) / slope), ANCHOR_RANGE[0]),
+                  ANCHOR_RANGE[1])
+        if any(math.isclose(nxt, f, rel_tol=1e-3) for f, _ in tried):
             break
         got = predict(scaled(plan.sim, nxt))
         if not got:
             break
         tried.append((nxt, got))
-        slope = -math.log(got / capacity) / math.log(nxt / factor)
-        if slope < ANCHOR_MIN_SLOPE:
-            break
     factor, capacity = min(tried, key=lambda fc: abs(fc[1] - real))
     plan.anchor = {"pilot": real, "simulated": simulated, "factor": round(factor, 4),
                    "anchored": capacity, "simulations": len(tried) - 1}
@@ -213,5 +232,5 @@ def anchor_time(plan, *, real: float, simulated: float | None,
         return
     plan.sim = scaled(plan.sim, factor)
     plan.log(f"profile: step times x {factor:.3g} so the baseline's simulated capacity is its "
-             f"pilot's ({simulated:.2f} -> {capacity:.2f} req/s; real {real:.2f}; "
-             f"{len(tried) - 1} simulations)")
+             f"pilot's ({simulated:.2f} -> {capacity:.2f} req/s; real {real:.2f}; tried "
+             + ", ".join(f"x{f:.3g}: {c:.2f}" for f, c in tried[1:]) + ")")
