@@ -194,3 +194,24 @@ def test_a_knee_read_low_at_one_factor_does_not_stop_the_anchor():
     assert plan.anchor["anchored"] == pytest.approx(real, rel=capacity_profile.ANCHOR_TOLERANCE)
     assert plan.anchor["anchored"] == pytest.approx(capacity(plan.anchor["factor"]), rel=1e-3)
     assert 2 <= plan.anchor["simulations"] <= capacity_profile.ANCHOR_STEPS
+
+
+def test_a_steep_ttft_bound_knee_is_reached():
+    """One sequence whose service time (1.2 s per request at the profile's step times)
+    nears the 1.5-s TTFT SLO: the capacity falls far faster than 1/factor there
+    (rho / service, rho = 1 - (service / 1.5)^1.5). Its simulated 0.24 req/s reaches
+    the pilot's 2.0 within the tolerance; a trend over every pair tried, the far first
+    one included, stops at 2.38 after six simulations."""
+    plan = _plan([])
+    base = plan.sim.profile.fit.coefficients["intercept"]
+
+    def capacity(factor):
+        service = 1.2 * factor
+        return max(0.02, 1 - (service / 1.5) ** 1.5) / service
+
+    def predict(sim):
+        return capacity(sim.profile.fit.coefficients["intercept"] / base)
+
+    capacity_profile.anchor_time(plan, real=2.0, simulated=capacity(1.0), predict=predict)
+    assert plan.anchor["anchored"] == pytest.approx(2.0, rel=capacity_profile.ANCHOR_TOLERANCE)
+    assert plan.anchor["simulations"] < capacity_profile.ANCHOR_STEPS
