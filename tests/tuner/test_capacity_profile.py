@@ -194,6 +194,9 @@ def test_a_knee_read_low_at_one_factor_does_not_stop_the_anchor():
     assert plan.anchor["anchored"] == pytest.approx(real, rel=capacity_profile.ANCHOR_TOLERANCE)
     assert plan.anchor["anchored"] == pytest.approx(capacity(plan.anchor["factor"]), rel=1e-3)
     assert 2 <= plan.anchor["simulations"] <= capacity_profile.ANCHOR_STEPS
+    tried = plan.anchor["tried"]   # every factor simulated, the unscaled one first
+    assert tried[0] == [1.0, 4.57] and len(tried) == plan.anchor["simulations"] + 1
+    assert [plan.anchor["factor"], round(plan.anchor["anchored"], 4)] in tried
 
 
 def test_a_steep_ttft_bound_knee_is_reached():
@@ -215,3 +218,25 @@ def test_a_steep_ttft_bound_knee_is_reached():
     capacity_profile.anchor_time(plan, real=2.0, simulated=capacity(1.0), predict=predict)
     assert plan.anchor["anchored"] == pytest.approx(2.0, rel=capacity_profile.ANCHOR_TOLERANCE)
     assert plan.anchor["simulations"] < capacity_profile.ANCHOR_STEPS
+
+
+def test_a_capacity_that_jumps_over_the_pilot_ends_at_the_jump():
+    """The simulated capacity drops from 15.3 to 6.1 req/s where the step times pass
+    0.75 of the profile's (the queue verdict of a one-sequence knee flipping, as in the
+    local cluster on 2026-12-07): no factor reaches the pilot's 9.51. The anchor closes
+    in on the jump (its last bracket within 10 %) and keeps the closer side."""
+    plan = _plan([])
+    base = plan.sim.profile.fit.coefficients["intercept"]
+
+    def capacity(factor):
+        return (11.5 if factor <= 0.75 else 4.6) / factor
+
+    capacity_profile.anchor_time(
+        plan, real=9.51, simulated=capacity(1.0),
+        predict=lambda sim: capacity(sim.profile.fit.coefficients["intercept"] / base))
+    tried = plan.anchor["tried"]
+    faster = max(f for f, c in tried if c > 9.51)
+    slower = min(f for f, c in tried if c < 9.51)
+    assert faster <= 0.75 < slower <= faster * 1.1
+    closest = min(tried, key=lambda fc: abs(fc[1] - 9.51))
+    assert [plan.anchor["factor"], round(plan.anchor["anchored"], 4)] == closest

@@ -256,14 +256,16 @@ def test_the_status_shows_the_simulated_search_and_the_step_times_factor():
         "profile": {"form": "tokens", "source": "live (the pilot's steps)",
                     "heldout_error": 0.2, "check": None, "pool": None,
                     "anchor": {"pilot": 3.0, "simulated": 6.0, "factor": 2.1,
-                               "anchored": 3.1, "simulations": 2}}}
+                               "anchored": 3.1, "simulations": 2,
+                               "tried": [[1.0, 6.0], [2.0, 3.2], [2.1, 3.1]]}}}
     simulation = capacity_job.simulated_status(record)["simulation"]
     assert simulation["settings"] == 4 and simulation["infeasible"] == 1
     assert [p["capacity"] for p in simulation["best"]] == [9.0, 4.0]
     assert simulation["best"][0]["engine"] == {"maxNumSeqs": 8}
     assert simulation["profile"] == {
         "form": "tokens", "source": "live (the pilot's steps)", "heldoutError": 0.2,
-        "anchor": {"factor": 2.1, "pilotCapacity": 3.0, "simulatedBefore": 6.0}}
+        "anchor": {"factor": 2.1, "pilotCapacity": 3.0, "simulatedBefore": 6.0,
+                   "tried": [[1.0, 6.0], [2.0, 3.2], [2.1, 3.1]]}}
     record["profile"]["anchor"] = None
     assert "anchor" not in capacity_job.simulated_status(record)["simulation"]["profile"]
 

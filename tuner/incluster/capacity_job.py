@@ -222,7 +222,8 @@ def _anchor_status(anchor: dict | None) -> dict[str, Any]:
     if not anchor:
         return {}
     return {"anchor": {"factor": anchor["factor"], "pilotCapacity": round(anchor["pilot"], 4),
-                       "simulatedBefore": round(anchor["simulated"], 4)}}
+                       "simulatedBefore": round(anchor["simulated"], 4),
+                       "tried": anchor.get("tried", [])}}
 
 
 def _finite(x: float) -> float | None:
