@@ -212,7 +212,7 @@ def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if code == 0 and args.capacity:
         from tuner.measure.capacity import for_sweep
         print(for_sweep(study, config, trace_rate=source.trace_rate,
-                        max_probes=args.capacity).line())
+                        max_probes=args.capacity, sustain=args.sustain).line())
     return code
 
 

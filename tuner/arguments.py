@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from loadtests.workloads import WORKLOAD_NAMES
+from tuner.measure.capacity import SUSTAIN_SECONDS
 
 DEFAULT_STORAGE = "sqlite:///tuner-out/tuner.db"
 # Defaults sized for the embedded tiny model on 2 CPU cores: a sweep in about 4 minutes
@@ -91,6 +92,12 @@ def build_parser(more=()) -> argparse.ArgumentParser:
                             " goodput and tail latency")
     sweep.add_argument("--attainment", type=float, default=0.9,
                        help="capacity: the share of requests that must meet every SLO")
+    sweep.add_argument("--sustain", type=float, default=SUSTAIN_SECONDS, metavar="SECONDS",
+                       help="capacity (and --capacity): how long a passing rate's queue must "
+                            "hold: a probe fails when its later half's median TTFT, grown at "
+                            "its pace within the window for this long, passes the SLO "
+                            f"(default {SUSTAIN_SECONDS:g}; 0: within the SLO now; "
+                            "tuner/measure/capacity.py)")
     sweep.add_argument("--target-rate", type=float, default=None, metavar="REQ_PER_S",
                        help="capacity: also print the replicas this rate needs")
     sweep.add_argument("--sim-duration", type=float, default=None,

@@ -76,6 +76,7 @@ class CapacitySpec:
     """spec.capacity: the rate search on the winning settings (tuner.measure.capacity)."""
     max_probes: int = 6
     attainment: float = 0.9
+    sustain_seconds: float = 60.0   # how long a passing rate's queue must hold
 
 
 @dataclass(frozen=True)
@@ -266,12 +267,15 @@ def parse_tuning(spec: dict[str, Any]) -> TuningSpec:
     capacity = spec.get("capacity")
     if capacity is not None:
         if not isinstance(capacity, dict):
-            raise ValueError("spec.capacity: expected {maxProbes, attainment}")
+            raise ValueError("spec.capacity: expected {maxProbes, attainment, sustainSeconds}")
         attainment = _number(capacity, "attainment", float, 0.9, low=1e-6)
         if attainment > 1:
             raise ValueError(f"spec.capacity.attainment is a share in (0, 1], got {attainment}")
+        sustain = _number(capacity, "sustainSeconds", float, 60.0, low=0.0)
+        if sustain > 3600:
+            raise ValueError(f"spec.capacity.sustainSeconds: at most 3600, got {sustain}")
         capacity = CapacitySpec(max_probes=_number(capacity, "maxProbes", int, 6, low=1),
-                                attainment=attainment)
+                                attainment=attainment, sustain_seconds=sustain)
     return TuningSpec(
         target=target, workload=workload, space=search_space(spec.get("searchSpace")),
         trials=_number(spec, "trials", int, 24, low=1),

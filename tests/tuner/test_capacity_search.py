@@ -121,6 +121,29 @@ def test_a_queue_that_grows_fails_the_probe_though_every_request_met_its_slo():
         assert probe_verdict(_queue(10, slope=slope), SLO3, 0.9)["passed"] is holds, slope
 
 
+def test_how_long_the_queue_must_hold_is_the_callers():
+    """0.045 s of wait per s: 1.04 of the SLO a minute ahead, 0.28 ten seconds ahead, and
+    0.05 now; the search on a replica whose queue builds above 12 req/s finds its knee
+    with 60 s and the attainment's ceiling with 0 s."""
+    from tuner.measure.capacity import probe_verdict
+
+    queue = _queue(10, slope=0.045)
+    assert not probe_verdict(queue, SLO3, 0.9)["passed"]                  # 60 s
+    assert probe_verdict(queue, SLO3, 0.9, sustain=10.0)["passed"]
+    assert not probe_verdict(_queue(10, slope=0.3), SLO3, 0.9, sustain=10.0)["passed"]
+    assert probe_verdict(_queue(10, slope=0.3), SLO3, 0.9, sustain=0.0)["passed"]
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="spec.capacity.sustainSeconds"):
+            probe_verdict(queue, SLO3, 0.9, sustain=bad)
+
+    def probe(rate: float):   # every request inside the SLO up to 20 req/s, queue or not
+        return _queue(rate, slope=max(0.0, rate - 12.0) * 0.05 if rate <= 20 else 5.0)
+    # held a minute: 0.045 s/s at most ((0.1 + 4.5 x 0.045) / 3 + 0.045 / 3 x 60 = 1)
+    held = search_capacity(probe, SLO3, start=4.0, rel_tol=0.02, max_probes=20)
+    now = search_capacity(probe, SLO3, start=4.0, rel_tol=0.02, max_probes=20, sustain=0.0)
+    assert 12.5 < held.rate <= 12.9 and 19.5 < now.rate <= 20, (held.rate, now.rate)
+
+
 def test_a_burst_that_lifts_part_of_the_later_half_is_not_a_growing_queue():
     """A stable queue's busy period: the later half's TTFTs spread over 0.1-0.9 s where
     the earlier half's spread over 0.1-0.5 s. Their medians differ (0.3 -> 0.5 s, which a

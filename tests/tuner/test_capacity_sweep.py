@@ -33,6 +33,7 @@ class FakeSim:
     """The simulator's interface: a capacity that is a known function of the settings."""
 
     attainment: float = 0.9
+    sustain: float = 60.0       # s a passing rate's queue must hold (SimContext)
     profile: Profile = field(default_factory=_profile)
     calls: list = field(default_factory=list)
     starts: list = field(default_factory=list)   # each call's first probed rate
@@ -89,7 +90,8 @@ def _real(monkeypatch, *, factor=0.5, noise=0.02):
                          max_growth=None, **kwargs):
         calls.append({"settings": settings, "start": start, "growth": growth,
                       "max_growth": max_growth, "seed": load.seed,
-                      "max_probes": max_probes, "warmup_load": kwargs.get("warmup_load")})
+                      "max_probes": max_probes, "warmup_load": kwargs.get("warmup_load"),
+                      "sustain": kwargs.get("sustain")})
         real = FakeSim.truth(settings) * factor * math.exp(rng.gauss(0, noise))
         return search_capacity(_knee(real), slos, start=start, growth=growth,
                                max_growth=max_growth, max_probes=max_probes,
@@ -101,12 +103,14 @@ def _real(monkeypatch, *, factor=0.5, noise=0.02):
 def test_only_the_best_k_and_the_baseline_run_for_real_and_the_better_one_wins(
         tmp_path, monkeypatch):
     calls = _real(monkeypatch)
-    sim = FakeSim(warmup_requests=150)
+    sim = FakeSim(warmup_requests=150, sustain=30.0)
     plan = cs.CapacityPlan(sim=sim, sim_base={"cpu_memory_gib": 0.5}, trials=16,
                            real_probes=4, log=lambda s: None)
     record = cs.run_capacity_sweep(_config(tmp_path), plan)
-    # every real engine warmed as the simulated ones are, before its first probe
+    # every real engine warmed as the simulated ones are, before its first probe, and
+    # judged by the queue the simulated ones must hold
     assert {c["warmup_load"] for c in calls} == {150}
+    assert {c["sustain"] for c in calls} == {30.0} and record["sustain_s"] == 30.0
     assert len(sim.calls) >= 2 and all(c["cpu_memory_gib"] == 0.5 for c in sim.calls)
     # the host tier is simulated (tuner/sim/tiers.py): its size searched like the rest
     assert {p["params"].get("kv_offloading_size") for p in record["simulated"]} == {0, 1}
@@ -307,6 +311,7 @@ def test_replicas_round_up():
     (["--engine-cmd", "x"], "with --engine-cmd use --objective goodput"),
     (["--rate", "3"], "the capacity objective searches the rate itself"),
     (["--attainment", "0"], "--attainment must be in (0, 1]"),
+    (["--sustain", "nan"], "sustain (--sustain, spec.capacity.sustainSeconds)"),
     (["--target-rate", "-1"], "--target-rate must be > 0"),
     (["--real-probes", "1"], "--real-probes must be at least 2"),
     (["--acceptance", "2"], "--acceptance must be in [0, 1]"),

@@ -89,6 +89,7 @@ def test_a_setting_changes_the_simulated_capacity(profile_file, tmp_path, capsys
     (["--rate", "0"], "--rate must be > 0"),
     (["--duration", "0"], "--duration must be positive"),
     (["--attainment", "1.5"], "--attainment must be in (0, 1]"),
+    (["--sustain", "-5"], "sustain (--sustain, spec.capacity.sustainSeconds)"),
     (["--acceptance", "-0.1"], "--acceptance must be in [0, 1]"),
     (["--set", "page_size=16"], "page_size"),
     (["--set", "max_num_seqs=4,8"], "one value"),

@@ -238,7 +238,8 @@ def test_the_verification_probe_holds_below_the_knee_and_not_above(tmp_path, mon
         assert "queue grew" not in missed["message"]
         # the share needed is spec.capacity.attainment's: a quarter of it met; yet an
         # overloaded pod's queue grows (capacity.probe_verdict), so it still does not hold
-        run.spec.capacity = SimpleNamespace(attainment=missed["attainment"] / 4)
+        run.spec.capacity = SimpleNamespace(attainment=missed["attainment"] / 4,
+                                            sustain_seconds=60.0)
         queued = capacity_job.verify_capacity(run, record)
         assert queued["held"] is False and queued["attainment"] >= missed["attainment"] / 4
         assert "their queue grew faster than the pod holds for 60 s" in queued["message"]

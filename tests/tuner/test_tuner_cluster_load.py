@@ -170,13 +170,16 @@ def test_capacity_probes_one_trial_service_and_reads_the_metric_at_the_passing_r
         delete_service=lambda name, wait: events.append(("delete", name)))
 
     seeds = []
+    building = []   # when set, above 4 req/s each probe's queue builds (0.5 s of wait per s)
 
     def measure(url, load, slos, *, workdir, warmup_requests, prometheus):
-        workdir.mkdir(parents=True)
+        workdir.mkdir(parents=True, exist_ok=bool(building))   # a second search's probes
         seeds.append(load.seed)
         ok = load.rate <= 8
+        slope = 0.5 if building and load.rate > 4 else 0.0
         lines = [{"event": "start", "t": 0.0}, *({"kind": "chat", "start": i / 10, "ok": ok,
-                                                  "ttft": 0.1, "e2e": 0.2} for i in range(10)),
+                                                  "ttft": 0.1 + slope * i / 10, "e2e": 0.2}
+                                                 for i in range(10)),
                  {"event": "stop", "t": 10.0}]
         (workdir / "samples.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
         return {"num_requests_waiting_mean": load.rate / 4}
@@ -199,3 +202,11 @@ def test_capacity_probes_one_trial_service_and_reads_the_metric_at_the_passing_r
     assert found["autoscaling"] == {"metric": "queueDepth", "target": "2", "measured": 2.0}
     assert events == [("create", "tune-cap", {"blockSize": 16, "maxNumSeqs": 4}),
                       ("delete", "tune-cap")]
+    # a queue that builds inside the window fails a probe for the minute it would not
+    # hold (the default), and passes with spec.capacity.sustainSeconds 0 (within the SLO now)
+    building.append(True)
+    assert cluster_load.measure_capacity(run, {"maxNumSeqs": 4}, start=2.0)[
+        "ratePerReplica"] == 4.0
+    run.spec = spec_of(capacity={"maxProbes": 4, "sustainSeconds": 0}, users=2)
+    assert cluster_load.measure_capacity(run, {"maxNumSeqs": 4}, start=2.0)[
+        "ratePerReplica"] == 8.0

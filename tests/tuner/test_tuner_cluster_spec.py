@@ -58,7 +58,9 @@ def test_workload_from_a_trace_or_prometheus_with_load_workers_and_capacity() ->
     spec = parse_tuning({**BASE, "loadWorkers": 3, "capacity": {"maxProbes": 4},
                          "workloadFrom": {"trace": {"configMapRef": {"name": "traffic"}}}})
     assert spec.workload_from == WorkloadFrom("trace", config_map=("traffic", "trace.jsonl"))
-    assert spec.load_workers == 3 and spec.capacity == CapacitySpec(4, 0.9)
+    assert spec.load_workers == 3 and spec.capacity == CapacitySpec(4, 0.9, 60.0)
+    held = parse_tuning({**BASE, "capacity": {"sustainSeconds": 0}}).capacity
+    assert held == CapacitySpec(6, 0.9, 0.0)
     spec = parse_tuning({**BASE, "workloadFrom": {"trace": {"url": "https://x/t.jsonl"}}})
     assert spec.workload_from == WorkloadFrom("trace", url="https://x/t.jsonl")
     spec = parse_tuning({**BASE, "prometheus": {"url": "http://prom:9090"},
@@ -84,6 +86,9 @@ def test_workload_from_a_trace_or_prometheus_with_load_workers_and_capacity() ->
     ({"workloadFrom": {"nfs": {}}}, "spec.workloadFrom"),
     ({"loadWorkers": 0}, "spec.loadWorkers"),
     ({"capacity": {"attainment": 1.5}}, "spec.capacity.attainment"),
+    ({"capacity": {"sustainSeconds": -1}}, "spec.sustainSeconds must be at least 0"),
+    ({"capacity": {"sustainSeconds": 7200}}, "spec.capacity.sustainSeconds: at most 3600"),
+    ({"capacity": {"sustainSeconds": "1m"}}, "spec.sustainSeconds: expected float"),
 ])
 def test_bad_load_sources_name_the_field(change: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):

@@ -150,6 +150,7 @@ def build(run, baseline, log):
     """(SweepConfig, CapacityPlan) of the Job's capacity sweep; `baseline`: a
     tuner.search.confirm.Baseline of the target's settings."""
     from loadtests.workloads.trace import read_trace
+    from tuner.measure.capacity import SUSTAIN_SECONDS
     from tuner.search.capacity_sweep import CapacityPlan
     from tuner.search.sweep import SweepConfig
     from tuner.sim.calibrate import config_profile
@@ -160,13 +161,15 @@ def build(run, baseline, log):
     base = simulator_base(target)
     params = spec.capacity
     attainment = params.attainment if params else 0.9
+    sustain = params.sustain_seconds if params else SUSTAIN_SECONDS
     trace = read_trace(run.source.trace) if run.source.trace else None
     profile = service_profile(run, model_memory(config_profile(model, engine_threads(base)),
                                                 target), log)
     sim = SimContext(profile, dict(run.slos),
                      workload=None if trace else run.source.spec, trace=trace,
                      users=run.load.users, length_scale=run.load.length_scale,
-                     seed=spec.seed, attainment=attainment, model=model, log=log,
+                     seed=spec.seed, attainment=attainment, sustain=sustain, model=model,
+                     log=log,
                      warmup_requests=SIM_WARMUP_REQUESTS,
                      duration=run.load.duration)  # the real probes' window (sim_duration)
     source = "the target's served steps (Prometheus)" if profile.num_steps else "config.json"
@@ -285,11 +288,13 @@ def verify_capacity(run, record: dict) -> dict[str, Any]:
     low = record["gains"][record["winner"]]["low"]
     rate = statistics.median(rates) * max(low, 1.0)
     attainment = run.spec.capacity.attainment if run.spec.capacity else 0.9
+    sustain = run.spec.capacity.sustain_seconds if run.spec.capacity else SUSTAIN_SECONDS
     workdir = run.out_dir / "verify"
     load = rate_load(probe_load(run.load, 999), rate, trace_rate=run.source.trace_rate)
     measure(run.cluster.endpoint_url(run.spec.target), load, run.slos, workdir=workdir,
             warmup_requests=run.spec.warmup_requests, prometheus=run.prometheus)
-    verdict = probe_verdict(load_samples(workdir / "samples.jsonl"), run.slos, attainment)
+    verdict = probe_verdict(load_samples(workdir / "samples.jsonl"), run.slos, attainment,
+                            sustain)
     share, settled, held = verdict["attainment"], verdict["requests"], verdict["passed"]
     return {"held": held, "rate": round(rate, 4), "attainment": round(share, 4),
             "requests": settled, "baselineCapacity": round(statistics.median(rates), 4),
@@ -299,4 +304,4 @@ def verify_capacity(run, record: dict) -> dict[str, Any]:
                        f"the SLOs, {attainment:.0%} needed"
                        + ("" if held or share < attainment else
                           f"; but their queue grew faster than the pod holds for "
-                          f"{SUSTAIN_SECONDS:g} s")}
+                          f"{sustain:g} s")}

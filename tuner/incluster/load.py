@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.workloads import TRACE_WORKLOAD, get_workload
-from tuner.measure.capacity import probe_load, rate_load, search_capacity
+from tuner.measure.capacity import SUSTAIN_SECONDS, probe_load, rate_load, search_capacity
 from paged_api.contract import MASTER_PORT_ENV, TRACE_FILE_ENV, TuningSpec, search_space
 from tuner.measure.loadgen import LoadError, LoadSpec
 from tuner.measure.scoring import load_samples
@@ -154,6 +154,7 @@ def measure_capacity(run: TuningRun, engine: dict, *, start: float,
     params = run.spec.capacity
     max_probes = params.max_probes if params else 6
     attainment = params.attainment if params else 0.9
+    sustain = params.sustain_seconds if params else SUSTAIN_SECONDS
     name = f"{run.name}-cap"
     settings = {**run.target_engine, **engine}
     spec = merge_patch(run.target["spec"], sections) if sections else run.target["spec"]
@@ -174,7 +175,7 @@ def measure_capacity(run: TuningRun, engine: dict, *, start: float,
             return load_samples(workdir / "samples.jsonl")
 
         result = search_capacity(probe, run.slos, start=start, attainment=attainment,
-                                 max_probes=max_probes)
+                                 max_probes=max_probes, sustain=sustain)
     finally:
         run.cluster.delete_service(name, wait=True)
     out: dict[str, Any] = {

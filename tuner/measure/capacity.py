@@ -96,16 +96,27 @@ def _quartiles(rows: list[tuple[float, float]]) -> tuple[float, float]:
     return shares[k], shares[-1 - k]
 
 
-def probe_verdict(samples: Samples, slos: dict, attainment: float) -> dict:
+def probe_verdict(samples: Samples, slos: dict, attainment: float,
+                  sustain: float = SUSTAIN_SECONDS) -> dict:
     """A probe's figures and verdict: {"attainment", "requests", "growth", "passed"}: the
-    settled share met the target and the queue holds for SUSTAIN_SECONDS (queue_growth;
-    growth None: no TTFT SLO or too few requests to tell, then the share alone)."""
+    settled share met the target and the queue holds for `sustain` s more (queue_growth;
+    growth None: no TTFT SLO or too few requests to tell, then the share alone; `sustain`
+    0: the later half's median within its SLO now)."""
+    check_sustain(sustain)
     share, count = settled_attainment(samples, slos)
     grown = queue_growth(samples, slos)
-    holds = grown is None or grown[0] + max(grown[1], 0.0) * SUSTAIN_SECONDS <= 1.0
+    holds = grown is None or grown[0] + max(grown[1], 0.0) * sustain <= 1.0
     return {"attainment": share, "requests": count,
             "growth": None if grown is None else grown[1],
             "passed": count > 0 and share >= attainment and holds}
+
+
+def check_sustain(sustain: float) -> float:
+    """`sustain` if it is a number of seconds >= 0, else ValueError naming the flag."""
+    if not (isinstance(sustain, (int, float)) and math.isfinite(sustain) and sustain >= 0):
+        raise ValueError(f"sustain (--sustain, spec.capacity.sustainSeconds) is the seconds "
+                         f"a passing rate's queue must hold, >= 0; got {sustain!r}")
+    return float(sustain)
 
 
 @dataclass
@@ -125,8 +136,11 @@ class CapacityResult:
 def search_capacity(probe: Callable[[float], Samples], slos: dict, *, start: float,
                     attainment: float = 0.9, rel_tol: float = 0.15,
                     max_probes: int = 8, growth: float = 2.0,
-                    max_growth: float | None = None) -> CapacityResult:
-    """Bracket then bisect the open-loop rate; `probe(rate)` runs one load."""
+                    max_growth: float | None = None,
+                    sustain: float = SUSTAIN_SECONDS) -> CapacityResult:
+    """Bracket then bisect the open-loop rate; `probe(rate)` runs one load; `sustain`:
+    probe_verdict's."""
+    check_sustain(sustain)
     if not start > 0:
         raise ValueError(f"the capacity search needs a positive start rate, got {start}")
     if not growth > 1:
@@ -138,7 +152,7 @@ def search_capacity(probe: Callable[[float], Samples], slos: dict, *, start: flo
     result = CapacityResult(rate=0.0, upper=None, attainment=attainment)
 
     def passes(rate: float) -> bool:
-        verdict = probe_verdict(probe(rate), slos, attainment)
+        verdict = probe_verdict(probe(rate), slos, attainment, sustain)
         result.probes.append({"rate": rate, **verdict})
         return verdict["passed"]
 
@@ -290,7 +304,7 @@ def measure_capacity(settings: dict, launch, load: LoadSpec, slos: dict, *, work
 
 
 def for_sweep(study, config, *, trace_rate: float | None = None,
-              max_probes: int = 8) -> CapacityResult:
+              max_probes: int = 8, sustain: float = SUSTAIN_SECONDS) -> CapacityResult:
     """The capacity search for a finished sweep: its winner's settings (or the baseline's,
     when nothing beat it), starting at the winner's measured goodput; written to
     <out-dir>/capacity.json."""
@@ -305,8 +319,9 @@ def for_sweep(study, config, *, trace_rate: float | None = None,
     workdir = config.out_dir / "capacity"
     result = measure_capacity({**config.fixed, **s["params"]}, config.launch,
                               config.load, config.slos, workdir=workdir, start=start,
-                              trace_rate=trace_rate, max_probes=max_probes)
+                              trace_rate=trace_rate, max_probes=max_probes, sustain=sustain)
     (config.out_dir / "capacity.json").write_text(json.dumps(
         {"settings": s["params"], "rate_per_replica": result.rate, "upper": result.upper,
-         "attainment": result.attainment, "probes": result.probes}, indent=2))
+         "attainment": result.attainment, "sustain_s": sustain, "probes": result.probes},
+        indent=2))
     return result

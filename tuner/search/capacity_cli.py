@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from tuner.arguments import DEFAULT_SIM_TRIALS
+from tuner.measure.capacity import check_sustain
 
 
 def objective(args: argparse.Namespace) -> str:
@@ -25,6 +26,10 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                      "(or use --objective goodput for one fixed rate)")
     if not 0 < args.attainment <= 1:
         parser.error("--attainment must be in (0, 1]")
+    try:
+        check_sustain(args.sustain)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.target_rate is not None and not args.target_rate > 0:
         parser.error("--target-rate must be > 0 requests/s")
     if args.sim_duration is not None and not args.sim_duration > 0:
@@ -74,7 +79,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, config, sourc
                      length_scale=config.load.length_scale,
                      duration=sim_duration(args.sim_duration, config.load.duration),
                      seed=args.seed, acceptance=args.acceptance, attainment=args.attainment,
-                     model=args.model, warmup_requests=warmup_requests(args))
+                     sustain=args.sustain, model=args.model, warmup_requests=warmup_requests(args))
     plan = CapacityPlan(sim=sim, sim_base={"cpu_memory_gib": cpu_gib} if cpu_gib else {},
                         trials=args.trials or DEFAULT_SIM_TRIALS,
                         workers=args.sim_workers or default_workers(),

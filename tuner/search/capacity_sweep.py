@@ -173,7 +173,7 @@ def _measure_arm(plan: CapacityPlan, config, arm: dict, load, ratios: dict[str, 
         {**config.fixed, **arm["settings"]}, config.launch, load, config.slos,
         workdir=workdir, start=guess, trace_rate=plan.trace_rate,
         warmup_requests=config.warmup_requests, warmup_load=plan.sim.warmup_requests,
-        attainment=plan.sim.attainment, rel_tol=REAL_REL_TOL,
+        attainment=plan.sim.attainment, sustain=plan.sim.sustain, rel_tol=REAL_REL_TOL,
         growth=REAL_GROWTH, max_growth=REAL_MAX_GROWTH,
         max_probes=plan.real_probes + (3 if wide else 0),
         watch=lambda url: read_steps(url, series, _step_interval(config)))
@@ -226,7 +226,8 @@ def _pilot(plan: CapacityPlan, config, settings: dict, sim: float) -> dict:
             workdir=config.out_dir / "confirm" / "pilot", start=max(sim, _floor(config)),
             trace_rate=plan.trace_rate, warmup_requests=config.warmup_requests,
             warmup_load=plan.sim.warmup_requests,
-            attainment=plan.sim.attainment, rel_tol=REAL_REL_TOL, growth=2.0,
+            attainment=plan.sim.attainment, sustain=plan.sim.sustain, rel_tol=REAL_REL_TOL,
+            growth=2.0,
             max_probes=plan.real_probes + 3, watch=watch)
     except _infeasible() as exc:
         plan.log(f"pilot baseline: failed: {exc.reason}; the first round brackets widely")
@@ -318,7 +319,8 @@ def run_capacity_sweep(config, plan: CapacityPlan) -> dict:
                             for p in points],
               "sim_baseline": base.capacity, "sim_wall_s": sim_wall,
               "sim_duration_s": plan.sim.duration,
-              "attainment": plan.sim.attainment, "target_rate": plan.target_rate,
+              "attainment": plan.sim.attainment, "sustain_s": plan.sim.sustain,
+              "target_rate": plan.target_rate,
               "profile": {"form": plan.sim.profile.fit.form,
                           "heldout_error": plan.sim.profile.fit.heldout_error,
                           # seconds per step and per unit of each figure, after the anchor

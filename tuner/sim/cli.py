@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from loadtests.workloads import WORKLOAD_NAMES
+from tuner.measure.capacity import SUSTAIN_SECONDS, check_sustain
 from tuner.sim.context import (DEFAULT_SIM_DURATION, SIM_WARMUP_REQUESTS, SimContext,
                                engine_threads, load_profile)
 
@@ -65,6 +66,9 @@ def add_parsers(sub) -> None:
                      help="requests served before each load's scored window, the workload's "
                           "steady state (0: a cold engine)")
     sim.add_argument("--attainment", type=float, default=0.9)
+    sim.add_argument("--sustain", type=float, default=SUSTAIN_SECONDS, metavar="SECONDS",
+                     help="how long a passing rate's queue must hold (python -m tuner sweep "
+                          "--sustain)")
     sim.add_argument("--acceptance", type=float, default=None,
                      help="every speculative draft accepted at this rate (default: each "
                           "method's drafts and acceptance replayed on the model's replies)")
@@ -151,7 +155,8 @@ def context_for(args, *, fixed: dict, log=lambda s: print(s, file=sys.stderr)) -
                       duration=getattr(args, "sim_duration", None) or args.duration,
                       warmup_requests=warmup_requests(args),
                       seed=args.seed, acceptance=getattr(args, "acceptance", None),
-                      attainment=getattr(args, "attainment", 0.9), model=args.model)
+                      attainment=getattr(args, "attainment", 0.9),
+                      sustain=getattr(args, "sustain", SUSTAIN_SECONDS), model=args.model)
 
 
 def sim_settings(model: str | None, fixed: dict) -> dict:
@@ -222,6 +227,10 @@ def simulate_main(parser: argparse.ArgumentParser, args) -> int:
         parser.error("--duration must be positive (virtual seconds)")
     if not 0 < args.attainment <= 1:
         parser.error("--attainment must be in (0, 1]")
+    try:
+        check_sustain(args.sustain)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.acceptance is not None and not 0 <= args.acceptance <= 1:
         parser.error("--acceptance must be in [0, 1]")
     try:

@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from tuner.measure.capacity import CapacityResult
+from tuner.measure.capacity import SUSTAIN_SECONDS, CapacityResult
 from tuner.sim.profile import Profile
 from tuner.sim.simulate import SimResult, sim_capacity, simulate
 from tuner.sim.stream import Renderer, TraceStream, WorkloadStream
@@ -95,6 +95,7 @@ class SimContext:
     seed: int = 0
     acceptance: float | None = None       # None: per method, replayed on real replies
     attainment: float = 0.9
+    sustain: float = SUSTAIN_SECONDS      # s a passing rate's queue must hold (capacity.py)
     model: str | None = None
     front_seconds: float = 0.0            # time outside the engine's steps (simulate.py)
     replies: list | None = None           # tuner/sim/drafts.Reply, made on first use
@@ -204,4 +205,4 @@ class SimContext:
         """ValueError for settings the engine would refuse (the search's infeasible)."""
         return sim_capacity(lambda rate, probe: self.run(settings, rate, probe=probe),
                             self.slos, start=start, attainment=self.attainment, rel_tol=rel_tol,
-                            max_probes=max_probes, growth=growth)
+                            max_probes=max_probes, growth=growth, sustain=self.sustain)

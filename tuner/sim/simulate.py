@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 from engine.kv_medium import Medium
 from engine.sampling_params import SamplingParams
-from tuner.measure.capacity import (SETTLED_FRACTION, CapacityResult, bracket,
+from tuner.measure.capacity import (SETTLED_FRACTION, SUSTAIN_SECONDS, CapacityResult, bracket,
                                     probe_verdict, search_capacity)
 from tuner.measure.scoring import Samples, score
 from tuner.sim.engine import SIM_VOCAB, sim_engine
@@ -242,7 +242,7 @@ def front_seconds(real: list[dict], simulated: list[dict]) -> float:
 
 def sim_capacity(run_at, slos: dict, *, start: float = 1.0, attainment: float = 0.9,
                  rel_tol: float = 0.05, max_probes: int = 16,
-                 growth: float = 2.0) -> CapacityResult:
+                 growth: float = 2.0, sustain: float = SUSTAIN_SECONDS) -> CapacityResult:
     """The capacity search (tuner/measure/capacity.py) with `run_at(rate, probe)` a
     simulated load at that rate (a SimResult; `probe`: stopped once its verdict is
     decided). A probe stopped early as a failure records its share so far; when it ends
@@ -254,10 +254,12 @@ def sim_capacity(run_at, slos: dict, *, start: float = 1.0, attainment: float = 
         runs[rate] = run_at(rate, True)
         return runs[rate].samples
     result = search_capacity(probe, slos, start=start, attainment=attainment,
-                             rel_tol=rel_tol, max_probes=max_probes, growth=growth)
+                             rel_tol=rel_tol, max_probes=max_probes, growth=growth,
+                             sustain=sustain)
     _, top = bracket(result)
     if top is not None and runs[top["rate"]].figures.get("gave_up"):
-        top.update(probe_verdict(run_at(top["rate"], False).samples, slos, attainment),
+        top.update(probe_verdict(run_at(top["rate"], False).samples, slos, attainment,
+                                 sustain),
                    rerun=True)
     return result
 
