@@ -66,10 +66,8 @@ def test_a_per_row_cost_that_grows_with_the_rows_is_recovered_and_priced():
     """Agentic's pilot (2026-12-06) left ~1.1 ms per row unpriced at a few rows a step and
     ~2.3 ms at 40-60: a serving cost per row that grows with the rows. Both coefficients
     come back from windows at several load levels, and a big step is priced at its cost."""
-    from tuner.sim.live_profile import serving_term
+    from tuner.sim.live_profile import priced_share, serving_term
     from tuner.sim.profile import SERVED_ROWS, SERVED_ROWS_SQUARED
-
-    from tuner.sim.live_profile import priced_share
 
     served = _served_series(random.Random(7), windows=40, serving=1e-3, squared=2e-5,
                             levels=True)
