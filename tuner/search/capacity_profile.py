@@ -220,7 +220,8 @@ def anchor_time(plan, *, real: float, simulated: float | None,
     half (_between); the closest factor tried stays. A simulated capacity search reads its
     knee a little high or low at each factor (passing and failing rates interleave there),
     near a TTFT-bound knee the capacity falls steeply with the factor, and it can drop
-    between two close factors (a share of requests whose bare TTFT crosses the SLO): a
+    between two close factors (the queue verdict of probes near a one-sequence knee
+    flips: x0.769 8.60 req/s, x0.724 15.89 in the local cluster): a
     secant through the last two pairs turned back on one pair read low (CI, 2026-12-07:
     it kept 6.19 req/s against the pilot's 9.77). On 400 synthetic curves of each kind
     with +-20 % noise (benchmarks/bench_anchor.py) this lands within the tolerance for
