@@ -48,3 +48,50 @@ def test_a_simulated_load_scores_the_window_a_real_one_does():
     args = parse(["sweep", "--workload", "chat"])
     assert sim_duration(args.sim_duration, args.duration) == DEFAULT_DURATION
     assert DEFAULT_SIM_DURATION == DEFAULT_DURATION
+
+
+def test_the_simulated_engines_take_the_cpu_memory_the_real_ones_do(monkeypatch, tmp_path):
+    """Neither --cpu-memory-gib nor the model's sweep profile names the CPU memory: the
+    simulated engines (and the fit of the pilot's pool to them) take the engine's own
+    default, as an engine launched without the flag does (PAGED_CPU_MEMORY_GIB, else the
+    settings table's); a profile calibrated on a GPU keeps its device."""
+    import dataclasses
+
+    from paged_api.settings import SETTINGS
+    from tuner import arguments
+    from tuner.__main__ import main
+    from tuner.search import capacity_sweep
+    from tuner.search.capacity_cli import engines_cpu_gib
+    from tuner.sim.calibrate import config_profile
+    from tuner.sim.context import engine_threads
+
+    cpu = config_profile(None, engine_threads({}))
+    gpu = dataclasses.replace(cpu, memory=dataclasses.replace(cpu.memory, device_bytes=80e9))
+    monkeypatch.delenv("PAGED_CPU_MEMORY_GIB", raising=False)
+    assert engines_cpu_gib(None, cpu) == SETTINGS["cpu_memory_gib"].default
+    assert engines_cpu_gib(1.5, cpu) == 1.5 and engines_cpu_gib(None, gpu) is None
+    monkeypatch.setenv("PAGED_CPU_MEMORY_GIB", "3")
+    assert engines_cpu_gib(None, cpu) == 3.0
+
+    # the sweep of a model whose profile names no CPU memory hands it to its simulator
+    path = tmp_path / "profile.json"
+    cpu.save(path)
+    monkeypatch.delitem(arguments.TINY_PROFILE, "cpu_memory_gib")
+    plans = []
+
+    class Planned(Exception):
+        pass
+
+    def planned(config, plan):
+        plans.append(plan)
+        raise Planned
+
+    monkeypatch.setattr(capacity_sweep, "run_capacity_sweep", planned)
+    with pytest.raises(Planned):
+        main(["sweep", "--workload", "chat", "--profile", str(path),
+              "--out-dir", str(tmp_path / "out")])
+    assert plans[0].sim_base == {"cpu_memory_gib": 3.0}
+    with pytest.raises(Planned):
+        main(["sweep", "--workload", "chat", "--profile", str(path), "--cpu-memory-gib", "1",
+              "--out-dir", str(tmp_path / "out")])
+    assert plans[1].sim_base == {"cpu_memory_gib": 1.0}

@@ -47,6 +47,27 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error(str(exc))
 
 
+def engines_cpu_gib(given: float | None, step_profile) -> float | None:
+    """The CPU memory (GiB) the sweep's engines size their KV pools from, which the
+    simulated engines and the pilot's pool fit take (capacity_profile.fit_pool): `given`
+    (--cpu-memory-gib, else the model's sweep profile), else the engine's own default
+    (PAGED_CPU_MEMORY_GIB, else the settings table's), which an engine launched without
+    the flag takes. None for a profile calibrated on a GPU: its device is its own
+    (Memory.device_bytes). Left unnamed, the fit made up a device that held the
+    calibration's activations and the pilot's pool at the baseline's fraction; a served
+    engine's activations (read from its resident memory at start) can be far larger, so
+    the device came out small and lower fractions kept too many blocks: SmolLM2
+    (2026-12-07), pilot 981 blocks of 16 at 0.9; at 0.65 with blocks of 32 and a
+    408-token budget the fit said 277 blocks, the engine had 209 and refused to start (a
+    max_model_len sequence needs 256); with the engine's 2 GiB named, 164."""
+    if given:
+        return float(given)
+    if step_profile.memory.device_bytes:
+        return None
+    from paged_api.settings import env_default
+    return float(env_default("cpu_memory_gib"))
+
+
 def sim_duration(given: float | None, real: float) -> float:
     """A simulated load's window: the real loads' (`real`, --duration) unless given. A
     capacity probe's window is short beside the TTFT SLO (chat on a CPU: 10 s against 3 s),
@@ -68,12 +89,13 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, config, sourc
 
     threads = engine_threads({"cpu_threads": profile["cpu_threads"]}
                              if "cpu_threads" in profile else {})
-    cpu_gib = args.cpu_memory_gib or profile.get("cpu_memory_gib")
     try:
         step_profile = load_profile(args.model, threads, path=args.profile)
         trace = read_trace(source.trace) if source.trace else None
     except ValueError as exc:
         parser.error(str(exc))
+    cpu_gib = engines_cpu_gib(args.cpu_memory_gib or profile.get("cpu_memory_gib"),
+                              step_profile)
     sim = SimContext(step_profile, config.slos, workload=None if trace else source.spec,
                      trace=trace, users=config.load.users,
                      length_scale=config.load.length_scale,
