@@ -169,14 +169,30 @@ def test_memory_sizes_the_pool_as_the_engine_arithmetic_does():
 
     m = Memory(0.0, 12_856_320.0, 4096, 1000.0, 20_000.0, 2048, 609)
     got = m.num_blocks(block_size=16, fraction=0.9, max_num_batched_tokens=2048,
-                       cpu_memory_gib=0.5)
+                       max_num_seqs=48, cpu_memory_gib=0.5)
+    # a profile without the logits' bytes per sequence: float32 rows of the vocabulary
     assert got == num_kv_blocks(device_bytes=0.5 * 2**30, fraction=0.9,
                                 weight_bytes=12_856_320.0,
-                                activation_bytes=1000.0 + 20_000.0 * 2048,
+                                activation_bytes=1000.0 + 20_000.0 * 2048 + 48 * 609 * 4,
                                 block_bytes=16 * 4096)
-    gpu = Memory(80 * 2**30, 1e9, 4096, 0.0, 0.0, 2048, 609)
+    gpu = Memory(80 * 2**30, 1e9, 4096, 0.0, 0.0, 2048, 609, activation_per_seq=0.0)
     assert gpu.num_blocks(block_size=16, fraction=0.5, max_num_batched_tokens=1,
-                          cpu_memory_gib=0.5) == int((40 * 2**30 - 1e9) // (16 * 4096))
+                          max_num_seqs=256, cpu_memory_gib=0.5) == \
+        int((40 * 2**30 - 1e9) // (16 * 4096))
+    # the engine profiles min(max_num_seqs, max_num_batched_tokens) sequences
+    big = Memory(0.0, 0.0, 4096, 0.0, 0.0, 2048, 50_000, activation_per_seq=3e5)
+    assert big.activations(max_num_batched_tokens=100, max_num_seqs=256) == 100 * 3e5
+    assert big.activations(max_num_batched_tokens=2048, max_num_seqs=40) == 40 * 3e5
+
+
+def test_a_sequences_logits_are_its_output_row_and_the_float32_copy():
+    """The runner returns float32 logits: a float32 model's row is that copy already."""
+    import torch
+
+    from tuner.sim.calibrate import logits_bytes_per_seq
+
+    assert logits_bytes_per_seq(49_152, torch.float32) == 49_152 * 4
+    assert logits_bytes_per_seq(49_152, torch.bfloat16) == 49_152 * (2 + 4)
 
 
 def test_step_shape_counts_prefill_decode_and_drafts():

@@ -107,12 +107,13 @@ def test_the_pilots_pool_sizes_the_simulated_pools_as_the_engine_does():
     for block, fraction in ((32, 0.5), (8, 0.3)):
         real, _, tokens = _real_pool(block, fraction)
         predicted = memory.num_blocks(block_size=block, fraction=fraction,
-                                      max_num_batched_tokens=tokens, cpu_memory_gib=4.0)
+                                      max_num_batched_tokens=tokens, max_num_seqs=256,
+                                      cpu_memory_gib=4.0)
         assert predicted == pytest.approx(real, rel=0.05), (block, fraction)
     # the plain config.json profile (2-byte KV, no weights) would be far off
     plain = config_profile("builtin://default", 1).memory
     assert plain.num_blocks(block_size=8, fraction=0.3, max_num_batched_tokens=2048,
-                            cpu_memory_gib=4.0) > 1.5 * real
+                            max_num_seqs=256, cpu_memory_gib=4.0) > 1.5 * real
 
 
 def test_on_a_gpu_the_device_is_what_holds_the_weights_and_the_pilots_pool():
@@ -123,11 +124,14 @@ def test_on_a_gpu_the_device_is_what_holds_the_weights_and_the_pilots_pool():
     cs.fit_pool(plan, 1000, {"block_size": 16, "gpu_memory_utilization": 0.8})
     memory = plan.sim.profile.memory
     pool = 1000 * 16 * memory.kv_bytes_per_token
-    assert memory.device_bytes == pytest.approx((3e9 + pool) / 0.8)
+    # the activations of a config.json profile: the default 256 sequences' logits
+    logits = 256 * memory.vocab_size * (2 + 4)
+    assert memory.activations(max_num_batched_tokens=2048, max_num_seqs=256) == logits
+    assert memory.device_bytes == pytest.approx((3e9 + logits + pool) / 0.8)
     assert memory.num_blocks(block_size=16, fraction=0.8, max_num_batched_tokens=2048,
-                             cpu_memory_gib=99) == 1000
+                             max_num_seqs=256, cpu_memory_gib=99) == 1000
     assert memory.num_blocks(block_size=32, fraction=0.8, max_num_batched_tokens=2048,
-                             cpu_memory_gib=99) == 500
+                             max_num_seqs=256, cpu_memory_gib=99) == 500
 
 
 def test_a_calibrated_activation_slope_is_kept_and_its_constant_re_anchored():
@@ -142,12 +146,47 @@ def test_a_calibrated_activation_slope_is_kept_and_its_constant_re_anchored():
     settings = {"block_size": 16, "gpu_memory_utilization": 0.5, "cpu_memory_gib": 1.0}
     cs.fit_pool(plan, 1000, settings)
     fitted = plan.sim.profile.memory
-    at = dict(block_size=16, fraction=0.5, cpu_memory_gib=1.0)
+    at = dict(block_size=16, fraction=0.5, max_num_seqs=256, cpu_memory_gib=1.0)
     assert fitted.num_blocks(max_num_batched_tokens=2048, **at) == 1000
     assert fitted.activation_per_token == 20e3 and fitted.weight_bytes == 100e6
     freed = 20e3 * (2048 - 512) // (16 * 4096)
     assert fitted.num_blocks(max_num_batched_tokens=512, **at) in (1000 + freed,
                                                                    1000 + freed + 1)
+
+
+def test_the_sequences_logits_are_kept_as_a_slope_of_the_pools_activations():
+    """The engine's profiling forward keeps the last logits of min(max_num_seqs, budget)
+    sequences (SmolLM2: 49,152 x 4 bytes each, 50 MB at the default 256): an engine whose
+    activations are 300 MB + 20 kB per batched token + those logits, its pilot at the
+    defaults, sizes a setting of 41 sequences and 408 tokens as that engine would;
+    without the logits' term the fit would keep the defaults' 50 MB there."""
+    from engine.kv_capacity import num_kv_blocks
+    from tuner.sim.profile import Identity, Memory, Profile
+
+    per_seq, kv = 49_152 * 4, 46_080
+    truth = dict(weight_bytes=540e6, per_token=20e3, base=300e6)
+
+    def real_pool(block, fraction, tokens, seqs):
+        act = truth["base"] + truth["per_token"] * tokens + per_seq * min(seqs, tokens)
+        return num_kv_blocks(device_bytes=2 * 2**30, fraction=fraction,
+                             weight_bytes=truth["weight_bytes"], activation_bytes=act,
+                             block_bytes=block * kv)
+
+    # the calibration measured one sequence in a warm process: a far smaller constant
+    memory = Memory(0, 540e6, kv, 20e6, 20e3, 8192, 49_152, activation_per_seq=per_seq)
+    profile = Profile(Identity("m", "f", "cpu", "2", 1), Fit("tokens", {}, 0.1), memory, 10)
+    plan = cs.CapacityPlan(sim=SimContext(profile, {}), sim_base={}, log=lambda s: None)
+    cs.fit_pool(plan, real_pool(16, 0.9, 2048, 256),
+                {"block_size": 16, "gpu_memory_utilization": 0.9, "cpu_memory_gib": 2.0})
+    fitted = plan.sim.profile.memory
+    got = fitted.num_blocks(block_size=32, fraction=0.65, max_num_batched_tokens=408,
+                            max_num_seqs=41, cpu_memory_gib=2.0)
+    assert got == pytest.approx(real_pool(32, 0.65, 408, 41), abs=1)
+    # fewer sequences than the budget's tokens: each is one row; a budget below
+    # max_num_seqs profiles one sequence per token
+    assert fitted.activations(max_num_batched_tokens=64, max_num_seqs=256) - \
+        fitted.activations(max_num_batched_tokens=64, max_num_seqs=32) == \
+        pytest.approx((64 - 32) * per_seq)
 
 
 def _unfitted() -> FakeSim:
@@ -175,13 +214,16 @@ def test_a_profile_that_times_nothing_is_timed_by_the_pilot_alone(tmp_path, monk
     assert sim.fits and all(f.form != UNFITTED for f in sim.fits)
     assert record["profile"]["source"] == "live (the pilot's steps)"
     assert record["profile"]["check"] is None   # nothing to compare the refit with
-    # the pool: the activations are what 500 blocks of the baseline's 16 tokens and the
-    # 1 MB of weights leave of 0.9 x 0.5 GiB
+    # the pool: the activations at the baseline's limits (8 sequences) are what 500
+    # blocks of its 16 tokens and the 1 MB of weights leave of 0.9 x 0.5 GiB
     memory = plan.sim.profile.memory
-    assert memory.activation_base == pytest.approx(0.9 * 0.5 * 2**30 - 1e6 - 500 * 16 * 1000)
+    at = dict(max_num_batched_tokens=8192, max_num_seqs=8)
+    assert memory.activations(**at) == pytest.approx(0.9 * 0.5 * 2**30 - 1e6 - 500 * 16 * 1000)
     assert memory.weight_bytes == 1e6
+    assert memory.num_blocks(block_size=16, fraction=0.9, cpu_memory_gib=0.5, **at) == 500
+    # 248 more sequences' logits (100-token vocabulary, float32): 6.2 blocks' bytes, 7 blocks
     assert memory.num_blocks(block_size=16, fraction=0.9, max_num_batched_tokens=8192,
-                             cpu_memory_gib=0.5) == 500
+                             max_num_seqs=256, cpu_memory_gib=0.5) == 500 - 7
 
 
 def test_a_pilot_too_short_to_time_fails_naming_the_trial_duration(tmp_path, monkeypatch):

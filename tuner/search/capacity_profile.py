@@ -121,10 +121,10 @@ def fit_pool(plan, blocks: int, settings: dict) -> None:
     as fraction x device - weights - activations, and measures its activations at start
     (on a CPU from the process's resident memory: the calibration's figure can be far from
     a served engine's). So the activations' constant term becomes what makes the
-    baseline's pool the pilot's, the weights and the activations' slope in
-    max_num_batched_tokens kept (a profile from config.json, calibrate.config_profile,
-    has no slope, and its weights are the model's facts). The device is the profile's
-    (a GPU calibration), else cpu_memory_gib when the settings name it (a CPU target in a
+    baseline's pool the pilot's, the weights and the activations' slopes in
+    max_num_batched_tokens and in the sequences' logits kept (a profile from
+    config.json, calibrate.config_profile, has no token slope, and its weights are the
+    model's facts). The device is the profile's (a GPU calibration), else cpu_memory_gib when the settings name it (a CPU target in a
     cluster: the Job's simulator_base); else it is unknown and becomes what holds the
     weights, the activations and the pilot's pool at the baseline's fraction."""
     from engine.config import EngineConfig
@@ -134,14 +134,15 @@ def fit_pool(plan, blocks: int, settings: dict) -> None:
     full = {"block_size": default.block_size, "cpu_memory_gib": default.cpu_memory_gib,
             "gpu_memory_utilization": default.gpu_memory_utilization,
             "max_num_batched_tokens": default.max_num_batched_tokens,
+            "max_num_seqs": default.max_num_seqs,
             **{k: v for k, v in settings.items() if v is not None}}
     block, fraction = int(full["block_size"]), float(full["gpu_memory_utilization"])
-    tokens = int(full["max_num_batched_tokens"])
+    limits = {"max_num_batched_tokens": int(full["max_num_batched_tokens"]),
+              "max_num_seqs": int(full["max_num_seqs"])}
     pool = blocks * block * memory.kv_bytes_per_token
-    slope = memory.activation_per_token * tokens
+    slope = memory.activations(**limits) - memory.activation_base
     before = memory.num_blocks(block_size=block, fraction=fraction,
-                               max_num_batched_tokens=tokens,
-                               cpu_memory_gib=float(full["cpu_memory_gib"]))
+                               cpu_memory_gib=float(full["cpu_memory_gib"]), **limits)
     device = memory.device_bytes or (float(settings["cpu_memory_gib"]) * 2**30
                                      if settings.get("cpu_memory_gib") else None)
     if device:

@@ -99,7 +99,8 @@ def config_profile(model: str | None, threads: int) -> Profile:
                     kv_bytes_per_token=KVShape.of(text).bytes_per_token(2),
                     activation_base=0.0, activation_per_token=0.0,
                     max_model_len=int(text.get("max_position_embeddings") or 2048),
-                    vocab_size=int(text["vocab_size"]))
+                    vocab_size=int(text["vocab_size"]),
+                    activation_per_seq=float(int(text["vocab_size"]) * (2 + 4)))
     return Profile(identity(model, threads), Fit(UNFITTED, {}, math.inf), memory, 0,
                    "from config.json: no step-time fit")
 
@@ -196,6 +197,16 @@ def run_calibration(model: str | None, *, threads: int = 1, block_sizes=(16, 64)
                    created=time.strftime("%Y-%m-%d %H:%M:%S"))
 
 
+def logits_bytes_per_seq(vocab_size: int, dtype) -> float:
+    """What one sequence's logits add to the engine's profiling forward: the model's
+    output row in its dtype, and the float32 copy the runner returns (none when the model
+    runs in float32, as on a CPU)."""
+    import torch
+
+    size = torch.empty((), dtype=dtype).element_size()
+    return float(vocab_size * (size + (4 if size != 4 else 0)))
+
+
 def _memory(engine, tokens: int) -> Memory:
     """The pool's terms: weights and KV bytes from the runner; activations from two of the
     runner's own profiling forwards (the ones it sizes the pool with at start-up)."""
@@ -204,6 +215,7 @@ def _memory(engine, tokens: int) -> Memory:
     a_small = runner.profile_peak_activation_bytes(small, 1)
     a_large = runner.profile_peak_activation_bytes(large, 1)
     per_token = max(0.0, (a_large - a_small) / (large - small))
+    per_seq = logits_bytes_per_seq(engine.info.vocab_size, runner.dtype)
     runner.allocate_kv_cache(engine.num_blocks)  # the probes dropped the pool's views
     from tuner.sim.tiers import time_copies
 
@@ -212,8 +224,8 @@ def _memory(engine, tokens: int) -> Memory:
                   == "cuda" else 0.0,
                   weight_bytes=float(runner.weight_bytes()),
                   kv_bytes_per_token=runner.kv_bytes_per_block // engine.info.block_size,
-                  activation_base=max(0.0, a_small - per_token * small),
+                  activation_base=max(0.0, a_small - per_token * small - per_seq),
                   activation_per_token=per_token, max_model_len=engine.info.max_model_len,
-                  vocab_size=engine.info.vocab_size,
+                  vocab_size=engine.info.vocab_size, activation_per_seq=per_seq,
                   store_seconds_per_byte=store, load_seconds_per_byte=load,
                   disk_load_seconds_per_byte=disk)

@@ -207,7 +207,7 @@ def sim_engine(profile: Profile, settings: dict, *, hf_config,
     num_blocks = config.num_gpu_blocks_override or profile.memory.num_blocks(
         block_size=config.block_size, fraction=config.gpu_memory_utilization,
         max_num_batched_tokens=config.max_num_batched_tokens,
-        cpu_memory_gib=config.cpu_memory_gib)
+        max_num_seqs=config.max_num_seqs, cpu_memory_gib=config.cpu_memory_gib)
     if num_blocks < 1:
         raise ValueError(f"no memory left for the KV cache at gpu_memory_utilization="
                          f"{config.gpu_memory_utilization}; raise it or lower "

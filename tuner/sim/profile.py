@@ -178,7 +178,7 @@ class Memory:
     weight_bytes: float
     kv_bytes_per_token: int
     activation_base: float          # activations = base + per_token x max_num_batched_tokens
-    activation_per_token: float
+    activation_per_token: float     #   + per_seq x min(max_num_seqs, max_num_batched_tokens)
     max_model_len: int
     vocab_size: int
     # the host KV tier's copies (tuner/sim/tiers.py), timed on this machine; None: not timed
@@ -187,11 +187,24 @@ class Memory:
     load_seconds_per_byte: float | None = None
     # a disk tier's load, per file byte: the read and the copy into the pool
     disk_load_seconds_per_byte: float | None = None
+    # the logits one sampled sequence adds to the engine's profiling forward (it keeps the
+    # last token's logits of each of its min(max_num_seqs, max_num_batched_tokens)
+    # sequences): vocab x (the model's dtype + the float32 copy); None (a profile from
+    # before it): float32 logits, vocab x 4
+    activation_per_seq: float | None = None
+
+    def activations(self, *, max_num_batched_tokens: int, max_num_seqs: int) -> float:
+        """The activations the engine measures at start with these batch limits."""
+        per_seq = self.vocab_size * 4 if self.activation_per_seq is None \
+            else self.activation_per_seq
+        return (self.activation_base + self.activation_per_token * max_num_batched_tokens
+                + per_seq * max(1, min(max_num_seqs, max_num_batched_tokens)))
 
     def num_blocks(self, *, block_size: int, fraction: float, max_num_batched_tokens: int,
-                   cpu_memory_gib: float) -> int:
+                   max_num_seqs: int, cpu_memory_gib: float) -> int:
         device = self.device_bytes or cpu_memory_gib * 2**30
-        activations = self.activation_base + self.activation_per_token * max_num_batched_tokens
+        activations = self.activations(max_num_batched_tokens=max_num_batched_tokens,
+                                       max_num_seqs=max_num_seqs)
         budget = fraction * device - self.weight_bytes - activations
         return int(budget // (block_size * self.kv_bytes_per_token))
 
