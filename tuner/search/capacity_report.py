@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from paged_api.search_space import to_spec_patch
-from tuner.search.capacity_sweep import replicas
+from tuner.search.capacity_sweep import drift_text, replicas
 
 
 def _fmt(params: dict) -> str:
@@ -47,11 +47,14 @@ def confirmation_table(record: dict) -> str | None:
     if any(p is not None for arm in record["arms"] for p in arm.get("step_price", [])):
         lines.append("  (steps priced: what the simulator's profile charges for the steps "
                      "each arm's engines served, over what they took; median of rounds)")
-    pilot = record.get("pilot")
+    pilot, drift = record.get("pilot"), record.get("pilot_drift")
     if pilot:
         lines.append("  (before the rounds, not scored: the baseline's pilot "
-                     + (f"{pilot['capacity']:.2f} req/s)" if not pilot["failed"]
-                        else f"failed: {pilot['failed']})"))
+                     + (f"{pilot['capacity']:.2f} req/s" if not pilot["failed"]
+                        else f"failed: {pilot['failed']}")
+                     + (f", {drift['ratio']:.2f}x its rounds' median)" if drift else ")"))
+    if drift and drift["flagged"]:
+        lines.append(f"  warning: {drift_text(drift)}")
     return "\n".join(lines)
 
 

@@ -54,6 +54,7 @@ REAL_REL_TOL = 0.1
 REAL_GROWTH = 1.08      # a real search starts near the answer: a small first step,
 REAL_MAX_GROWTH = 2.0   # squared on each further step the same way (capacity.search_capacity)
 LIGHT_SHARE = 0.1       # the pilot's light load, of its simulated capacity: no queueing
+PILOT_DRIFT = 1.25      # a pilot this far from the baseline's rounds, and outside them
 
 
 @dataclass
@@ -146,8 +147,38 @@ def confirm_for_real(plan: CapacityPlan, config, arms: list[dict], pilot: dict,
                                if usable else None)
         arm["gain"] = dataclasses.asdict(gains[arm["label"]]) if usable else None
     decision = decide(gains, min_gain=config.min_gain)
+    drift = pilot_drift(pilot, base)
+    if drift and drift["flagged"]:
+        plan.log(drift_text(drift))
     return {"arms": arms, "rounds": config.confirm_rounds, "floor": floor, "pilot": pilot,
-            "winner": decision.winner, "reason": decision.reason}
+            "pilot_drift": drift, "winner": decision.winner, "reason": decision.reason}
+
+
+def pilot_drift(pilot: dict, base: dict) -> dict | None:
+    """The pilot against the baseline's real rounds. The profile's serving term, its
+    pools and its anchor are fitted on the pilot's engine, so a pilot measured while the
+    machine ran at another speed fits them to that speed, and the search ranked the
+    settings on it (a fresh VM's first minutes, 2026-12-07: the defaults' pilot 22.47
+    req/s, the same defaults 45.30 twenty minutes later). Flagged when the pilot lies
+    outside the rounds and more than PILOT_DRIFT from their median; None without a
+    pilot or a round."""
+    rounds = [c for c, failed in zip(base["capacity"], base["failed"])
+              if failed is None and c > 0]
+    if pilot.get("failed") or not pilot.get("capacity") or not rounds:
+        return None
+    median = statistics.median(rounds)
+    ratio = pilot["capacity"] / median
+    outside = not min(rounds) <= pilot["capacity"] <= max(rounds)
+    return {"ratio": ratio, "baseline_median": median,
+            "flagged": outside and not 1 / PILOT_DRIFT <= ratio <= PILOT_DRIFT}
+
+
+def drift_text(drift: dict) -> str:
+    return (f"the pilot read {drift['ratio']:.2f}x the baseline's rounds (median "
+            f"{drift['baseline_median']:.2f} req/s): the machine ran at another speed while "
+            "it measured, and the simulator's serving term, pools and anchor were fitted to "
+            "that speed; the simulated ranking may be off: run the sweep again on a quiet "
+            "machine")
 
 
 def _measure_arm(plan: CapacityPlan, config, arm: dict, load, ratios: dict[str, list[float]],
