@@ -313,6 +313,24 @@ def test_the_status_shows_the_simulated_search_and_the_step_times_factor():
     assert "anchor" not in capacity_job.simulated_status(record)["simulation"]["profile"]
 
 
+def test_the_status_shows_the_pilot_against_the_baselines_rounds_and_warns_on_drift():
+    import tuner.search.capacity_sweep as sweep
+
+    base = {"capacity": [45.0, 40.6, 44.0], "failed": [None, None, None]}
+    pilot = {"capacity": 22.47, "failed": None}
+    record = {"pilot": pilot, "pilot_drift": sweep.pilot_drift(pilot, base)}
+    status = capacity_job.pilot_status(record)
+    assert status["capacity"] == 22.47 and status["ofBaselineRounds"] == round(22.47 / 44, 4)
+    assert status["warning"].startswith("the pilot read 0.51x the baseline's rounds")
+    record["pilot"] = {"capacity": 43.0, "failed": None}
+    record["pilot_drift"] = sweep.pilot_drift(record["pilot"], base)
+    assert "warning" not in capacity_job.pilot_status(record)
+    # no rounds (no headroom in simulation) or a failed pilot: its capacity alone
+    assert capacity_job.pilot_status({"pilot": {"capacity": 0.0, "failed": "refused"},
+                                      "pilot_drift": None}) == {"capacity": 0.0,
+                                                                "failed": "refused"}
+
+
 def _probe(rate: float, passed: bool, waiting: float) -> dict:
     return {"rate": rate, "passed": passed, "attainment": 0.95 if passed else 0.5,
             "gauges": {"num_requests_waiting_mean": waiting,

@@ -220,6 +220,23 @@ def simulated_status(record: dict) -> dict[str, Any]:
                            "best": shown}}
 
 
+def pilot_status(record: dict) -> dict[str, Any]:
+    """status.pilot: the baseline's pilot capacity (or why it failed), its ratio to the
+    baseline's rounds' median and, where it drifted from them (capacity_sweep.pilot_drift),
+    the warning that the simulator was fitted to a machine at another speed."""
+    from tuner.search.capacity_sweep import drift_text
+
+    pilot, drift = record["pilot"], record.get("pilot_drift")
+    out: dict[str, Any] = {"capacity": round(pilot["capacity"], 4)}
+    if pilot["failed"]:
+        out["failed"] = pilot["failed"]
+    if drift:
+        out["ofBaselineRounds"] = round(drift["ratio"], 4)
+        if drift["flagged"]:
+            out["warning"] = drift_text(drift)
+    return out
+
+
 def _anchor_status(anchor: dict | None) -> dict[str, Any]:
     """The step times' factor that made the baseline's simulated capacity its pilot's."""
     if not anchor:

@@ -260,9 +260,7 @@ class Tuning:
                      baseline={"engine": self.target_engine,
                                **arm_goodput(base, "capacity"),
                                "simulated": round(base["sim"], 4)},
-                     pilot={"capacity": round(record["pilot"]["capacity"], 4),
-                            **({"failed": record["pilot"]["failed"]}
-                               if record["pilot"]["failed"] else {})},
+                     pilot=capacity_job.pilot_status(record),
                      confirmation=[{"label": a["label"],
                                     **to_spec_patch(a["params"], record=True),
                                     "simulated": round(a["sim"], 4),
