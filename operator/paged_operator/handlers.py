@@ -257,8 +257,24 @@ async def _status_from_event(owner_name: str, namespace: str, memo: Any,
         router = await deployment_named(f"{owner_name}-router") if spec.router.enabled \
             else None
         await _write_status(api, owner, status.from_deployment(
-            spec, deployment, generation=owner["metadata"].get("generation"),
+            spec, deployment, generation=reflected_generation(owner, spec, deployment),
             previous=owner.get("status") or {}, pods=pods, router=router))
+
+
+def reflected_generation(owner: Mapping[str, Any], spec: Any,
+                         deployment: Mapping[str, Any]) -> int | None:
+    """The owner's generation that a status computed from `deployment` may claim: the
+    current one when the Deployment holds what that spec asks for (manifests.deployment,
+    compared as apply_child compares), else the one the status last observed. An event
+    can carry a Deployment older than the owner's spec: a watch event queued before the
+    reconcile applied the new template, or a pod event read before that reconcile ran.
+    Its rollout is complete, but for the old template; claiming the new generation with
+    it would tell a client waiting for the new generation's rollout (the tuner applying
+    a setting, `kubectl wait`) that the new pods serve while the old ones still do."""
+    current = owner["metadata"].get("generation")
+    if contains(deployment, manifests.deployment(spec)):
+        return current
+    return (owner.get("status") or {}).get("observedGeneration")
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
