@@ -185,7 +185,10 @@ def _apply_and_verify(run: TuningRun, wanted: dict, baseline: dict,
     try:
         cluster.wait_ready(target, timeout=run.spec.startup_timeout,
                            generation=patched["metadata"]["generation"])
-        verification = _verify(run, live_before, load)
+        # the pods roll when the engine's settings or a section the pods read changes;
+        # an autoscaling target alone keeps them
+        rolled = new != previous or bool(set(changes) - {"engine", "autoscaling"})
+        verification = _verify(run, live_before, load, rolled=rolled)
     except Infeasible as exc:
         verification = {"method": "rollout", "held": False,
                         **{k: round(v, 4) for k, v in baseline.items()},
@@ -231,10 +234,12 @@ def _live_baseline(run: TuningRun) -> dict | None:
     return figures
 
 
-def _verify(run: TuningRun, live_before: dict | None, load: Callable[[], dict]) -> dict:
+def _verify(run: TuningRun, live_before: dict | None, load: Callable[[], dict], *,
+            rolled: bool = True) -> dict:
     """status.verification after the rollout: PromQL on the live traffic when there is
     enough of it (`promql`: both windows' figures), else `load()`: a short load against
-    the confirmation's baseline (`fallback` says why)."""
+    the confirmation's baseline (`fallback` says why). `rolled`: the patch replaced the
+    pods (the window after then never reads the baseline's pods' template)."""
     target = run.spec.target
     fallback, record = "no spec.prometheus.url", {}
     if live_before is not None:
@@ -245,7 +250,8 @@ def _verify(run: TuningRun, live_before: dict | None, load: Callable[[], dict]) 
                 promql["live"] = live_verify.after_rollout(
                     run.prometheus, promql["selector"], window=run.spec.verify_window,
                     limits=live_verify.slo_limits(run.slos),
-                    settle_timeout=run.spec.startup_timeout)
+                    settle_timeout=run.spec.startup_timeout,
+                    old_pods=live_before.get("pods", ()) if rolled else ())
             except PrometheusError as exc:
                 promql["live"] = {"requests": 0, "error": str(exc)}
         held, why = live_verify.verdict(live_before, promql.get("live"))

@@ -4,7 +4,10 @@ With spec.prometheus.url, `apply.mode: Auto` reads the target's engines (all its
 `namespace="NS",pod=~"TARGET-<hash>-<id>"`) over a window W (spec.apply.verifyWindow)
 twice, with the same queries: the W before the patch (the baseline) and the W after the
 rollout (its window starts at the first scrape once Prometheus scrapes the new pods only:
-old pods may serve while they terminate). Per window:
+old pods may serve while they terminate, and Prometheus learns of a new pod a scrape or
+two after the API does, so "one template" alone can still be the old one: when the patch
+changes the pod template, the template the baseline's pods ran is not taken). Per
+window:
 
 - requests: `sum(increase(vllm:request_success_total{sel}[W]))`, rate = requests / W;
 - per SLO metric, the share of observations within the SLO, interpolated in the
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from tuner.measure.server_metrics import E2E, ITL, TTFT, histogram_quantile
 from tuner.measure.promql import PrometheusError, PrometheusReader
@@ -104,41 +107,61 @@ def read_window(reader: PrometheusReader, sel: str, *, end: float, window: float
     return {**figures_from(requests, buckets, limits, window), "end": round(end, 3)}
 
 
+def scraped_pods(reader: PrometheusReader, braced: str) -> set[str]:
+    """The pods Prometheus scrapes now (`up == 1`)."""
+    return {labels.get("pod", "") for labels, _ in reader.query(f"up{braced} == 1",
+                                                                  at=time.time())}
+
+
 def baseline(reader: PrometheusReader, sel: str, *, window: float,
              limits: dict[str, float]) -> dict[str, Any]:
-    """The window up to the latest scrape of the live pods, before the patch."""
-    end = reader.wait_for_scrape("{" + sel + "}", after=time.time())
-    return read_window(reader, sel, end=end, window=window, limits=limits)
+    """The window up to the latest scrape of the live pods, before the patch; `pods`:
+    those scraped then (the templates the window after must not read again)."""
+    braced = "{" + sel + "}"
+    end = reader.wait_for_scrape(braced, after=time.time())
+    return {**read_window(reader, sel, end=end, window=window, limits=limits),
+            "pods": sorted(scraped_pods(reader, braced))}
+
+
+def template(pod: str) -> str:
+    """A Deployment's pod `TARGET-<template hash>-<id>`: `TARGET-<template hash>`."""
+    return pod.rsplit("-", 1)[0]
 
 
 def one_template(pods: set[str]) -> bool:
     """Whether the pods (`TARGET-<template hash>-<id>`) are all of one pod template."""
-    return len({pod.rsplit("-", 1)[0] for pod in pods}) == 1
+    return len({template(pod) for pod in pods}) == 1
 
 
 def wait_for_new_pods_only(reader: PrometheusReader, braced: str, *, timeout: float,
+                           old: Iterable[str] = (),
                            sleep: Callable[[float], Any] = time.sleep) -> set[str]:
-    """Until Prometheus scrapes the target's pods of one template only: a rollout's old
-    pods can serve (and be scraped) while they terminate, after the service is Ready."""
+    """Until Prometheus scrapes the target's pods of one template only, and not a template
+    of the `old` pods: a rollout's old pods can serve (and be scraped) while they
+    terminate, after the service is Ready, and the new pods are scraped only once
+    Prometheus has read them from service discovery."""
+    old_templates = {template(pod) for pod in old}
     deadline = time.monotonic() + timeout
     while True:
-        pods = {labels.get("pod", "") for labels, _ in reader.query(f"up{braced} == 1",
-                                                                      at=time.time())}
-        if pods and one_template(pods):
+        pods = scraped_pods(reader, braced)
+        if pods and one_template(pods) and template(next(iter(pods))) not in old_templates:
             return pods
         if time.monotonic() > deadline:
             raise PrometheusError(f"Prometheus still scrapes the pods {sorted(pods)} "
-                                  f"{timeout:.0f} s after the rollout: not one template")
+                                  f"{timeout:.0f} s after the rollout: not one new template")
         sleep(0.5)
 
 
 def after_rollout(reader: PrometheusReader, sel: str, *, window: float,
                   limits: dict[str, float], settle_timeout: float = 600.0,
+                  old_pods: Iterable[str] = (),
                   sleep: Callable[[float], Any] = time.sleep) -> dict[str, Any]:
     """The window starting at the first scrape once only the new pods are scraped (call
-    it after the rollout)."""
+    it after the rollout); `old_pods`: the pods before a patch that changed the pod
+    template (none when it did not: the same template serves on)."""
     braced = "{" + sel + "}"
-    pods = wait_for_new_pods_only(reader, braced, timeout=settle_timeout, sleep=sleep)
+    pods = wait_for_new_pods_only(reader, braced, timeout=settle_timeout, old=old_pods,
+                                  sleep=sleep)
     start = reader.wait_for_scrape(braced, after=time.time())
     sleep(max(0.0, start + window - time.time()))
     end = reader.wait_for_scrape(braced, after=start + window)
