@@ -164,6 +164,7 @@ def test_a_profile_is_fitted_from_the_live_step_counters(server, client):
     import threading
 
     from tuner.sim.live_profile import fit_live, scrape_series, windows
+    from tuner.sim.live_profile import scrape as read_counters
 
     stop = threading.Event()
 
@@ -179,7 +180,13 @@ def test_a_profile_is_fitted_from_the_live_step_counters(server, client):
     for t in threads:
         t.start()
     try:
+        # readings every 0.4 s until ten busy windows (a loaded machine's scrapes are
+        # slower: 5 s gave 7 windows in CI on 2026-12-07), at most a minute
         series = scrape_series(server.base_url, duration=5.0, interval=0.4)
+        deadline = time.monotonic() + 60
+        while len(windows(series)[0]) < 10 and time.monotonic() < deadline:
+            time.sleep(0.4)   # the reading interval
+            series.append(read_counters(server.base_url))
     finally:
         stop.set()
         for t in threads:

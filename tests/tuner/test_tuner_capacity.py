@@ -65,10 +65,13 @@ def test_capacity_on_the_fake_engine_finds_the_known_knee(tmp_path, monkeypatch)
     assert 0.7 * knee <= result.rate <= 1.1 * knee, result.probes
     assert result.upper is not None and result.upper <= 1.6 * knee, result.probes
     assert "req/s per replica" in result.line()
-    # each probe carries the engine's gauges: above the knee the queue grows
+    # each probe carries the engine's gauges: below the knee nothing waits, and at the
+    # highest rate probed, furthest above it, the queue grows (the lowest failing rate,
+    # just past the knee, may average only one waiting: 1.0 in CI on 2026-12-07)
     waiting = {p["rate"]: p["gauges"]["num_requests_waiting_mean"] for p in result.probes}
-    lowest = min(waiting)
-    assert waiting[lowest] < 1.0 < waiting[result.upper], result.probes
+    lowest, highest = min(waiting), max(waiting)
+    assert highest > 1.2 * knee, result.probes
+    assert waiting[lowest] < 1.0 < waiting[highest], result.probes
 
 
 def test_every_probe_of_a_search_sends_its_own_requests(tmp_path, monkeypatch):
