@@ -139,6 +139,8 @@ class KVCacheManager:
             return
         first = (seq.num_computed_tokens - num_new_tokens) // self.block_size
         num_full = seq.num_computed_tokens // self.block_size
+        if first >= num_full:   # no block filled (most decode steps): nothing to hash
+            return
         hashes = self._full_block_hashes(seq, num_full)
         for i in range(first, num_full):
             block = self.blocks[seq.block_table[i]]

@@ -113,6 +113,8 @@ class OutputProcessor:
     def _returned(req: RequestState) -> list[Sequence]:
         """The samples an output shows: all n, or with best_of the output_n of highest
         cumulative logprob once all finished (before that, the first output_n)."""
+        if len(req.seqs) == 1:   # n = 1: every request but parallel sampling's
+            return req.seqs
         seqs = sorted(req.seqs, key=lambda s: s.index)
         p = req.params
         if p.output_n == p.n:

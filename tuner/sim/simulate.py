@@ -139,7 +139,9 @@ def simulate(profile: Profile, settings: dict, stream, *, duration: float, slos:
                         settling.finished(record)
                 continue
             rid = f"sim-{count}"
-            ids = [t % vocab for t in req.prompt_ids]
+            ids = req.prompt_ids   # a trace's ids past the vocabulary wrap into it
+            if ids and (max(ids) >= vocab or min(ids) < 0):
+                ids = [t % vocab for t in ids]
             engine.add_request(rid, ids, SamplingParams(
                 max_tokens=req.max_tokens, ignore_eos=True, temperature=0.0, detokenize=False),
                 arrival_time=req.arrival)
