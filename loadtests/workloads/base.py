@@ -33,11 +33,12 @@ _WORDS = (
 
 
 def words(rng: random.Random, n: int) -> str:
-    """`n` words drawn uniformly from the vocabulary, with a full stop every ~12 words."""
-    out = []
-    for i in range(max(0, n)):
-        w = rng.choice(_WORDS)
-        out.append(w + "." if i % 12 == 11 else w)
+    """`n` words drawn uniformly from the vocabulary, with a full stop every 12th word.
+    Drawn in one `choices` call: a word at a time was a third of a simulated summarize
+    capacity search's time (and the load client's, on the cores the engine shares)."""
+    out = rng.choices(_WORDS, k=max(0, n))
+    for i in range(11, len(out), 12):
+        out[i] += "."
     return " ".join(out)
 
 

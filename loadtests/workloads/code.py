@@ -12,6 +12,7 @@ Default load: 6 closed-loop users.
 """
 from __future__ import annotations
 
+import functools
 import random
 
 from loadtests.workloads.base import Request, SingleShot, WorkloadSpec, uniform, words
@@ -34,7 +35,9 @@ def _example(rng: random.Random) -> str:
             f"    return total if total > {rng.randint(0, 99)} else {a}\n")
 
 
+@functools.lru_cache(maxsize=16)
 def header(scale: float = 1.0) -> str:
+    """The same few-shot header every time for a scale: drawn once per scale."""
     rng = random.Random(_HEADER_SEED)
     n = max(1, round(EXAMPLES * scale))
     return "# Examples of the house style.\n\n" + "\n".join(_example(rng) for _ in range(n))
