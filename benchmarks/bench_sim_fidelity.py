@@ -8,7 +8,7 @@ simulated capacity against one real one: a cold search to 5 %, and one as the sw
     python -m benchmarks.bench_sim_fidelity [--workload chat] [--settings 12] [--grid tiers|disk]
         [--rate 4 | --rate-share 0.6] [--duration 8] [--sim-duration S] [--model M]
         [--profile FILE ...] [--pilot] [--serving] [--probe-lead S]
-        [--save FILE] [--real-from FILE] [--real-also FILE ...]
+        [--save FILE] [--real-from FILE] [--real-also FILE ...] [--speed]
 
 The latencies are read at one rate for every setting (--rate), or at a share of each
 setting's own real capacity (--rate-share): a rate every setting serves, so that both
@@ -30,6 +30,12 @@ A ranking can be checked only to the real side's own noise: with --real-also (th
 side of other --save runs of the same settings) the bench also prints how each pair of
 real runs ranks the settings against each other (Kendall's tau: the ceiling a simulator
 is held to) and each profile's tau against the real runs' geometric mean.
+
+The machine's speed moves while the real runs are made: with --speed, a fixed set of engine
+steps is timed in-process before the pilot and before each setting's real runs
+(benchmarks/machine_speed.py: their time over the cached profile's price), and each
+profile's capacity error and tau are also given against the real capacities read at the
+pilot's speed (the speed the pilot-fitted profiles describe).
 """
 from __future__ import annotations
 
@@ -44,6 +50,7 @@ from types import SimpleNamespace
 
 from scipy.stats import kendalltau
 
+from benchmarks.machine_speed import speed_report
 from benchmarks.sim_fidelity_grids import GRIDS, HIT_RATES, on_disk, real_launch
 from loadtests.workloads import WORKLOAD_NAMES, get_workload
 from tuner.measure.capacity import (WARMUP_PROBE, after_lead, interpolated, measure_capacity,
@@ -100,7 +107,8 @@ def pilot_sims(sims: dict, base: dict, launch, load, slos, work: Path, duration:
     the sweep's simulator, which takes the front-end time after the serving term). A saved
     pilot's `series` and `light` load (--real-from) are used as read, without a real run
     (without a saved light load, no front-end time). The series read is appended to
-    `series`, the light load's rate and records put in `light`."""
+    `series`, the light load's rate and records and the pilot's real capacity put in
+    `light`."""
     first = next(iter(sims.values()))
     saved = bool(series)
     light = light if light is not None else {}
@@ -125,6 +133,8 @@ def pilot_sims(sims: dict, base: dict, launch, load, slos, work: Path, duration:
         {}, launch, load, slos, workdir=work, start=simulated / 2, warmup_requests=2,
         rel_tol=0.1, max_probes=7, watch=watch, warmup_load=first.warmup_requests)
     real = f"{interpolated(pilot):.2f}" if pilot else "(saved)"
+    if pilot:
+        light["pilot_capacity"] = interpolated(pilot)
     if len(series) > 1 and series[-1].steps > series[0].steps:
         a, b = series[0], series[-1]
         print(f"pilot: {b.steps - a.steps:.0f} steps, loop gaps between them "
@@ -256,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the real capacities of another --save run of the same settings "
                          "(repeatable): the real runs' tau between themselves, and each "
                          "profile's against their geometric mean")
+    ap.add_argument("--speed", action="store_true",
+                    help="time a fixed set of engine steps before the pilot and each "
+                         "setting's real runs, and give the errors at the pilot's speed too")
     args = ap.parse_args(argv)
     others = [json.loads(Path(f).read_text()) for f in args.real_also]
     saved = json.loads(Path(args.real_from).read_text()) if args.real_from else None
@@ -283,6 +296,14 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="sim-fidelity-"))
     series = [Totals(**t) for t in saved["pilot_series"]] if saved else []
     light = dict(saved.get("light") or {}) if saved else {}
+    speed = None
+    if args.speed and not saved:
+        from benchmarks.machine_speed import SpeedIndex
+        speed = SpeedIndex(next(iter(sims.values())).profile, model=args.model,
+                           threads=cpu.threads)
+        light["speed"] = speed.measure()
+        print(f"machine speed before the pilot: {light['speed']:.3f} of the profile's "
+              "step time", flush=True)
     if args.pilot or args.serving:
         sims |= pilot_sims(sims, base, launch, load, slos, work / "pilot", args.duration,
                            front=args.pilot or bool(light), serving=args.serving,
@@ -310,8 +331,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"--real-from {args.real_from}: row {i} holds "
                                  f"{saved['rows'][i]['settings']}, not {settings}")
             row.update({k: v for k, v in saved["rows"][i].items()
-                        if k.startswith("real_") or k == "rate"})
+                        if k.startswith("real_") or k in ("rate", "speed")})
         else:
+            if speed is not None:
+                row["speed"] = speed.measure()
             row.update(real_figures(i, settings, max(min(
                 row[f"{label}_cap"] for label in sims) / 2, 0.5), args, cpu, load, work))
         rate = row["rate"]
@@ -355,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cost: the same, simulated as the sweep searches (from the defaults' "
               f"{warm[label]:.2f} req/s, to {SIM_REL_TOL:.0%}), median: {swept:.1f}x (its "
               f"capacities {swept_err:.1%} from the precise ones)")
+    if light.get("speed") and all(r.get("speed") for r in rows):
+        print(speed_report(rows, light, list(sims)))
     if others:
         print(real_agreement(rows, others, list(sims)))
     if args.sim_workers:

@@ -13,6 +13,9 @@ GRID = [{"max_num_seqs": s, "block_size": b, "max_num_batched_tokens": t,
                            (64, 128, 1024, 0.9), (256, 16, 2048, 0.9), (3, 64, 256, 0.8),
                            (12, 32, 1536, 0.9), (24, 16, 512, 0.5), (48, 32, 2048, 0.95),
                            (6, 8, 768, 0.9), (128, 64, 384, 0.9)]]
+# the engine's defaults, as the grid writes them (the capacity sweep's pilot measures them)
+DEFAULTS = {"max_num_seqs": 256, "block_size": 16, "max_num_batched_tokens": 2048,
+            "gpu_memory_utilization": 0.9}
 # the host KV tier (tuner/sim/tiers.py): device pools too small for the workload's working
 # set (blocks set, so both sides have the same pool), each without and with host tiers of
 # three sizes (the embedded model's 16-token block is 64 KiB: 0.02 GiB holds 327 of them)
