@@ -15,7 +15,7 @@ import statistics
 import time
 from types import SimpleNamespace
 
-from benchmarks.bench_sim_fidelity import GRID
+from benchmarks.sim_fidelity_grids import GRID
 from loadtests.workloads import WORKLOAD_NAMES
 from tuner.measure.capacity import interpolated
 from tuner.sim.cli import context_for, sim_settings

@@ -18,7 +18,7 @@ import statistics
 import time
 from types import SimpleNamespace
 
-from benchmarks.bench_sim_fidelity import GRID
+from benchmarks.sim_fidelity_grids import GRID
 from loadtests.workloads import WORKLOAD_NAMES
 from tuner.search.capacity_search import simulate_point
 from tuner.search.sim_pool import SimPool, usable_cpus
