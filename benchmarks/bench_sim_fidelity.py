@@ -35,7 +35,10 @@ The machine's speed moves while the real runs are made: with --speed, a fixed se
 steps is timed in-process before the pilot and before each setting's real runs
 (benchmarks/machine_speed.py: their time over the cached profile's price), and each
 profile's capacity error and tau are also given against the real capacities read at the
-pilot's speed (the speed the pilot-fitted profiles describe).
+pilot's speed (the speed the pilot-fitted profiles describe). The first profile is also
+compared scaled to the pilot's speed ("LABEL@speed", and its serving and front-end
+variants): a serving term fitted on a calibration that the machine now runs faster than
+prices serving at what is left over, which cannot be below zero.
 """
 from __future__ import annotations
 
@@ -51,7 +54,8 @@ from types import SimpleNamespace
 from scipy.stats import kendalltau
 
 from benchmarks.machine_speed import speed_report
-from benchmarks.sim_fidelity_grids import GRIDS, HIT_RATES, on_disk, real_launch
+from benchmarks.sim_fidelity_grids import (GRIDS, HIT_RATES, on_disk, real_agreement,
+                                          real_launch, rel)
 from loadtests.workloads import WORKLOAD_NAMES, get_workload
 from tuner.measure.capacity import (WARMUP_PROBE, after_lead, interpolated, measure_capacity,
                                     probe_load, rate_load)
@@ -64,6 +68,7 @@ from tuner.sim.cli import workload_profile
 from tuner.sim.context import SIM_WARMUP_REQUESTS, SimContext, engine_threads, load_profile
 from tuner.sim.live_profile import Totals, live_profile, read_steps, serving_term
 from tuner.search import capacity_front
+from tuner.search.capacity_profile import scaled
 from tuner.search.capacity_search import SIM_GROWTH, SIM_MAX_PROBES, SIM_REL_TOL
 from tuner.search.capacity_sweep import LIGHT_SHARE
 from tuner.sim.simulate import front_seconds
@@ -86,12 +91,6 @@ def cpu_setup(workload: str, model: str | None) -> SimpleNamespace:
         threads=engine_threads({"cpu_threads": prof["cpu_threads"]} if "cpu_threads" in prof
                                else {}),
         launch=EngineLaunch(model=model, extra_flags=tuple(flags)))
-
-
-def rel(sim: float | None, real: float | None) -> float | None:
-    if sim is None or real is None or real == 0:
-        return None
-    return abs(sim - real) / real
 
 
 def pilot_sims(sims: dict, base: dict, launch, load, slos, work: Path, duration: float,
@@ -204,27 +203,6 @@ def real_figures(i: int, settings: dict, start: float, args, cpu, load, work: Pa
     return row
 
 
-def real_agreement(rows: list[dict], others: list[dict], labels: list[str]) -> str:
-    """The real runs' Kendall tau between each pair (this run first, then --real-also's),
-    and each profile's tau and median capacity error against their geometric mean."""
-    reals = [[r["real_cap"] for r in rows]] + [
-        [r["real_cap"] for r in o["rows"][:len(rows)]] for o in others]
-    lines = ["\nthe real runs against each other (capacity over the same settings):"]
-    for i in range(len(reals)):
-        for j in range(i + 1, len(reals)):
-            apart = statistics.median(rel(a, b) for a, b in zip(reals[i], reals[j]))
-            lines.append(f"  run {i} vs run {j}: Kendall tau "
-                         f"{kendalltau(reals[i], reals[j]).statistic:.2f}, median "
-                         f"difference {apart:.1%}")
-    mean = [statistics.geometric_mean(c) for c in zip(*reals)]
-    for label in labels:
-        sim = [r[f"{label}_cap"] or 0.0 for r in rows]
-        err = statistics.median(rel(a, b) for a, b in zip(sim, mean))
-        lines.append(f"  {label} against their geometric mean: Kendall tau "
-                     f"{kendalltau(sim, mean).statistic:.2f}, capacity error {err:.1%}")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="chat", choices=WORKLOAD_NAMES)
@@ -304,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         light["speed"] = speed.measure()
         print(f"machine speed before the pilot: {light['speed']:.3f} of the profile's "
               "step time", flush=True)
+    if args.speed and light.get("speed"):   # the first profile at the pilot's speed too
+        label, first = next(iter(sims.items()))
+        sims[f"{label}@speed"] = scaled(first, light["speed"])
     if args.pilot or args.serving:
         sims |= pilot_sims(sims, base, launch, load, slos, work / "pilot", args.duration,
                            front=args.pilot or bool(light), serving=args.serving,

@@ -1,9 +1,13 @@
-"""The settings bench_sim_fidelity compares, simulated against real: the grids, and how a
-setting that is no tuner setting (a pool in blocks, a disk tier) reaches each side."""
+"""The settings bench_sim_fidelity compares, simulated against real: the grids, how a
+setting that is no tuner setting (a pool in blocks, a disk tier) reaches each side, and
+how real runs of the same grid agree with each other."""
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from pathlib import Path
+
+from scipy.stats import kendalltau
 
 # spread over the space: batch limit, page size, token budget, memory fraction
 GRID = [{"max_num_seqs": s, "block_size": b, "max_num_batched_tokens": t,
@@ -49,3 +53,30 @@ def real_launch(launch, settings: dict, disk_dir: Path):
     rest = {k: v for k, v in settings.items()
             if k not in ("num_gpu_blocks_override", "kv_disk_size")}
     return dataclasses.replace(launch, extra_flags=launch.extra_flags + flags), rest
+
+
+def rel(sim: float | None, real: float | None) -> float | None:
+    if sim is None or real is None or real == 0:
+        return None
+    return abs(sim - real) / real
+
+
+def real_agreement(rows: list[dict], others: list[dict], labels: list[str]) -> str:
+    """The real runs' Kendall tau between each pair (this run first, then --real-also's),
+    and each profile's tau and median capacity error against their geometric mean."""
+    reals = [[r["real_cap"] for r in rows]] + [
+        [r["real_cap"] for r in o["rows"][:len(rows)]] for o in others]
+    lines = ["\nthe real runs against each other (capacity over the same settings):"]
+    for i in range(len(reals)):
+        for j in range(i + 1, len(reals)):
+            apart = statistics.median(rel(a, b) for a, b in zip(reals[i], reals[j]))
+            lines.append(f"  run {i} vs run {j}: Kendall tau "
+                         f"{kendalltau(reals[i], reals[j]).statistic:.2f}, median "
+                         f"difference {apart:.1%}")
+    mean = [statistics.geometric_mean(c) for c in zip(*reals)]
+    for label in labels:
+        sim = [r[f"{label}_cap"] or 0.0 for r in rows]
+        err = statistics.median(rel(a, b) for a, b in zip(sim, mean))
+        lines.append(f"  {label} against their geometric mean: Kendall tau "
+                     f"{kendalltau(sim, mean).statistic:.2f}, capacity error {err:.1%}")
+    return "\n".join(lines)
