@@ -18,7 +18,7 @@ import statistics
 
 from scipy.stats import kendalltau
 
-from benchmarks.sim_fidelity_grids import DEFAULTS
+from benchmarks.sim_fidelity_grids import DEFAULTS, rel
 
 # (requests, prompt tokens, output tokens): long prefills, then a batch of decodes
 PHASES = ((4, 512, 8), (16, 64, 24))
@@ -91,7 +91,7 @@ def speed_report(rows: list[dict], light: dict, labels: list[str]) -> str:
              + ", ".join(f"{r['speed']:.3f}" for r in rows)]
     for label in labels:
         sim = [r[f"{label}_cap"] or 0.0 for r in rows]
-        err = statistics.median(abs(a - b) / b for a, b in zip(sim, fixed) if b > 0)
+        err = statistics.median(e for a, b in zip(sim, fixed) if (e := rel(a, b)) is not None)
         lines.append(f"  {label} against the real capacities at the pilot's speed: "
                      f"capacity error {err:.1%}, Kendall tau "
                      f"{kendalltau(sim, fixed).statistic:.2f}")
