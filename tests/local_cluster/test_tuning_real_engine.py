@@ -177,7 +177,9 @@ def test_capacity_tuning_on_the_real_engine(local_cluster) -> None:
     jump = faster and slower and 0 < math.log(slower / faster) < 0.1
     assert 0.75 < simulation["baselineCapacity"] / pilot < 1.33 or jump, simulation
     # the simulator, fitted and anchored on the pilot alone, is near the baseline's rounds
-    real = sorted(base["capacities"])[0]
+    # (their median, as status.pilot.ofBaselineRounds: one round can fall far below the
+    # others on 2 shared cores; CI 2026-12-08: rounds 9.81 and 3.07, pilot 9.63)
+    real = statistics.median(base["capacities"])
     assert 0.4 < simulation["baselineCapacity"] / real < 2.5, (simulation, base)
     # batching beats one sequence at a time: the gain is large, its interval consistent
     gain = status["gain"]
