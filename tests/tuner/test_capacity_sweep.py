@@ -1,10 +1,10 @@
 """The capacity sweep (tuner/search/capacity_sweep.py): the search runs on the simulator,
 only the best K and the baseline start real engines (counted), the decision is the paired
 real capacity ratio with its interval; the CLI's rules. The capacity search itself (the
-interpolated capacity, the growing bracket): test_capacity_search.py."""
+interpolated capacity, the growing bracket): test_capacity_search.py; the pilot against the
+baseline's rounds: test_capacity_pilot_drift.py."""
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 import statistics
@@ -198,57 +198,6 @@ def test_a_failed_pilot_leaves_the_first_round_to_bracket_widely(tmp_path, monke
     assert calls[1]["max_probes"] == calls[2]["max_probes"] == plan.real_probes + 3
     assert calls[3]["max_probes"] == calls[4]["max_probes"] == plan.real_probes  # own ratios
     assert all(record["arms"][0]["capacity"])   # the rounds still measured
-
-
-@pytest.mark.parametrize("pilot_speed,flagged", [(0.5, True), (1.0, False), (1.15, False),
-                                                (1.4, True)])
-def test_a_pilot_on_a_machine_at_another_speed_is_flagged_against_the_baselines_rounds(
-        tmp_path, monkeypatch, pilot_speed, flagged):
-    """The pilot fits the simulator (serving term, pools, anchor); measured while the
-    machine ran at half speed (a fresh VM, 2026-12-07) it is flagged with a warning in the
-    confirmation; one within the rounds' noise is not."""
-    from tuner.search.capacity_report import confirmation_table
-
-    _real(monkeypatch)
-    measured = cs.measure_capacity
-
-    def slow_pilot(settings, launch, load, slos, **kwargs):
-        result = measured(settings, launch, load, slos, **kwargs)
-        if load.seed == 0:   # the pilot's stream
-            result = dataclasses.replace(
-                result, rate=result.rate * pilot_speed,
-                upper=result.upper and result.upper * pilot_speed,
-                probes=[{**p, "rate": p["rate"] * pilot_speed} for p in result.probes])
-        return result
-    monkeypatch.setattr(cs, "measure_capacity", slow_pilot)
-    logged: list[str] = []
-    plan = cs.CapacityPlan(sim=FakeSim(), sim_base={}, trials=8, real_probes=4,
-                           log=logged.append)
-    record = cs.run_capacity_sweep(_config(tmp_path, remeasure=1, rounds=3), plan)
-    drift = record["pilot_drift"]
-    rounds = record["arms"][0]["capacity"]
-    assert drift["baseline_median"] == statistics.median(rounds)
-    assert drift["ratio"] == pytest.approx(record["pilot"]["capacity"] / statistics.median(rounds))
-    assert drift["ratio"] == pytest.approx(pilot_speed, rel=0.15)
-    assert drift["flagged"] is flagged
-    table = confirmation_table(record)
-    assert f"{drift['ratio']:.2f}x its rounds' median" in table
-    assert ("warning: the pilot read" in table) is flagged
-    assert any("ran at another speed" in line for line in logged) is flagged
-
-
-def test_a_pilot_inside_the_baselines_own_spread_is_not_flagged():
-    """Rounds that spread as the 2026-12-03 ones did (6.05, 11.60, 14.22): a pilot 0.77x
-    their median is inside them, noise of the same kind; below them it is flagged; a
-    failed round or pilot is left out."""
-    base = {"capacity": [7.0, 13.0, 14.0], "failed": [None] * 3}
-    assert cs.pilot_drift({"capacity": 10.0, "failed": None}, base)["flagged"] is False
-    low = cs.pilot_drift({"capacity": 6.5, "failed": None}, base)
-    assert low["flagged"] is True and low["ratio"] == pytest.approx(0.5)
-    base["failed"][1] = "the engine did not start"
-    base["capacity"][1] = 0.0
-    assert cs.pilot_drift({"capacity": 10.0, "failed": None}, base)["baseline_median"] == 10.5
-    assert cs.pilot_drift({"capacity": 0.0, "failed": "x"}, base) is None
 
 
 def test_a_candidate_that_cannot_start_is_replaced_by_the_next_simulated_one(
