@@ -8,7 +8,7 @@ simulated capacity against one real one: a cold search to 5 %, and one as the sw
     python -m benchmarks.bench_sim_fidelity [--workload chat] [--settings 12] [--grid tiers|disk]
         [--rate 4 | --rate-share 0.6] [--duration 8] [--sim-duration S] [--model M]
         [--profile FILE ...] [--pilot] [--serving] [--probe-lead S]
-        [--save FILE] [--real-from FILE] [--real-also FILE ...] [--speed]
+        [--save FILE] [--real-from FILE] [--real-also FILE ...] [--speed] [--cpu-memory-gib G]
 
 The latencies are read at one rate for every setting (--rate), or at a share of each
 setting's own real capacity (--rate-share): a rate every setting serves, so that both
@@ -73,11 +73,15 @@ from tuner.search.capacity_search import SIM_GROWTH, SIM_MAX_PROBES, SIM_REL_TOL
 from tuner.search.capacity_sweep import LIGHT_SHARE
 from tuner.sim.simulate import front_seconds
 
-def cpu_setup(workload: str, model: str | None) -> SimpleNamespace:
+def cpu_setup(workload: str, model: str | None,
+              cpu_memory_gib: float | None = None) -> SimpleNamespace:
     """The sweep's CPU profile for the model (tuner/arguments.py) applied to a workload:
     its spec, scaled SLOs, users and length scale, the engine threads, the settings every
-    engine starts with (`base`) and the launch of a real engine with them."""
+    engine starts with (`base`) and the launch of a real engine with them; `cpu_memory_gib`
+    names the memory every engine takes instead of the profile's (or the engine's default)."""
     prof = workload_profile(model)
+    if cpu_memory_gib is not None:
+        prof = {**prof, "cpu_memory_gib": cpu_memory_gib}
     spec = get_workload(workload)
     base = {"cpu_memory_gib": prof["cpu_memory_gib"]} if "cpu_memory_gib" in prof else {}
     flags = ["--cpu-memory-gib", str(prof["cpu_memory_gib"])] if base else []
@@ -224,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="each probe, real and simulated, runs S s at its rate before its "
                          "scored window (measure_capacity's and simulate's lead)")
     ap.add_argument("--model", default=None)
+    ap.add_argument("--cpu-memory-gib", type=float, default=None, metavar="G",
+                    help="the memory every engine takes, both sides (default: the sweep's "
+                         "profile for the model, else the engine's 2 GiB); on SmolLM2 the "
+                         "grid's 0.5-0.7 fractions of 2 GiB hold no 8k-token sequence")
     ap.add_argument("--profile", action="append", default=[], metavar="FILE",
                     help="a profile to compare (repeatable; default: the cached one)")
     ap.add_argument("--pilot", action="store_true",
@@ -260,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"(its first: {grid[:1]}); give a run of this grid")
     if args.rate_share is not None and not 0 < args.rate_share <= 1:
         ap.error(f"--rate-share must be in (0, 1], got {args.rate_share}")
-    cpu = cpu_setup(args.workload, args.model)
+    cpu = cpu_setup(args.workload, args.model, args.cpu_memory_gib)
     slos, base, launch = cpu.slos, cpu.base, cpu.launch
     sims = {Path(f).stem if f else "cached": SimContext(
         load_profile(args.model, cpu.threads, path=f), slos, workload=cpu.spec,
