@@ -7,14 +7,13 @@ simulated capacity against one real one: a cold search to 5 %, and one as the sw
 
     python -m benchmarks.bench_sim_fidelity [--workload chat] [--settings 12] [--grid tiers|disk]
         [--rate 4 | --rate-share 0.6] [--duration 8] [--sim-duration S] [--model M]
-        [--profile FILE ...] [--pilot] [--serving] [--probe-lead S]
+        [--profile FILE ...] [--pilot] [--serving] [--probe-lead S] [--latency-requests N]
         [--save FILE] [--real-from FILE] [--real-also FILE ...] [--speed] [--cpu-memory-gib G]
 
 The latencies are read at one rate for every setting (--rate), or at a share of each
-setting's own real capacity (--rate-share): a rate every setting serves, so that both
-sides have a steady state to compare (at a rate past a setting's capacity the queue
-grows on both sides and its latencies measure nothing). Both sides serve the warm-up
-before the latencies' window as before the capacity probes.
+setting's own real capacity (--rate-share): a rate every setting serves (past capacity
+both queues grow and the latencies measure nothing), over a window of at least
+--latency-requests arrivals, after the same warm-up as the capacity probes.
 
 Real runs use the sweep's CPU profile for the model (tuner/arguments.py), one engine per
 setting; the step-time profile is the cached one (python -m tuner profile), or each
@@ -54,8 +53,8 @@ from types import SimpleNamespace
 from scipy.stats import kendalltau
 
 from benchmarks.machine_speed import speed_report
-from benchmarks.sim_fidelity_grids import (GRIDS, HIT_RATES, on_disk, real_agreement,
-                                          real_launch, rel)
+from benchmarks.sim_fidelity_grids import (GRIDS, HIT_RATES, hit_rate_lines, latency_window,
+                                          on_disk, real_agreement, real_launch, rel)
 from loadtests.workloads import WORKLOAD_NAMES, get_workload
 from tuner.measure.capacity import (WARMUP_PROBE, after_lead, interpolated, measure_capacity,
                                     probe_load, rate_load)
@@ -183,8 +182,9 @@ def real_figures(i: int, settings: dict, start: float, args, cpu, load, work: Pa
     row = {"real_s": time.perf_counter() - t0, "real_cap": interpolated(real)}
     rate = row["rate"] = args.rate if args.rate_share is None else max(
         args.rate_share * row["real_cap"], 0.1)
+    seconds = latency_window(load.duration, rate, args.latency_requests)
     fixed_load = dataclasses.replace(rate_load(load, rate), seed=1,
-                                     duration=load.duration + args.probe_lead)
+                                     duration=seconds + args.probe_lead)
     launch, tuned = real_launch(cpu.launch, settings, work / f"disk-{i}-fixed")
     engine = launch.process(tuned, work / f"fixed-{i}" / "engine.log")
     engine.start(timeout=launch.startup_timeout)
@@ -199,9 +199,10 @@ def real_figures(i: int, settings: dict, start: float, args, cpu, load, work: Pa
                          warmup_requests=0 if args.sim_warmup_requests else 2)
     finally:
         engine.stop()
-    measured = score(after_lead(load_samples(work / f"fixed-{i}" / "samples.jsonl"),
-                                args.probe_lead), slos)
+    window = after_lead(load_samples(work / f"fixed-{i}" / "samples.jsonl"), args.probe_lead)
+    measured = score(window, slos)
     row.update({f"real_{k}": measured.get(k) for k in ("ttft_p50", "ttft_p90", "itl_p50")})
+    row["real_requests"] = sum(1 for r in window.records if r.get("ok"))   # finished
     # the engine's own counters over the load (its lead included): hits by tier
     row.update({f"real_{k}": served.get(k) for k in HIT_RATES})
     return row
@@ -224,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="virtual seconds per simulated load (default: --duration, as the "
                          "sweep)")
     ap.add_argument("--sim-warmup-requests", type=int, default=SIM_WARMUP_REQUESTS)
+    ap.add_argument("--latency-requests", type=int, default=40, metavar="N",
+                    help="the latencies' window lasts --duration, or N arrivals at its rate "
+                         "where that is longer (both sides)")
     ap.add_argument("--probe-lead", type=float, default=0.0, metavar="S",
                     help="each probe, real and simulated, runs S s at its rate before its "
                          "scored window (measure_capacity's and simulate's lead)")
@@ -328,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
                 row[f"{label}_cap"] for label in sims) / 2, 0.5), args, cpu, load, work))
         rate = row["rate"]
         for label, sim in sims.items():
-            fixed = sim.run({**base, **simulated}, rate).figures
+            fixed = sim.run({**base, **simulated}, rate, duration=latency_window(
+                sim.duration, rate, args.latency_requests)).figures
             row.update({f"{label}_{k}": fixed.get(k) for k in ("ttft_p50", "ttft_p90",
                                                                 "itl_p50") + HIT_RATES})
         rows.append(row)
@@ -337,22 +342,16 @@ def main(argv: list[str] | None = None) -> int:
             + f"; at {rate:.2f} req/s ttft p50 real {row['real_ttft_p50'] or 0:.3f} s, "
             + ", ".join(
             f"{label} {row[f'{label}_ttft_p50'] or 0:.3f}" for label in sims)
-            + f"; cost real {row['real_s']:.1f} s", flush=True)
+            + f" ({row.get('real_requests', '?')} finished); cost real {row['real_s']:.1f} s",
+            flush=True)
     for label in sims:
         print(f"\nprofile {label}:\n{'figure':<12} {'median rel. error':>18}")
         for fig in ("cap", "ttft_p50", "ttft_p90", "itl_p50"):
             errs = [e for r in rows
                     if (e := rel(r[f"{label}_{fig}"], r[f"real_{fig}"])) is not None]
             print(f"{fig:<12} {statistics.median(errs):>17.1%}" if errs else f"{fig:<12} -")
-        for fig in HIT_RATES:   # rates: the difference in points, not a relative error
-            pairs = [(r[f"{label}_{fig}"], r[f"real_{fig}"]) for r in rows
-                     if r.get(f"{label}_{fig}") is not None
-                     and r.get(f"real_{fig}") is not None]
-            if pairs:
-                gap = statistics.median(abs(sim - real) for sim, real in pairs)
-                print(f"{fig}: median |simulated - real| {gap:.3f} over {len(pairs)} "
-                      "settings (simulated / real: "
-                      + ", ".join(f"{sim:.2f}/{real:.2f}" for sim, real in pairs) + ")")
+        for line in hit_rate_lines(rows, label):
+            print(line)
         tau = kendalltau([r[f"{label}_cap"] for r in rows],
                          [r["real_cap"] for r in rows]).statistic
         ratio = statistics.median(r["real_cap"] / r[f"{label}_cap"] for r in rows

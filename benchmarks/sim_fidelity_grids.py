@@ -80,3 +80,28 @@ def real_agreement(rows: list[dict], others: list[dict], labels: list[str]) -> s
         lines.append(f"  {label} against their geometric mean: Kendall tau "
                      f"{kendalltau(sim, mean).statistic:.2f}, capacity error {err:.1%}")
     return "\n".join(lines)
+
+
+def latency_window(duration: float, rate: float, requests: int) -> float:
+    """Seconds of the latencies' window at `rate`: `duration`, or long enough for
+    `requests` arrivals on average where that is longer (SmolLM2's summarize, 2026-12-08:
+    20 s at 0.43 req/s drew five arrivals, three finished; its p90 was their maximum)."""
+    if rate <= 0:
+        raise ValueError(f"the latencies' rate must be above 0, got {rate}")
+    return max(duration, requests / rate)
+
+
+def hit_rate_lines(rows: list[dict], label: str) -> list[str]:
+    """Per tier, profile `label`'s simulated hit rates against the real ones over the rows
+    that have both: the median difference in points (a rate's relative error would blow up
+    near 0), and each pair."""
+    lines = []
+    for fig in HIT_RATES:
+        pairs = [(r[f"{label}_{fig}"], r[f"real_{fig}"]) for r in rows
+                 if r.get(f"{label}_{fig}") is not None and r.get(f"real_{fig}") is not None]
+        if pairs:
+            gap = statistics.median(abs(sim - real) for sim, real in pairs)
+            lines.append(f"{fig}: median |simulated - real| {gap:.3f} over {len(pairs)} "
+                         "settings (simulated / real: "
+                         + ", ".join(f"{sim:.2f}/{real:.2f}" for sim, real in pairs) + ")")
+    return lines
